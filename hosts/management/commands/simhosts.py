@@ -1,0 +1,74 @@
+"""Start simulated hosts (real sshd + real Docker, stand-in nvidia-smi) and keep them running.
+
+    manage.py simhosts --count 3 --authorize var/platform_ssh_key.pub
+
+Writes ``<dir>/hosts.json`` describing each host (address, port, host key fingerprint, GPUs)
+and stops every sshd it started on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from pathlib import Path
+
+from django.conf import settings
+from django.core.management.base import BaseCommand
+
+from hosts.simulation import SimHostSpec, create_host, default_gpus, ensure_dockerd, ensure_image
+
+# A small fleet with different shapes, so search and placement have something to choose from.
+FLEET = [
+    ("sim-rtx4090", "NVIDIA GeForce RTX 4090", 24564, 4),
+    ("sim-a100", "NVIDIA A100-SXM4-80GB", 81920, 8),
+    ("sim-rtx3090", "NVIDIA GeForce RTX 3090", 24576, 2),
+]
+
+
+class Command(BaseCommand):
+    help = "Start simulated GPU hosts on loopback addresses (needs root, sshd and dockerd)."
+
+    def add_arguments(self, parser) -> None:
+        parser.add_argument("--count", type=int, default=3)
+        parser.add_argument("--dir", default=str(settings.VAR_DIR / "simhosts"))
+        parser.add_argument("--base-port", type=int, default=2201)
+        parser.add_argument("--authorize", action="append", default=[], metavar="PUBKEY_FILE")
+        parser.add_argument("--detach", action="store_true", help="Start and return.")
+
+    def handle(self, *args, count: int, dir: str, base_port: int, authorize, detach, **options):
+        root = Path(dir)
+        ensure_dockerd(log_path=settings.VAR_DIR / "dockerd.log")
+        ensure_image()
+        keys = [Path(path).read_text().strip() for path in authorize]
+        hosts = []
+        for i in range(count):
+            name, gpu_name, memory, gpus = FLEET[i % len(FLEET)]
+            spec = SimHostSpec(
+                name=name if i < len(FLEET) else f"{name}-{i}",
+                address=f"127.0.0.{10 + i}",
+                port=base_port + i,
+                gpus=default_gpus(gpus, name=gpu_name, memory_mib=memory),
+                port_range=(40000 + 1000 * i, 40999 + 1000 * i),
+            )
+            hosts.append(create_host(root / spec.name, spec, keys))
+        (root / "hosts.json").write_text(json.dumps([h.to_dict() for h in hosts], indent=2))
+        for host in hosts:
+            self.stdout.write(
+                f"  {host.spec.name:<14} root@{host.address} -p {host.port}  "
+                f"{len(host.spec.gpus)}× {host.spec.gpus[0].name}  {host.host_key_fingerprint}"
+            )
+        if detach:
+            return
+        stopping = False
+
+        def stop(*_):
+            nonlocal stopping
+            stopping = True
+
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+        while not stopping:
+            time.sleep(0.5)
+        for host in hosts:
+            host.stop()

@@ -1,0 +1,392 @@
+"""Simulated hosts: everything real except the GPUs.
+
+Each simulated host is a real ``sshd`` on its own loopback address and port, with its own host
+key and ``authorized_keys``. Its sessions get ``PATH`` and ``DOCKER_HOST`` through ``SetEnv``, so
+``docker`` reaches the one real Docker Engine on this machine, and ``nvidia-smi`` is a small
+per-host script that prints that host's configured GPUs in the real tool's CSV format. A small
+image (``gpumkt/busybox``) is made without any registry: Debian's static busybox as a rootfs,
+``docker import``-ed.
+
+Used by ``manage.py simhosts`` (and so ``make run``) and by the test fixtures. Needs root (sshd
+must switch to the login user), ``/usr/sbin/sshd``, ``dockerd`` and ``/bin/busybox``.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tarfile
+import tempfile
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+SSHD = "/usr/sbin/sshd"
+BUSYBOX = "/bin/busybox"
+IMAGE = "gpumkt/busybox:latest"
+DOCKER_SOCKET = "unix:///var/run/docker.sock"
+
+# The columns the stand-in can print, in the real tool's query names and header units.
+NVIDIA_SMI_FIELDS = {
+    "index": "",
+    "uuid": "",
+    "name": "",
+    "memory.total": "MiB",
+    "memory.used": "MiB",
+    "driver_version": "",
+    "utilization.gpu": "%",
+    "temperature.gpu": "",
+    "pci.bus_id": "",
+}
+
+
+@dataclass(frozen=True)
+class SimGpu:
+    index: int
+    name: str = "NVIDIA GeForce RTX 4090"
+    memory_mib: int = 24564
+    uuid: str = field(default_factory=lambda: f"GPU-{uuid.uuid4()}")
+    driver_version: str = "550.54.14"
+
+
+@dataclass(frozen=True)
+class SimHostSpec:
+    name: str
+    address: str
+    port: int
+    gpus: tuple[SimGpu, ...]
+    cuda_version: str = "12.4"
+    port_range: tuple[int, int] = (40000, 40999)
+
+
+@dataclass
+class SimHost:
+    spec: SimHostSpec
+    root: Path
+    user: str = "root"
+
+    @property
+    def address(self) -> str:
+        return self.spec.address
+
+    @property
+    def port(self) -> int:
+        return self.spec.port
+
+    @property
+    def host_key_path(self) -> Path:
+        return self.root / "ssh_host_ed25519_key"
+
+    @property
+    def host_public_key(self) -> str:
+        """``ssh-ed25519 AAAA…`` as a provider would read it from the machine."""
+        return " ".join(self.host_key_path.with_suffix(".pub").read_text().split()[:2])
+
+    @property
+    def host_key_fingerprint(self) -> str:
+        """``SHA256:…``, the same as ``ssh-keygen -lf`` prints."""
+        blob = base64.b64decode(self.host_public_key.split()[1])
+        digest = base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
+        return f"SHA256:{digest}"
+
+    @property
+    def authorized_keys_path(self) -> Path:
+        return self.root / "authorized_keys"
+
+    @property
+    def pid_path(self) -> Path:
+        return self.root / "sshd.pid"
+
+    @property
+    def gpus_path(self) -> Path:
+        return self.root / "gpus.json"
+
+    def authorize(self, public_key: str) -> None:
+        """Add a public key to this host's ``authorized_keys`` (as a provider would)."""
+        existing = (
+            self.authorized_keys_path.read_text() if self.authorized_keys_path.exists() else ""
+        )
+        if public_key.strip() not in existing:
+            with self.authorized_keys_path.open("a") as handle:
+                handle.write(public_key.strip() + "\n")
+
+    def set_gpus(self, gpus: tuple[SimGpu, ...]) -> None:
+        """Change what ``nvidia-smi`` reports (a GPU falling off the bus, say)."""
+        self.gpus_path.write_text(json.dumps([asdict(gpu) for gpu in gpus]))
+        _write_gpu_table(self.root, gpus)
+
+    def is_running(self) -> bool:
+        pid = _read_pid(self.pid_path)
+        if pid is None:
+            return False
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+    def start(self, timeout: float = 10.0) -> None:
+        if self.is_running():
+            return
+        subprocess.run(
+            [SSHD, "-f", str(self.root / "sshd_config"), "-E", str(self.root / "sshd.log")],
+            check=True,
+        )
+        _wait_for_port(self.address, self.port, timeout)
+
+    def stop(self) -> None:
+        pid = _read_pid(self.pid_path)
+        if pid is None:
+            return
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.05)
+        self.pid_path.unlink(missing_ok=True)
+
+    def rotate_host_key(self) -> None:
+        """Give the host a new key (a reinstalled or impersonated machine)."""
+        self.host_key_path.unlink()
+        self.host_key_path.with_suffix(".pub").unlink()
+        _keygen(self.host_key_path)
+        if self.is_running():
+            self.stop()
+            self.start()
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "name": self.spec.name,
+            "address": self.address,
+            "port": self.port,
+            "user": self.user,
+            "gpus": [asdict(gpu) for gpu in self.spec.gpus],
+            "port_range": list(self.spec.port_range),
+            "host_key": self.host_public_key,
+            "fingerprint": self.host_key_fingerprint,
+            "root": str(self.root),
+        }
+
+
+def default_gpus(count: int, name: str = "NVIDIA GeForce RTX 4090", memory_mib: int = 24564):
+    return tuple(SimGpu(index=i, name=name, memory_mib=memory_mib) for i in range(count))
+
+
+def create_host(root: Path, spec: SimHostSpec, authorized_keys: list[str] = ()) -> SimHost:
+    """Write the host's files (keys, config, ``nvidia-smi``) and start its sshd."""
+    root = root.resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "bin").mkdir(exist_ok=True)
+    host = SimHost(spec=spec, root=root)
+    if not host.host_key_path.exists():
+        _keygen(host.host_key_path)
+    host.authorized_keys_path.touch()
+    for key in authorized_keys:
+        host.authorize(key)
+    host.set_gpus(spec.gpus)
+    _write_nvidia_smi(root, spec)
+    _write_sshd_config(root, spec)
+    Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege-separation directory
+    host.start()
+    return host
+
+
+def ensure_dockerd(log_path: Path | None = None, timeout: float = 60.0) -> None:
+    """Start Docker Engine if it is not answering (as root, the way Debian packages it)."""
+    if _docker_ready():
+        return
+    if shutil.which("dockerd") is None:
+        raise RuntimeError("dockerd is not installed: apt-get install docker.io")
+    log = open(log_path or os.devnull, "ab")  # noqa: SIM115 - handed to the daemon
+    subprocess.Popen(
+        ["dockerd"], stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True
+    )
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if _docker_ready():
+            return
+        time.sleep(0.3)
+    raise RuntimeError(f"dockerd did not answer within {timeout:.0f}s")
+
+
+def ensure_image(tag: str = IMAGE) -> str:
+    """Make the small test image from Debian's static busybox, with no registry."""
+    found = subprocess.run(["docker", "image", "inspect", tag], capture_output=True, check=False)
+    if found.returncode == 0:
+        return tag
+    if not Path(BUSYBOX).exists():
+        raise RuntimeError("busybox is not installed: apt-get install busybox-static")
+    applets = subprocess.run([BUSYBOX, "--list"], capture_output=True, text=True, check=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        rootfs = Path(tmp, "rootfs")
+        for directory in ("bin", "etc", "root", "tmp", "proc", "sys", "dev", "workspace"):
+            (rootfs / directory).mkdir(parents=True)
+        shutil.copy2(BUSYBOX, rootfs / "bin" / "busybox")
+        for applet in applets.stdout.split():
+            if applet != "busybox":
+                (rootfs / "bin" / applet).symlink_to("busybox")
+        (rootfs / "etc" / "passwd").write_text("root:x:0:0:root:/root:/bin/sh\n")
+        (rootfs / "etc" / "group").write_text("root:x:0:\n")
+        archive = Path(tmp, "rootfs.tar")
+        with tarfile.open(archive, "w") as tar:
+            tar.add(rootfs, arcname=".")
+        subprocess.run(
+            ["docker", "import", "-c", 'CMD ["/bin/sh"]', "-c", "ENV PATH=/bin",
+             "-c", "WORKDIR /root", str(archive), tag],
+            check=True, capture_output=True,
+        )  # fmt: skip
+    return tag
+
+
+def _docker_ready() -> bool:
+    if shutil.which("docker") is None:
+        return False
+    result = subprocess.run(
+        ["docker", "info", "--format", "{{.ServerVersion}}"], capture_output=True, check=False
+    )
+    return result.returncode == 0
+
+
+def _keygen(path: Path) -> None:
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "", "-f", str(path)], check=True
+    )
+
+
+def _read_pid(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def _wait_for_port(address: str, port: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection((address, port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"sshd on {address}:{port} did not start within {timeout:.0f}s")
+
+
+def _write_sshd_config(root: Path, spec: SimHostSpec) -> None:
+    path_env = f"{root / 'bin'}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+    (root / "sshd_config").write_text(
+        "\n".join(
+            [
+                f"ListenAddress {spec.address}:{spec.port}",
+                f"HostKey {root / 'ssh_host_ed25519_key'}",
+                f"AuthorizedKeysFile {root / 'authorized_keys'}",
+                f"PidFile {root / 'sshd.pid'}",
+                "PasswordAuthentication no",
+                "KbdInteractiveAuthentication no",
+                "PermitRootLogin prohibit-password",
+                "StrictModes no",
+                "UsePAM no",
+                "MaxSessions 64",
+                "MaxStartups 64:30:128",
+                "ClientAliveInterval 30",
+                # Per-host environment: this host's nvidia-smi first on PATH, the shared engine.
+                f"SetEnv PATH={path_env} DOCKER_HOST={DOCKER_SOCKET} GPUMKT_SIMULATED_HOST={spec.name}",
+                "",
+            ]
+        )
+    )
+
+
+def _write_gpu_table(root: Path, gpus: tuple[SimGpu, ...]) -> None:
+    # One tab-separated line per GPU, in the column order of NVIDIA_SMI_FIELDS.
+    lines = []
+    for gpu in gpus:
+        values = {
+            "index": str(gpu.index),
+            "uuid": gpu.uuid,
+            "name": gpu.name,
+            "memory.total": str(gpu.memory_mib),
+            "memory.used": "0",
+            "driver_version": gpu.driver_version,
+            "utilization.gpu": "0",
+            "temperature.gpu": "34",
+            "pci.bus_id": f"00000000:{gpu.index + 1:02X}:00.0",
+        }
+        lines.append("\t".join(values[name] for name in NVIDIA_SMI_FIELDS))
+    (root / "gpus.tsv").write_text("".join(line + "\n" for line in lines))
+
+
+def _write_nvidia_smi(root: Path, spec: SimHostSpec) -> None:
+    """The stand-in for ``nvidia-smi``: real CSV output for the query forms we use."""
+    columns = " ".join(NVIDIA_SMI_FIELDS)
+    units = " ".join(f"{name}={unit}" for name, unit in NVIDIA_SMI_FIELDS.items() if unit)
+    script = f"""#!/bin/sh
+# Simulated nvidia-smi for host {spec.name}: prints the GPUs in {root}/gpus.tsv.
+TABLE="{root}/gpus.tsv"
+COLUMNS="{columns}"
+UNITS="{units}"
+query=""; header=1; units=1; list=0
+for arg in "$@"; do
+  case "$arg" in
+    --query-gpu=*) query="${{arg#--query-gpu=}}" ;;
+    --format=*) fmt="${{arg#--format=}}"
+      case ",$fmt," in *,noheader,*) header=0 ;; esac
+      case ",$fmt," in *,nounits,*) units=0 ;; esac ;;
+    -L|--list-gpus) list=1 ;;
+    *) echo "Invalid combination of input arguments: $arg" >&2; exit 2 ;;
+  esac
+done
+if [ "$list" = 1 ]; then
+  awk -F '\\t' '{{ printf "GPU %s: %s (UUID: %s)\\n", $1, $3, $2 }}' "$TABLE"; exit 0
+fi
+if [ -z "$query" ]; then
+  driver=$(awk -F '\\t' 'NR==1{{print $6}}' "$TABLE")
+  echo "+-----------------------------------------------------------------------------------------+"
+  echo "| NVIDIA-SMI $driver              Driver Version: $driver      CUDA Version: {spec.cuda_version}     |"
+  echo "+-----------------------------------------------------------------------------------------+"
+  awk -F '\\t' '{{ printf "| %3s  %-40s %8s MiB |\\n", $1, $3, $4 }}' "$TABLE"
+  exit 0
+fi
+awk -F '\\t' -v query="$query" -v columns="$COLUMNS" -v unitspec="$UNITS" \\
+    -v header="$header" -v units="$units" '
+BEGIN {{
+  n = split(columns, names, " "); for (i = 1; i <= n; i++) position[names[i]] = i
+  m = split(unitspec, pairs, " "); for (i = 1; i <= m; i++) {{ split(pairs[i], kv, "="); unit[kv[1]] = kv[2] }}
+  q = split(query, wanted, ",")
+  for (i = 1; i <= q; i++) if (!(wanted[i] in position)) {{
+    printf "Field \\"%s\\" is not a valid field to query.\\n", wanted[i] > "/dev/stderr"; bad = 1; exit 2
+  }}
+  if (header) {{
+    line = ""
+    for (i = 1; i <= q; i++) {{
+      h = wanted[i]; if (units && unit[h] != "") h = h " [" unit[h] "]"
+      line = line (i > 1 ? ", " : "") h
+    }}
+    print line
+  }}
+}}
+{{
+  line = ""
+  for (i = 1; i <= q; i++) {{
+    v = $(position[wanted[i]]); if (units && unit[wanted[i]] != "") v = v " " unit[wanted[i]]
+    line = line (i > 1 ? ", " : "") v
+  }}
+  print line
+}}
+END {{ if (bad) exit 2 }}' "$TABLE"
+"""
+    path = root / "bin" / "nvidia-smi"
+    path.write_text(script)
+    path.chmod(0o755)

@@ -1,0 +1,31 @@
+from django.contrib import admin
+from django.contrib.auth.admin import UserAdmin
+
+from marketplace.models import ApiKey, Invitation, Membership, Team, User
+
+admin.site.register(User, UserAdmin)
+
+
+class MembershipInline(admin.TabularInline):
+    model = Membership
+    extra = 0
+    raw_id_fields = ["user"]
+
+
+@admin.register(Team)
+class TeamAdmin(admin.ModelAdmin):
+    list_display = ["id", "name", "personal", "created_at"]
+    search_fields = ["name"]
+    inlines = [MembershipInline]
+
+
+@admin.register(Invitation)
+class InvitationAdmin(admin.ModelAdmin):
+    list_display = ["email", "team", "role", "expires_at", "accepted_at"]
+    exclude = ["token_hash"]
+
+
+@admin.register(ApiKey)
+class ApiKeyAdmin(admin.ModelAdmin):
+    list_display = ["name", "prefix", "team", "access", "audience", "revoked_at", "last_used_at"]
+    readonly_fields = ["prefix", "key_hash", "last_used_at"]

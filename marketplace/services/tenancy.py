@@ -1,0 +1,206 @@
+"""Writes for tenancy: sign-up, teams, members, invitations, API keys."""
+
+from __future__ import annotations
+
+import hmac
+import secrets
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.db import transaction
+from django.utils import timezone
+
+from marketplace.models import ApiKey, Invitation, Membership, Role, Team, User
+
+INVITATION_LIFETIME = timedelta(days=7)
+API_KEY_PREFIX = "gpk"
+
+
+@transaction.atomic
+def user_sign_up(*, username: str, email: str, password: str) -> User:
+    """A new user always gets a personal team that they own."""
+    if User.objects.filter(email__iexact=email).exists():
+        raise ValidationError({"email": "An account with this email already exists."})
+    user = User.objects.create_user(username=username, email=email.lower(), password=password)
+    team = Team.objects.create(name=f"{username}'s team", personal=True)
+    Membership.objects.create(team=team, user=user, role=Role.OWNER)
+    return user
+
+
+@transaction.atomic
+def team_create(*, name: str, owner: User) -> Team:
+    name = name.strip()
+    if not name:
+        raise ValidationError({"name": "A team needs a name."})
+    team = Team.objects.create(name=name[:80])
+    Membership.objects.create(team=team, user=owner, role=Role.OWNER)
+    return team
+
+
+def require_role(membership: Membership | None, needed: Role) -> None:
+    if membership is None or not membership.allows(needed):
+        raise PermissionDenied(f"This needs the {needed.label.lower()} role in the team.")
+
+
+@dataclass(frozen=True)
+class IssuedInvitation:
+    invitation: Invitation
+    token: str  # shown once, in the invitation link
+
+
+@transaction.atomic
+def invitation_create(
+    *, membership: Membership, email: str, role: Role = Role.MEMBER
+) -> IssuedInvitation:
+    require_role(membership, Role.ADMIN)
+    if role == Role.OWNER and not membership.allows(Role.OWNER):
+        raise PermissionDenied("Only an owner can invite another owner.")
+    team = membership.team
+    if team.memberships.filter(user__email__iexact=email).exists():
+        raise ValidationError({"email": "This person is already a member of the team."})
+    token = secrets.token_urlsafe(24)
+    invitation = Invitation.objects.create(
+        team=team,
+        email=email.lower(),
+        role=role,
+        token_hash=ApiKey.hash_secret(token),
+        invited_by=membership.user,
+        expires_at=timezone.now() + INVITATION_LIFETIME,
+    )
+    return IssuedInvitation(invitation=invitation, token=token)
+
+
+@transaction.atomic
+def invitation_accept(*, token: str, user: User) -> Membership:
+    """Accepting is claimed with a conditional update, so a token is used once."""
+    invitation = (
+        Invitation.objects.select_for_update().filter(token_hash=ApiKey.hash_secret(token)).first()
+    )
+    if invitation is None or not invitation.is_open:
+        raise ValidationError({"token": "This invitation is not valid any more."})
+    if invitation.email.lower() != user.email.lower():
+        raise ValidationError({"token": "This invitation was sent to another email address."})
+    invitation.accepted_at = timezone.now()
+    invitation.save(update_fields=["accepted_at"])
+    membership, _ = Membership.objects.get_or_create(
+        team=invitation.team, user=user, defaults={"role": invitation.role}
+    )
+    return membership
+
+
+@transaction.atomic
+def membership_set_role(*, actor: Membership, target: Membership, role: Role) -> Membership:
+    require_role(actor, Role.ADMIN)
+    if actor.team_id != target.team_id:
+        raise PermissionDenied("Not a member of this team.")
+    if Role.OWNER in (role, target.role) and not actor.allows(Role.OWNER):
+        raise PermissionDenied("Only an owner can change an owner or make one.")
+    if target.role == Role.OWNER and role != Role.OWNER:
+        _ensure_another_owner(target)
+    target.role = role
+    target.save(update_fields=["role"])
+    return target
+
+
+@transaction.atomic
+def membership_remove(*, actor: Membership, target: Membership) -> None:
+    if actor.pk != target.pk:
+        require_role(actor, Role.ADMIN)
+        if target.role == Role.OWNER and not actor.allows(Role.OWNER):
+            raise PermissionDenied("Only an owner can remove an owner.")
+    if actor.team_id != target.team_id:
+        raise PermissionDenied("Not a member of this team.")
+    if target.team.personal:
+        raise ValidationError({"team": "Nobody can leave a personal team."})
+    if target.role == Role.OWNER:
+        _ensure_another_owner(target)
+    target.delete()
+
+
+def _ensure_another_owner(target: Membership) -> None:
+    owners = (
+        Membership.objects.select_for_update()
+        .filter(team_id=target.team_id, role=Role.OWNER)
+        .exclude(pk=target.pk)
+    )
+    if not owners.exists():
+        raise ValidationError({"role": "A team must keep at least one owner."})
+
+
+@dataclass(frozen=True)
+class IssuedApiKey:
+    api_key: ApiKey
+    secret: str  # the full key; shown once and never stored
+
+
+def api_key_create(
+    *,
+    membership: Membership,
+    name: str,
+    access: str = ApiKey.Access.READ,
+    audience: str = ApiKey.Audience.RENTER,
+    expires_at: datetime | None = None,
+) -> IssuedApiKey:
+    require_role(membership, Role.ADMIN)
+    name = name.strip()
+    if not name:
+        raise ValidationError({"name": "Give the key a name, so you can tell keys apart."})
+    if access not in ApiKey.Access.values:
+        raise ValidationError({"access": f"Must be one of {', '.join(ApiKey.Access.values)}."})
+    if audience not in ApiKey.Audience.values:
+        raise ValidationError({"audience": f"Must be one of {', '.join(ApiKey.Audience.values)}."})
+    if expires_at is not None and expires_at <= timezone.now():
+        raise ValidationError({"expires_at": "The expiry must be in the future."})
+    prefix = secrets.token_hex(4)
+    secret = secrets.token_urlsafe(32)
+    full_key = f"{API_KEY_PREFIX}_{prefix}_{secret}"
+    api_key = ApiKey.objects.create(
+        team=membership.team,
+        name=name[:80],
+        prefix=prefix,
+        key_hash=ApiKey.hash_secret(full_key),
+        access=access,
+        audience=audience,
+        created_by=membership.user,
+        expires_at=expires_at,
+    )
+    return IssuedApiKey(api_key=api_key, secret=full_key)
+
+
+def api_key_revoke(*, membership: Membership, api_key: ApiKey) -> ApiKey:
+    require_role(membership, Role.ADMIN)
+    if api_key.team_id != membership.team_id:
+        raise PermissionDenied("Not this team's key.")
+    # Conditional update: revoking twice keeps the first revocation time.
+    ApiKey.objects.filter(pk=api_key.pk, revoked_at=None).update(revoked_at=timezone.now())
+    api_key.refresh_from_db()
+    return api_key
+
+
+def api_key_authenticate(full_key: str) -> ApiKey | None:
+    """The key for ``gpk_<prefix>_<secret>``, if it exists, matches and is active."""
+    parts = full_key.split("_", 2)
+    if len(parts) != 3 or parts[0] != API_KEY_PREFIX:
+        return None
+    api_key = ApiKey.objects.select_related("team").filter(prefix=parts[1]).first()
+    if api_key is None:
+        return None
+    if not hmac.compare_digest(api_key.key_hash, ApiKey.hash_secret(full_key)):
+        return None
+    if not api_key.is_active:
+        return None
+    now = timezone.now()
+    # Writing last-used on every request would make each API call a write; once a minute is
+    # enough to answer "is this key still in use?".
+    if api_key.last_used_at is None or now - api_key.last_used_at > timedelta(minutes=1):
+        ApiKey.objects.filter(pk=api_key.pk).update(last_used_at=now)
+        api_key.last_used_at = now
+    return api_key
+
+
+def invitations_expire() -> int:
+    """Drop invitations that expired more than a week ago; returns how many."""
+    cutoff = timezone.now() - timedelta(days=7)
+    deleted, _ = Invitation.objects.filter(accepted_at=None, expires_at__lt=cutoff).delete()
+    return deleted

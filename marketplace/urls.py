@@ -1,0 +1,41 @@
+from __future__ import annotations
+
+from django.contrib import admin
+from django.contrib.auth import views as auth_views
+from django.urls import include, path, re_path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from rest_framework.routers import DefaultRouter
+
+from marketplace import views
+from marketplace.api import tenancy as tenancy_api
+from marketplace.api.errors import api_not_found
+
+router = DefaultRouter(trailing_slash=True)
+router.register("team/members", tenancy_api.MemberViewSet, basename="member")
+router.register("team/invitations", tenancy_api.InvitationViewSet, basename="invitation")
+router.register("api-keys", tenancy_api.ApiKeyViewSet, basename="apikey")
+
+api_v1 = [
+    path("me/", tenancy_api.me, name="api-me"),
+    path("schema/", SpectacularAPIView.as_view(), name="api-schema"),
+    path("docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
+    path("", include(router.urls)),
+    re_path(r"^.*$", api_not_found),
+]
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
+    path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("accounts/signup/", views.signup, name="signup"),
+    path("", views.console_home, name="console-home"),
+    path("team/", views.team_settings, name="team-settings"),
+    path("team/switch/", views.team_switch, name="team-switch"),
+    path("team/new/", views.team_create, name="team-create"),
+    path("team/invitations/", views.invitation_create, name="invitation-create"),
+    path("team/members/<int:pk>/", views.member_update, name="member-update"),
+    path("team/api-keys/", views.api_keys, name="api-keys"),
+    path("team/api-keys/<int:pk>/revoke/", views.api_key_revoke, name="api-key-revoke"),
+    path("invitations/<str:token>/", views.invitation_accept, name="invitation-accept"),
+    path("api/v1/", include(api_v1)),
+]

@@ -1,0 +1,138 @@
+"""Shared fixtures: the three users of every tenancy test, API clients, simulated hosts."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from rest_framework.test import APIClient
+
+from marketplace.models import ApiKey, Role, Team
+from marketplace.services.tenancy import api_key_create
+from tests.factories import TeamFactory, UserFactory, add_member
+
+PASSWORD = "pw-for-tests-123"
+
+
+@pytest.fixture
+def team(db) -> Team:
+    return TeamFactory(name="Acme GPUs")
+
+
+@pytest.fixture
+def owner(team):
+    user = UserFactory(username="owner")
+    add_member(team, user, Role.OWNER)
+    return user
+
+
+@pytest.fixture
+def teammate(team):
+    user = UserFactory(username="teammate")
+    add_member(team, user, Role.MEMBER)
+    return user
+
+
+@pytest.fixture
+def outsider(db):
+    """A user with a team of their own and no link to ``team``."""
+    return UserFactory(username="outsider")
+
+
+def client_for(client, user, team: Team | None = None):
+    client.force_login(user)
+    if team is not None:
+        session = client.session
+        session["active_team_id"] = team.id
+        session.save()
+    return client
+
+
+@pytest.fixture
+def owner_client(client, owner, team):
+    return client_for(client, owner, team)
+
+
+@pytest.fixture
+def api_client():
+    return APIClient()
+
+
+def key_client(
+    team: Team, *, access=ApiKey.Access.WRITE, audience=ApiKey.Audience.ALL
+) -> APIClient:
+    membership = team.memberships.filter(role=Role.OWNER).first()
+    issued = api_key_create(membership=membership, name="test", access=access, audience=audience)
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {issued.secret}")
+    return client
+
+
+# --- simulated hosts (real sshd + real Docker) -------------------------------------------
+
+
+def _worker_index() -> int:
+    return int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+
+
+@pytest.fixture(scope="session")
+def docker_engine():
+    from hosts.simulation import ensure_dockerd, ensure_image
+
+    if shutil.which("dockerd") is None or os.geteuid() != 0:
+        pytest.fail("system tests need root and docker.io (make test installs it)")
+    ensure_dockerd()
+    return ensure_image()
+
+
+@pytest.fixture(scope="session")
+def sim_root(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("simhosts")
+
+
+@pytest.fixture(scope="session")
+def platform_public_key(sim_root):
+    from hosts.keys import platform_public_key
+
+    return platform_public_key()
+
+
+@pytest.fixture(scope="session")
+def sim_host_factory(docker_engine, sim_root, platform_public_key):
+    """Makes simulated hosts on addresses and ports that no other xdist worker uses."""
+    from hosts.simulation import SimHostSpec, create_host, default_gpus
+
+    worker = _worker_index()
+    made = []
+
+    def make(gpus: int = 4, gpu_name: str = "NVIDIA GeForce RTX 4090", memory_mib: int = 24564):
+        n = len(made)
+        spec = SimHostSpec(
+            name=f"w{worker}-h{n}",
+            address=f"127.0.{20 + worker}.{10 + n}",
+            port=23000 + worker * 100 + n,
+            gpus=default_gpus(gpus, name=gpu_name, memory_mib=memory_mib),
+            port_range=(45000 + worker * 1000 + n * 100, 45099 + worker * 1000 + n * 100),
+        )
+        host = create_host(sim_root / spec.name, spec, [platform_public_key])
+        made.append(host)
+        return host
+
+    yield make
+    for host in made:
+        host.stop()
+    label = f"gpumkt.test-worker={worker}"
+    ids = subprocess.run(
+        ["docker", "ps", "-aq", "--filter", label], capture_output=True, text=True
+    ).stdout.split()
+    if ids:
+        subprocess.run(["docker", "rm", "-f", *ids], capture_output=True)
+
+
+@pytest.fixture(scope="session")
+def sim_host(sim_host_factory):
+    """One shared 4-GPU simulated host for tests that only read from it."""
+    return sim_host_factory(gpus=4)

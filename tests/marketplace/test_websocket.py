@@ -1,0 +1,65 @@
+"""The live feed: closed before accept unless the user is logged in and the origin is ours."""
+
+from __future__ import annotations
+
+import pytest
+from channels.testing import WebsocketCommunicator
+from django.conf import settings
+from django.contrib.auth import BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_KEY
+from django.contrib.sessions.backends.db import SessionStore
+
+from marketplace.asgi import application
+from marketplace.events import publish_team_event
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
+
+
+def session_cookie_for(user, team_id=None) -> str:
+    session = SessionStore()
+    session[SESSION_KEY] = str(user.pk)
+    session[BACKEND_SESSION_KEY] = "django.contrib.auth.backends.ModelBackend"
+    session[HASH_SESSION_KEY] = user.get_session_auth_hash()
+    if team_id:
+        session["active_team_id"] = team_id
+    session.save()
+    return f"{settings.SESSION_COOKIE_NAME}={session.session_key}"
+
+
+def communicator(origin: str = "http://testserver", cookie: str | None = None):
+    headers = [(b"origin", origin.encode()), (b"host", b"testserver")]
+    if cookie:
+        headers.append((b"cookie", cookie.encode()))
+    return WebsocketCommunicator(application, "/ws/events/", headers=headers)
+
+
+async def test_anonymous_websocket_is_closed_before_accept():
+    connected, code = await communicator().connect()
+    assert connected is False
+    assert code == 4401
+
+
+async def test_foreign_origin_is_closed_before_accept(owner, team):
+    from asgiref.sync import sync_to_async
+
+    cookie = await sync_to_async(session_cookie_for)(owner, team.id)
+    connected, _ = await communicator(origin="https://evil.example", cookie=cookie).connect()
+    assert connected is False
+
+
+async def test_member_receives_own_team_events_only(owner, team, outsider):
+    from asgiref.sync import sync_to_async
+
+    cookie = await sync_to_async(session_cookie_for)(owner, team.id)
+    ws = communicator(cookie=cookie)
+    connected, _ = await ws.connect()
+    assert connected
+    hello = await ws.receive_json_from(timeout=5)
+    assert hello == {"event": "hello", "data": {"team": team.id}}
+
+    outsider_team = await sync_to_async(lambda: outsider.teams.get().id)()
+    await sync_to_async(publish_team_event)(outsider_team, "instance.updated", {"id": 1})
+    await sync_to_async(publish_team_event)(team.id, "instance.updated", {"id": 2})
+    message = await ws.receive_json_from(timeout=5)
+    assert message == {"event": "instance.updated", "data": {"id": 2}}
+    assert await ws.receive_nothing(timeout=0.3)
+    await ws.disconnect()

@@ -1,0 +1,62 @@
+"""The simulated host is real SSH and real Docker; only nvidia-smi is a stand-in."""
+
+from __future__ import annotations
+
+import base64
+
+import paramiko
+import pytest
+
+from hosts.keys import platform_private_key
+
+pytestmark = pytest.mark.system
+
+
+def connect(host, host_key: str | None = None) -> paramiko.SSHClient:
+    client = paramiko.SSHClient()
+    client.set_missing_host_key_policy(paramiko.RejectPolicy())  # never auto-add
+    if host_key is not None:
+        kind, blob = host_key.split()[:2]
+        client.get_host_keys().add(
+            f"[{host.address}]:{host.port}", kind, paramiko.Ed25519Key(data=base64.b64decode(blob))
+        )
+    client.connect(
+        host.address, host.port, username=host.user, pkey=platform_private_key(),
+        allow_agent=False, look_for_keys=False, timeout=10,
+    )  # fmt: skip
+    return client
+
+
+def run(client: paramiko.SSHClient, command: str) -> tuple[int, str, str]:
+    _, stdout, stderr = client.exec_command(command, timeout=60)
+    code = stdout.channel.recv_exit_status()
+    return code, stdout.read().decode(), stderr.read().decode()
+
+
+def test_unknown_host_key_is_rejected(sim_host):
+    with pytest.raises(paramiko.SSHException, match="not found in known_hosts"):
+        connect(sim_host)
+
+
+def test_nvidia_smi_lists_the_configured_gpus_in_real_csv(sim_host):
+    with connect(sim_host, sim_host.host_public_key) as client:
+        code, out, _ = run(
+            client,
+            "nvidia-smi --query-gpu=index,uuid,name,memory.total,driver_version --format=csv,noheader,nounits",
+        )
+    assert code == 0
+    rows = [line.split(", ") for line in out.strip().splitlines()]
+    assert rows == [
+        [str(g.index), g.uuid, g.name, str(g.memory_mib), g.driver_version]
+        for g in sim_host.spec.gpus
+    ]
+
+
+def test_container_prints_and_exits_through_ssh(sim_host, docker_engine):
+    with connect(sim_host, sim_host.host_public_key) as client:
+        code, out, err = run(
+            client,
+            f"docker run --rm --label gpumkt.test-worker=0 {docker_engine} sh -c 'echo hello from $(hostname)'",
+        )
+    assert code == 0, err
+    assert out.startswith("hello from ")
