@@ -78,6 +78,15 @@ def _worker_index() -> int:
     return int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
 
 
+def _namespace() -> int:
+    return int(os.environ.get("TEST_NAMESPACE", "0"))
+
+
+def sim_container_label() -> str:
+    """Containers started by tests carry this label, so the session removes them at the end."""
+    return f"gpumkt.test-run=ns{_namespace()}-w{_worker_index()}"
+
+
 @pytest.fixture(scope="session")
 def docker_engine():
     from hosts.simulation import ensure_dockerd, ensure_image
@@ -105,17 +114,18 @@ def sim_host_factory(docker_engine, sim_root, platform_public_key):
     """Makes simulated hosts on addresses and ports that no other xdist worker uses."""
     from hosts.simulation import SimHostSpec, create_host, default_gpus
 
-    worker = _worker_index()
+    worker, namespace = _worker_index(), _namespace()
     made = []
 
     def make(gpus: int = 4, gpu_name: str = "NVIDIA GeForce RTX 4090", memory_mib: int = 24564):
         n = len(made)
+        ports = 30000 + namespace * 3000 + worker * 300 + n * 20
         spec = SimHostSpec(
-            name=f"w{worker}-h{n}",
-            address=f"127.0.{20 + worker}.{10 + n}",
-            port=23000 + worker * 100 + n,
+            name=f"ns{namespace}-w{worker}-h{n}",
+            address=f"127.{1 + namespace}.{20 + worker}.{10 + n}",
+            port=23000 + namespace * 1000 + worker * 100 + n,
             gpus=default_gpus(gpus, name=gpu_name, memory_mib=memory_mib),
-            port_range=(45000 + worker * 1000 + n * 100, 45099 + worker * 1000 + n * 100),
+            port_range=(ports, ports + 19),
         )
         host = create_host(sim_root / spec.name, spec, [platform_public_key])
         made.append(host)
@@ -124,7 +134,7 @@ def sim_host_factory(docker_engine, sim_root, platform_public_key):
     yield make
     for host in made:
         host.stop()
-    label = f"gpumkt.test-worker={worker}"
+    label = sim_container_label()
     ids = subprocess.run(
         ["docker", "ps", "-aq", "--filter", label], capture_output=True, text=True
     ).stdout.split()

@@ -1,7 +1,8 @@
 """Test environment defaults, loaded as a plugin (-p tests.environment) before Django settings.
 
 Each xdist worker gets its own Redis database and key prefixes, so channel groups, caches and
-Celery queues of parallel workers never meet.
+Celery queues of parallel workers never meet. ``TEST_NAMESPACE`` (0-9, default 0) separates
+whole concurrent pytest runs on one machine: databases, Redis, simulated host addresses/ports.
 """
 
 from __future__ import annotations
@@ -10,17 +11,20 @@ import os
 
 worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
 worker_index = int(worker.removeprefix("gw") or 0)
+namespace = int(os.environ.get("TEST_NAMESPACE", "0"))
+tag = f"ns{namespace}-{worker}"
 
 os.environ.setdefault("SECRET_KEY", "test-secret-key-not-for-production-" + "x" * 20)
 os.environ.setdefault("HTTPS_ONLY", "0")
 os.environ.setdefault("ALLOWED_HOSTS", "testserver,localhost,127.0.0.1")
-os.environ.setdefault("DATABASE_URL", "postgres://gpumkt:gpumkt@127.0.0.1:5432/gpumkt")
+database = "gpumkt" if namespace == 0 else f"gpumkt_ns{namespace}"
+os.environ.setdefault("DATABASE_URL", f"postgres://gpumkt:gpumkt@127.0.0.1:5432/{database}")
 redis_base = os.environ.get("REDIS_URL", "redis://127.0.0.1:6391/0").rsplit("/", 1)[0]
-os.environ["REDIS_URL"] = f"{redis_base}/{worker_index % 16}"
-os.environ["CHANNEL_PREFIX"] = f"gpumkt-test-{worker}"
-os.environ["CACHE_KEY_PREFIX"] = f"gpumkt-test-{worker}"
+os.environ["REDIS_URL"] = f"{redis_base}/{(namespace * 4 + worker_index) % 16}"
+os.environ["CHANNEL_PREFIX"] = f"gpumkt-test-{tag}"
+os.environ["CACHE_KEY_PREFIX"] = f"gpumkt-test-{tag}"
 os.environ.setdefault("CELERY_TASK_ALWAYS_EAGER", "1")
-os.environ.setdefault("VAR_DIR", f"/tmp/gpumkt-test-{worker}")
-os.environ.setdefault("PLATFORM_SSH_KEY_PATH", f"/tmp/gpumkt-test-{worker}/platform_ssh_key")
+os.environ.setdefault("VAR_DIR", f"/tmp/gpumkt-test-{tag}")
+os.environ.setdefault("PLATFORM_SSH_KEY_PATH", f"/tmp/gpumkt-test-{tag}/platform_ssh_key")
 os.environ.setdefault("DB_CONN_MAX_AGE", "0")
 os.environ.setdefault("WHITENOISE_USE_FINDERS", "1")

@@ -8,6 +8,7 @@ import paramiko
 import pytest
 
 from hosts.keys import platform_private_key
+from tests.conftest import sim_container_label
 
 pytestmark = pytest.mark.system
 
@@ -56,7 +57,7 @@ def test_container_prints_and_exits_through_ssh(sim_host, docker_engine):
     with connect(sim_host, sim_host.host_public_key) as client:
         code, out, err = run(
             client,
-            f"docker run --rm --label gpumkt.test-worker=0 {docker_engine} sh -c 'echo hello from $(hostname)'",
+            f"docker run --rm --label {sim_container_label()} {docker_engine} sh -c 'echo hello from $(hostname)'",
         )
     assert code == 0, err
     assert out.startswith("hello from ")
