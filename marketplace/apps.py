@@ -6,4 +6,6 @@ class MarketplaceConfig(AppConfig):
     verbose_name = "Marketplace"
 
     def ready(self) -> None:
-        from marketplace.api import schema  # noqa: F401  (registers the auth extension)
+        # Registers the API-key auth extension and the subscribers to lower rooms' signals.
+        from marketplace.api import schema  # noqa: F401
+        from marketplace.receivers import billing, hosts  # noqa: F401

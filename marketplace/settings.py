@@ -8,6 +8,7 @@ settings refuse to start without a real secret key and turn on every HTTPS prote
 
 from __future__ import annotations
 
+import importlib
 import os
 import secrets
 from datetime import timedelta
@@ -173,11 +174,15 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 6 * 60 * 60}
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
 CELERY_TASK_EAGER_PROPAGATES = True
+# Each room keeps its periodic tasks in <room>/schedule.py (plain data, safe to import here).
 CELERY_BEAT_SCHEDULE: dict[str, dict] = {
     "expire-invitations": {
         "task": "marketplace.tasks.invitations_expire",
         "schedule": timedelta(hours=1),
     },
+    **importlib.import_module("hosts.schedule").BEAT_SCHEDULE,
+    **importlib.import_module("scheduler.schedule").BEAT_SCHEDULE,
+    **importlib.import_module("billing.schedule").BEAT_SCHEDULE,
 }
 
 # --- REST API -----------------------------------------------------------------------------

@@ -6,9 +6,13 @@ from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import DefaultRouter
 
-from marketplace import views
+from marketplace.api import billing as billing_api
+from marketplace.api import hosts as hosts_api
 from marketplace.api import tenancy as tenancy_api
 from marketplace.api.errors import api_not_found
+from marketplace.views import accounts as views
+from marketplace.views import billing as billing_views
+from marketplace.views import hosts as hosts_views
 
 router = DefaultRouter(trailing_slash=True)
 router.register("team/members", tenancy_api.MemberViewSet, basename="member")
@@ -20,6 +24,8 @@ api_v1 = [
     path("schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     path("", include(router.urls)),
+    path("", include(hosts_api.urlpatterns)),
+    path("", include(billing_api.urlpatterns)),
     re_path(r"^.*$", api_not_found),
 ]
 
@@ -37,5 +43,7 @@ urlpatterns = [
     path("team/api-keys/", views.api_keys, name="api-keys"),
     path("team/api-keys/<int:pk>/revoke/", views.api_key_revoke, name="api-key-revoke"),
     path("invitations/<str:token>/", views.invitation_accept, name="invitation-accept"),
+    path("", include(hosts_views.urlpatterns)),
+    path("", include(billing_views.urlpatterns)),
     path("api/v1/", include(api_v1)),
 ]

@@ -21,7 +21,7 @@ DEMO_USERS = {
 }
 
 # Dotted paths of functions ``step(users: dict[str, User], simhosts: list[dict]) -> str``.
-DEMO_DATA_STEPS: list[str] = []
+DEMO_DATA_STEPS: list[str] = ["hosts.demo.demo_step", "billing.demo.demo_step"]
 
 
 def demo_user(username: str, password: str, superuser: bool) -> User:

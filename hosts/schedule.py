@@ -1,0 +1,5 @@
+"""Celery beat entries of the hosts room (plain data: settings imports this before apps load)."""
+
+from __future__ import annotations
+
+BEAT_SCHEDULE: dict[str, dict] = {}

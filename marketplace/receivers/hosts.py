@@ -1,0 +1,3 @@
+"""Subscribers to the hosts room's domain events (signals): push them to consoles, etc."""
+
+from __future__ import annotations
