@@ -18,7 +18,8 @@ cleanup() {
   wait 2>/dev/null
   redis-cli -p 6390 shutdown nosave >/dev/null 2>&1 || true
 }
-trap cleanup EXIT INT TERM
+trap cleanup EXIT
+trap 'exit 0' INT TERM
 
 start_redis 6390 var/redis || { echo "!! Redis is required: apt-get install redis-server"; exit 1; }
 $py manage.py migrate --noinput -v0
