@@ -251,3 +251,16 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
     "loggers": {"paramiko": {"level": "WARNING"}},
 }
+
+# --- Billing settings ---
+# Share of every usage charge that goes to the platform (percent; decimals allowed, e.g. 12.5).
+PLATFORM_FEE_PERCENT = os.environ.get("PLATFORM_FEE_PERCENT", "10")
+BILLING_CURRENCY = "usd"
+BILLING_TOPUP_PRODUCT_NAME = "GPU Marketplace credit"
+# Top-up limits in micro-dollars ($5 to $10,000 by default).
+BILLING_TOPUP_MIN = int(os.environ.get("BILLING_TOPUP_MIN_USD", "5")) * 1_000_000
+BILLING_TOPUP_MAX = int(os.environ.get("BILLING_TOPUP_MAX_USD", "10000")) * 1_000_000
+# The DEBUG test-credit button grants this much (micro-dollars) per click.
+BILLING_TEST_CREDIT_AMOUNT = 100 * 1_000_000
+# Oldest Stripe-Signature timestamp the webhook accepts, in seconds (Stripe's default).
+STRIPE_WEBHOOK_TOLERANCE = int(os.environ.get("STRIPE_WEBHOOK_TOLERANCE", "300"))

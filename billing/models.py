@@ -1,0 +1,362 @@
+"""The money: a double-entry ledger in integer micro-dollars, two-phase holds, Stripe top-ups.
+
+Every movement is a ``Transfer`` whose ``Entry`` rows sum to zero; each entry changes one
+``Account``'s balance and records the balance after it. Transfers and entries are append-only
+(the database refuses UPDATE and DELETE on PostgreSQL) and idempotent by a unique key.
+
+Accounts: each team's *available* and *held* credit and *earnings* (as a provider), and the
+platform's *revenue*, *stripe_clearing* (money in from card payments), *grants* (credit given
+by operators) and *payouts* (earnings paid out). The two sources of credit, clearing and
+grants, run negative; every other account is kept at or above zero by a CHECK constraint, so
+
+    -(stripe_clearing + grants) = Σ available + Σ held + Σ earnings + revenue + payouts.
+
+A ``Hold`` reserves credit for a rental (available → held). Captures move part of it to the
+provider's earnings and the platform fee to revenue; release returns the rest and closes it;
+void returns all of an uncaptured hold. The database checks captured + released ≤ amount.
+
+billing imports no other app: teams are string foreign keys, rentals are references
+("contract:42") that callers pass in.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.db.models import F, Q
+from django.utils import timezone
+
+
+class AccountKind(models.TextChoices):
+    AVAILABLE = "available", "Available credit"
+    HELD = "held", "Held credit"
+    EARNINGS = "earnings", "Provider earnings"
+    PLATFORM_REVENUE = "platform_revenue", "Platform revenue"
+    STRIPE_CLEARING = "stripe_clearing", "Stripe clearing"
+    GRANTS = "grants", "Operator grants"
+    PAYOUTS = "payouts", "Payouts"
+
+
+TEAM_ACCOUNT_KINDS = (AccountKind.AVAILABLE, AccountKind.HELD, AccountKind.EARNINGS)
+# Where credit comes from: these run negative by the amount that came in.
+SOURCE_ACCOUNT_KINDS = (AccountKind.STRIPE_CLEARING, AccountKind.GRANTS)
+
+
+class Account(models.Model):
+    team = models.ForeignKey(
+        "marketplace.Team",
+        on_delete=models.PROTECT,
+        null=True,
+        blank=True,
+        related_name="billing_accounts",
+        help_text="Empty for the platform's own accounts.",
+    )
+    kind = models.CharField(max_length=20, choices=AccountKind.choices)
+    balance = models.BigIntegerField(default=0, help_text="Micro-dollars.")
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["team", "kind"],
+                condition=Q(team__isnull=False),
+                name="billing_account_unique_team_kind",
+            ),
+            models.UniqueConstraint(
+                fields=["kind"],
+                condition=Q(team__isnull=True),
+                name="billing_account_unique_platform_kind",
+            ),
+            models.CheckConstraint(
+                condition=Q(team__isnull=False, kind__in=TEAM_ACCOUNT_KINDS)
+                | Q(team__isnull=True) & ~Q(kind__in=TEAM_ACCOUNT_KINDS),
+                name="billing_account_team_iff_team_kind",
+            ),
+            models.CheckConstraint(
+                condition=Q(balance__gte=0) | Q(kind__in=SOURCE_ACCOUNT_KINDS),
+                name="billing_account_balance_not_negative",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.team or 'platform'} · {self.get_kind_display()}"
+
+
+class TransferKind(models.TextChoices):
+    TOPUP = "topup", "Top-up"
+    GRANT = "grant", "Credit grant"
+    HOLD = "hold", "Hold"
+    HOLD_EXTEND = "hold_extend", "Hold extended"
+    CAPTURE = "capture", "Usage charge"
+    RELEASE = "release", "Hold released"
+    VOID = "void", "Hold voided"
+    PAYOUT = "payout", "Payout"
+
+
+class UsageKind(models.TextChoices):
+    GPU = "gpu", "GPU time"
+    STORAGE = "storage", "Storage"
+
+
+class ImmutableQuerySet(models.QuerySet):
+    """Ledger rows are added, never edited: no bulk update or delete through the ORM."""
+
+    def update(self, **kwargs):
+        raise TypeError(f"{self.model.__name__} rows are immutable.")
+
+    def delete(self):
+        raise TypeError(f"{self.model.__name__} rows are immutable.")
+
+    update.queryset_only = True
+    delete.queryset_only = True
+
+
+class ImmutableModel(models.Model):
+    objects = ImmutableQuerySet.as_manager()
+
+    class Meta:
+        abstract = True
+
+    def save(self, *args, **kwargs):
+        if not self._state.adding:
+            raise TypeError(f"{type(self).__name__} rows are immutable.")
+        super().save(*args, **kwargs)
+
+    def delete(self, *args, **kwargs):
+        raise TypeError(f"{type(self).__name__} rows are immutable.")
+
+
+class Transfer(ImmutableModel):
+    """One balanced movement of money. ``amount`` is its headline (gross) amount."""
+
+    kind = models.CharField(max_length=16, choices=TransferKind.choices)
+    idempotency_key = models.CharField(max_length=200, unique=True)
+    team = models.ForeignKey(
+        "marketplace.Team",
+        on_delete=models.PROTECT,
+        null=True,
+        blank=True,
+        related_name="+",
+        help_text="The team the transfer is for (the renter for holds and charges).",
+    )
+    reference = models.CharField(
+        max_length=120, blank=True, help_text='What it is for, e.g. "contract:42".'
+    )
+    description = models.CharField(max_length=300, blank=True)
+    amount = models.BigIntegerField()
+    fee = models.BigIntegerField(default=0, help_text="Platform fee within amount (charges).")
+    hold = models.ForeignKey(
+        "billing.Hold", on_delete=models.PROTECT, null=True, blank=True, related_name="transfers"
+    )
+    usage_kind = models.CharField(max_length=16, choices=UsageKind.choices, blank=True)
+    machine_reference = models.CharField(max_length=120, blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="+",
+        db_constraint=False,
+    )
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(condition=Q(amount__gt=0), name="billing_transfer_amount_pos"),
+            models.CheckConstraint(
+                condition=Q(fee__gte=0) & Q(fee__lte=F("amount")), name="billing_transfer_fee_range"
+            ),
+        ]
+        indexes = [models.Index(fields=["reference"], name="billing_transfer_reference")]
+
+    def __str__(self) -> str:
+        return f"{self.get_kind_display()} {self.reference} ({self.idempotency_key})"
+
+
+class Entry(ImmutableModel):
+    """One leg of a transfer: a signed change of one account, with the balance after it."""
+
+    transfer = models.ForeignKey(Transfer, on_delete=models.PROTECT, related_name="entries")
+    account = models.ForeignKey(Account, on_delete=models.PROTECT, related_name="entries")
+    # Copied from the account and the transfer so a team's ledger is one indexed scan.
+    team = models.ForeignKey(
+        "marketplace.Team", on_delete=models.PROTECT, null=True, blank=True, related_name="+"
+    )
+    account_kind = models.CharField(max_length=20, choices=AccountKind.choices)
+    amount = models.BigIntegerField()
+    balance_after = models.BigIntegerField()
+    created_at = models.DateTimeField()
+
+    class Meta:
+        verbose_name_plural = "entries"
+        constraints = [
+            models.CheckConstraint(condition=~Q(amount=0), name="billing_entry_amount_not_zero"),
+        ]
+        indexes = [
+            models.Index(fields=["team", "created_at"], name="billing_entry_team_created"),
+            models.Index(fields=["account", "id"], name="billing_entry_account_id"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.account} {self.amount:+d}"
+
+
+class HoldStatus(models.TextChoices):
+    OPEN = "open", "Open"
+    RELEASED = "released", "Released"
+    VOIDED = "voided", "Voided"
+
+
+class Hold(models.Model):
+    """Credit reserved for one rental: a two-phase transfer that resolves exactly once.
+
+    ``amount`` is all that was ever reserved (extensions add to it); captures per usage kind
+    are cumulative; ``released`` is what went back to available when the hold closed.
+    """
+
+    team = models.ForeignKey(
+        "marketplace.Team", on_delete=models.PROTECT, related_name="billing_holds"
+    )
+    provider_team = models.ForeignKey(
+        "marketplace.Team", on_delete=models.PROTECT, related_name="+"
+    )
+    reference = models.CharField(max_length=120, help_text='e.g. "contract:42"')
+    machine_reference = models.CharField(max_length=120, blank=True, help_text='e.g. "machine:7"')
+    description = models.CharField(max_length=300, blank=True)
+    idempotency_key = models.CharField(max_length=200, unique=True)
+    amount = models.BigIntegerField()
+    captured_gpu = models.BigIntegerField(default=0)
+    captured_storage = models.BigIntegerField(default=0)
+    released = models.BigIntegerField(default=0)
+    status = models.CharField(max_length=10, choices=HoldStatus.choices, default=HoldStatus.OPEN)
+    created_at = models.DateTimeField(default=timezone.now)
+    closed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(condition=Q(amount__gt=0), name="billing_hold_amount_pos"),
+            models.CheckConstraint(
+                condition=Q(captured_gpu__gte=0, captured_storage__gte=0, released__gte=0),
+                name="billing_hold_parts_not_negative",
+            ),
+            models.CheckConstraint(
+                condition=Q(amount__gte=F("captured_gpu") + F("captured_storage") + F("released")),
+                name="billing_hold_not_over_resolved",
+            ),
+            # Open: nothing released yet. Closed: fully resolved. Voided: never captured.
+            models.CheckConstraint(
+                condition=Q(status=HoldStatus.OPEN, released=0, closed_at__isnull=True)
+                | Q(
+                    status=HoldStatus.RELEASED,
+                    closed_at__isnull=False,
+                    amount=F("captured_gpu") + F("captured_storage") + F("released"),
+                )
+                | Q(
+                    status=HoldStatus.VOIDED,
+                    closed_at__isnull=False,
+                    captured_gpu=0,
+                    captured_storage=0,
+                    amount=F("released"),
+                ),
+                name="billing_hold_status_consistent",
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["team", "status"], name="billing_hold_team_status"),
+            models.Index(fields=["reference"], name="billing_hold_reference"),
+        ]
+
+    def __str__(self) -> str:
+        return f"Hold {self.pk} for {self.reference} ({self.status})"
+
+    @property
+    def captured(self) -> int:
+        return self.captured_gpu + self.captured_storage
+
+    @property
+    def remaining(self) -> int:
+        """What the hold still holds (0 once closed)."""
+        return self.amount - self.captured - self.released
+
+    def captured_for(self, kind: str) -> int:
+        return self.captured_storage if kind == UsageKind.STORAGE else self.captured_gpu
+
+
+class TopUpStatus(models.TextChoices):
+    PENDING = "pending", "Waiting for payment"
+    PROCESSING = "processing", "Payment processing"
+    PAID = "paid", "Credited"
+    FAILED = "failed", "Payment failed"
+    EXPIRED = "expired", "Expired"
+
+
+class TopUp(models.Model):
+    """A card payment through Stripe Checkout that credits a team's available balance once."""
+
+    team = models.ForeignKey("marketplace.Team", on_delete=models.PROTECT, related_name="+")
+    amount = models.BigIntegerField(help_text="Micro-dollars asked for (whole cents).")
+    amount_paid = models.BigIntegerField(default=0, help_text="Micro-dollars credited.")
+    status = models.CharField(
+        max_length=12, choices=TopUpStatus.choices, default=TopUpStatus.PENDING
+    )
+    checkout_session_id = models.CharField(max_length=255, unique=True, null=True, blank=True)
+    checkout_url = models.URLField(max_length=2000, blank=True)
+    transfer = models.OneToOneField(
+        Transfer, on_delete=models.PROTECT, null=True, blank=True, related_name="topup"
+    )
+    failure_reason = models.CharField(max_length=300, blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="+",
+        db_constraint=False,
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+    credited_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(condition=Q(amount__gt=0), name="billing_topup_amount_pos"),
+            models.CheckConstraint(
+                condition=~Q(status=TopUpStatus.PAID) | Q(transfer__isnull=False),
+                name="billing_topup_paid_has_transfer",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"Top-up {self.pk} ({self.status})"
+
+
+class StripeEventStatus(models.TextChoices):
+    RECEIVED = "received", "Received"
+    PROCESSED = "processed", "Processed"
+    IGNORED = "ignored", "Ignored"
+    FAILED = "failed", "Failed"
+
+
+class StripeEvent(models.Model):
+    """Each Stripe event stored once (unique id) with how its handling went."""
+
+    event_id = models.CharField(max_length=255, unique=True)
+    type = models.CharField(max_length=100)
+    livemode = models.BooleanField(default=False)
+    payload = models.JSONField()
+    status = models.CharField(
+        max_length=10, choices=StripeEventStatus.choices, default=StripeEventStatus.RECEIVED
+    )
+    detail = models.TextField(blank=True, help_text="Why it was ignored, or the error.")
+    deliveries = models.PositiveIntegerField(default=1)
+    received_at = models.DateTimeField(default=timezone.now)
+    handled_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.type} {self.event_id} ({self.status})"
+
+
+class CreditGrant(Transfer):
+    """Admin face of credit grants (a proxy: the grant *is* the ledger transfer)."""
+
+    class Meta:
+        proxy = True
+        verbose_name = "credit grant"

@@ -1,0 +1,286 @@
+"""Reads of the money that take thought.
+
+Functions that serve a request take querysets the caller already scoped to the acting team
+(``marketplace.tenancy.team_objects``): billing never decides who may see what. Functions
+that take a ``team_id`` are for internal callers (the rental flow, receivers).
+"""
+
+from __future__ import annotations
+
+import calendar
+from dataclasses import dataclass
+from datetime import date, datetime, time, timedelta
+from typing import NamedTuple
+
+from django.db.models import Count, F, Max, Min, QuerySet, Sum
+from django.db.models.functions import TruncDate, TruncMonth
+from django.utils import timezone
+
+from billing.models import Account, AccountKind, Entry, TransferKind, UsageKind
+
+
+class Balance(NamedTuple):
+    available: int
+    held: int
+
+    @property
+    def total(self) -> int:
+        return self.available + self.held
+
+
+def balance_from_accounts(accounts: QuerySet[Account]) -> Balance:
+    """A team's balance from its (already team-scoped) accounts."""
+    found = dict(
+        accounts.filter(kind__in=[AccountKind.AVAILABLE, AccountKind.HELD]).values_list(
+            "kind", "balance"
+        )
+    )
+    return Balance(found.get(AccountKind.AVAILABLE, 0), found.get(AccountKind.HELD, 0))
+
+
+def team_balance(team_id: int) -> Balance:
+    return balance_from_accounts(Account.objects.filter(team_id=team_id))
+
+
+def team_earnings_balance(team_id: int) -> int:
+    return (
+        Account.objects.filter(team_id=team_id, kind=AccountKind.EARNINGS)
+        .values_list("balance", flat=True)
+        .first()
+        or 0
+    )
+
+
+def team_low_balance(team_id: int, needed: int) -> bool:
+    """True when the team's available credit would not cover ``needed`` (e.g. the next
+    extension of a running rental)."""
+    return team_balance(team_id).available < needed
+
+
+# --- the ledger ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LedgerFilter:
+    start: date | None = None
+    end: date | None = None  # inclusive
+    kind: str = ""
+    reference: str = ""
+
+
+def day_start(day: date) -> datetime:
+    return timezone.make_aware(datetime.combine(day, time.min), timezone.get_current_timezone())
+
+
+def ledger_entries(entries: QuerySet[Entry], filters: LedgerFilter) -> QuerySet[Entry]:
+    """Entries of the team's own accounts, newest first, narrowed by ``filters``."""
+    query = entries.select_related("transfer").order_by("-created_at", "-id")
+    if filters.start:
+        query = query.filter(created_at__gte=day_start(filters.start))
+    if filters.end:
+        query = query.filter(created_at__lt=day_start(filters.end + timedelta(days=1)))
+    if filters.kind:
+        query = query.filter(transfer__kind=filters.kind)
+    if filters.reference:
+        query = query.filter(transfer__reference__icontains=filters.reference.strip())
+    return query
+
+
+# --- balance over time ---------------------------------------------------------------------
+
+
+class BalancePoint(NamedTuple):
+    day: date
+    available: int
+    held: int
+
+
+def balance_series(entries: QuerySet[Entry], *, days: int = 30) -> list[BalancePoint]:
+    """The team's available and held balance at the end of each of the last ``days`` days.
+
+    One row per (account, day) — the last entry of the day carries the balance after it —
+    so the cost does not grow with the number of charges.
+    """
+    today = timezone.localdate()
+    first = today - timedelta(days=days - 1)
+    scoped = entries.filter(account_kind__in=[AccountKind.AVAILABLE, AccountKind.HELD])
+    last_ids = (
+        scoped.filter(created_at__gte=day_start(first))
+        .annotate(day=TruncDate("created_at"))
+        .values("account_kind", "day")
+        .annotate(last_id=Max("id"))
+        .values_list("last_id", flat=True)
+    )
+    by_day: dict[tuple[str, date], int] = {}
+    for kind, created_at, balance in Entry.objects.filter(pk__in=list(last_ids)).values_list(
+        "account_kind", "created_at", "balance_after"
+    ):
+        by_day[(kind, timezone.localdate(created_at))] = balance
+    # The balance before the window starts: the last entry before it, per account kind.
+    carried = {AccountKind.AVAILABLE: 0, AccountKind.HELD: 0}
+    for kind in carried:
+        before = (
+            scoped.filter(account_kind=kind, created_at__lt=day_start(first))
+            .order_by("-id")
+            .values_list("balance_after", flat=True)
+            .first()
+        )
+        carried[kind] = before or 0
+    points = []
+    for offset in range(days):
+        day = first + timedelta(days=offset)
+        for kind in carried:
+            carried[kind] = by_day.get((kind, day), carried[kind])
+        points.append(BalancePoint(day, carried[AccountKind.AVAILABLE], carried[AccountKind.HELD]))
+    return points
+
+
+# --- invoices ------------------------------------------------------------------------------
+
+
+class InvoiceLine(NamedTuple):
+    reference: str
+    usage_kind: str
+    amount: int
+    charges: int
+    first_at: datetime
+    last_at: datetime
+
+    @property
+    def usage_label(self) -> str:
+        return UsageKind(self.usage_kind).label if self.usage_kind else "Other"
+
+
+@dataclass(frozen=True)
+class Invoice:
+    month: date  # first day of the month
+    lines: list[InvoiceLine]
+    credit_added: int
+
+    @property
+    def number(self) -> str:
+        return f"{self.month:%Y%m}"
+
+    @property
+    def total(self) -> int:
+        return sum(line.amount for line in self.lines)
+
+    @property
+    def period_end(self) -> date:
+        return self.month.replace(day=calendar.monthrange(self.month.year, self.month.month)[1])
+
+
+def _charges(entries: QuerySet[Entry]) -> QuerySet[Entry]:
+    """Usage charges as the renter sees them: the held-account leg of each capture."""
+    return entries.filter(account_kind=AccountKind.HELD, transfer__kind=TransferKind.CAPTURE)
+
+
+def invoice_months(entries: QuerySet[Entry]) -> list[tuple[date, int]]:
+    """(month, total charged) for every month with charges, newest first."""
+    rows = (
+        _charges(entries)
+        .annotate(month=TruncMonth("created_at"))
+        .values("month")
+        .annotate(total=Sum("amount"))
+        .order_by("-month")
+    )
+    return [(_as_date(row["month"]), -row["total"]) for row in rows]
+
+
+def _as_date(value) -> date:
+    return value.date() if isinstance(value, datetime) else value
+
+
+def month_bounds(month: date) -> tuple[datetime, datetime]:
+    first = month.replace(day=1)
+    following = (first + timedelta(days=32)).replace(day=1)
+    return day_start(first), day_start(following)
+
+
+def invoice_for_month(entries: QuerySet[Entry], month: date) -> Invoice:
+    """One line per rental reference per usage kind for the calendar month."""
+    start, end = month_bounds(month)
+    in_month = entries.filter(created_at__gte=start, created_at__lt=end)
+    rows = (
+        _charges(in_month)
+        .values("transfer__reference", "transfer__usage_kind")
+        .annotate(
+            total=Sum("amount"),
+            charges=Count("id"),
+            first_at=Min("created_at"),
+            last_at=Max("created_at"),
+        )
+        .order_by("transfer__reference", "transfer__usage_kind")
+    )
+    lines = [
+        InvoiceLine(
+            reference=row["transfer__reference"],
+            usage_kind=row["transfer__usage_kind"],
+            amount=-row["total"],
+            charges=row["charges"],
+            first_at=row["first_at"],
+            last_at=row["last_at"],
+        )
+        for row in rows
+    ]
+    credit = (
+        in_month.filter(
+            account_kind=AccountKind.AVAILABLE,
+            transfer__kind__in=[TransferKind.TOPUP, TransferKind.GRANT],
+        ).aggregate(total=Sum("amount"))["total"]
+        or 0
+    )
+    return Invoice(month=month.replace(day=1), lines=lines, credit_added=credit)
+
+
+# --- host earnings -------------------------------------------------------------------------
+
+
+class EarningsRow(NamedTuple):
+    key: object  # a machine reference or a day
+    gross: int
+    fee: int
+    net: int
+
+
+def _earnings(entries: QuerySet[Entry], since: date | None) -> QuerySet[Entry]:
+    query = entries.filter(account_kind=AccountKind.EARNINGS, transfer__kind=TransferKind.CAPTURE)
+    if since:
+        query = query.filter(created_at__gte=day_start(since))
+    return query
+
+
+def _earnings_rows(query, key: str) -> list[EarningsRow]:
+    rows = query.values(key).annotate(
+        gross=Sum("transfer__amount"), fee=Sum("transfer__fee"), net=Sum("amount")
+    )
+    return [
+        EarningsRow(
+            _as_date(row[key]) if key == "day" else row[key], row["gross"], row["fee"], row["net"]
+        )
+        for row in rows
+    ]
+
+
+def earnings_by_machine(
+    entries: QuerySet[Entry], *, since: date | None = None
+) -> list[EarningsRow]:
+    """Gross charges, platform fee and net earnings per machine reference, largest first."""
+    rows = _earnings_rows(
+        _earnings(entries, since).annotate(machine=F("transfer__machine_reference")), "machine"
+    )
+    return sorted(rows, key=lambda row: (-row.gross, str(row.key)))
+
+
+def earnings_by_day(entries: QuerySet[Entry], *, since: date | None = None) -> list[EarningsRow]:
+    rows = _earnings_rows(_earnings(entries, since).annotate(day=TruncDate("created_at")), "day")
+    return sorted(rows, key=lambda row: row.key, reverse=True)
+
+
+def earnings_paid_out(entries: QuerySet[Entry]) -> int:
+    return -(
+        entries.filter(
+            account_kind=AccountKind.EARNINGS, transfer__kind=TransferKind.PAYOUT
+        ).aggregate(total=Sum("amount"))["total"]
+        or 0
+    )

@@ -1,0 +1,918 @@
+"""Every write to the money. Typed, keyword-only, one transaction each.
+
+How each write stays correct under concurrency (the saleor pattern):
+
+1. lock the rows it changes, always in the same order — holds (by pk), then top-ups, then
+   accounts (by pk) — so two writers never wait on each other in a cycle;
+2. check idempotency keys *after* taking the locks: a concurrent twin of the same call waited on
+   the first one's locks and now sees its committed result;
+3. compute everything in memory and raise a domain error before writing anything;
+4. write the transfer and its entries (which must sum to zero) and the new balances;
+5. send events only after commit (``balance_changed``).
+
+The database backs the rules up: CHECK constraints keep non-source balances ≥ 0 and a hold's
+captured + released ≤ amount; unique keys make every transfer happen at most once.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from fractions import Fraction
+from typing import NamedTuple
+
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from django.db import connection, transaction
+from django.db.models import F, Q
+from django.utils import timezone
+
+from billing import stripe_gateway
+from billing.errors import (
+    HoldCaptured,
+    HoldClosed,
+    HoldNotFound,
+    IdempotencyConflict,
+    InsufficientCredit,
+    InsufficientEarnings,
+    InvalidAmount,
+    LedgerError,
+    PaymentProviderError,
+    PaymentsUnavailable,
+)
+from billing.models import (
+    SOURCE_ACCOUNT_KINDS,
+    Account,
+    AccountKind,
+    Entry,
+    Hold,
+    HoldStatus,
+    StripeEvent,
+    StripeEventStatus,
+    TopUp,
+    TopUpStatus,
+    Transfer,
+    TransferKind,
+    UsageKind,
+)
+from billing.money import MICRO_PER_CENT, format_usd, percent_of
+from billing.selectors import Balance, team_balance  # noqa: F401  (re-exported for callers)
+from billing.signals import balance_changed, topup_credited
+
+logger = logging.getLogger(__name__)
+
+AccountKey = tuple[int | None, str]
+USAGE_KINDS = frozenset(UsageKind.values)
+# Holds settled per transaction by the metering sweep: big enough to amortise round trips,
+# small enough that row locks are held for a fraction of a second.
+SETTLE_BATCH_SIZE = 2000
+
+
+class UsageOwed(NamedTuple):
+    """What a rental owes so far for one kind of usage (cumulative, micro-dollars)."""
+
+    hold_id: int
+    kind: str
+    owed_total: int
+
+
+def platform_fee_percent() -> Fraction:
+    value = Fraction(str(getattr(settings, "PLATFORM_FEE_PERCENT", "10")))
+    if not 0 <= value < 100:
+        raise ImproperlyConfigured("PLATFORM_FEE_PERCENT must be at least 0 and below 100.")
+    return value
+
+
+def _require_amount(amount: int, *, field_name: str = "amount", allow_zero: bool = False) -> None:
+    if isinstance(amount, bool) or not isinstance(amount, int):
+        raise InvalidAmount(
+            f"{field_name} must be an integer number of micro-dollars.", field=field_name
+        )
+    if amount < 0 or (amount == 0 and not allow_zero):
+        raise InvalidAmount(
+            f"{field_name} must be {'zero or ' if allow_zero else ''}positive.", field=field_name
+        )
+
+
+def _require_key(key: str) -> None:
+    if not key or len(key) > 150:
+        raise InvalidAmount(
+            "An idempotency key of 1 to 150 characters is required.", field="idempotency_key"
+        )
+
+
+# --- accounts and the posting of transfers ----------------------------------------------
+
+
+def _account_filter(keys: Iterable[AccountKey]) -> Q:
+    teams_by_kind: dict[str, set[int | None]] = defaultdict(set)
+    for team_id, kind in keys:
+        teams_by_kind[kind].add(team_id)
+    query = Q(pk__in=[])
+    for kind, team_ids in sorted(teams_by_kind.items()):
+        if None in team_ids:
+            query |= Q(kind=kind, team__isnull=True)
+        else:
+            query |= Q(kind=kind, team_id__in=team_ids)
+    return query
+
+
+def _ensure_accounts(keys: set[AccountKey]) -> None:
+    """Create missing accounts; a concurrent creator is absorbed by ON CONFLICT DO NOTHING."""
+    existing = set(Account.objects.filter(_account_filter(keys)).values_list("team_id", "kind"))
+    missing = keys - existing
+    if missing:
+        Account.objects.bulk_create(
+            [Account(team_id=team_id, kind=kind) for team_id, kind in missing],
+            ignore_conflicts=True,
+        )
+
+
+def _lock_accounts(keys: Iterable[AccountKey]) -> dict[AccountKey, Account]:
+    """Lock the accounts (creating missing ones) in primary-key order and return them."""
+    wanted = set(keys)
+    _ensure_accounts(wanted)
+    rows = Account.objects.select_for_update().filter(_account_filter(wanted)).order_by("pk")
+    found = {(account.team_id, account.kind): account for account in rows}
+    if set(found) != wanted:
+        raise LedgerError(
+            f"Accounts missing after creation: {sorted(wanted - set(found), key=str)}"
+        )
+    return found
+
+
+@dataclass
+class _Posting:
+    transfer: Transfer
+    legs: list[tuple[Account, int]] = field(default_factory=list)
+
+
+def _write(postings: list[_Posting]) -> list[Transfer]:
+    """Check and write transfers, their entries and the new balances of locked accounts.
+
+    Invariant: every transfer's entries sum to zero and no non-source account ends below zero;
+    a violation raises before anything is written.
+    """
+    touched: dict[int, Account] = {}
+    planned: list[list[tuple[Account, int, int]]] = []
+    balances: dict[int, int] = {}
+    for posting in postings:
+        legs = [(account, amount) for account, amount in posting.legs if amount]
+        if not legs or sum(amount for _, amount in legs) != 0:
+            raise LedgerError(f"Unbalanced transfer {posting.transfer.idempotency_key}.")
+        rows = []
+        for account, amount in legs:
+            after = balances.get(account.pk, account.balance) + amount
+            if after < 0 and account.kind not in SOURCE_ACCOUNT_KINDS:
+                raise LedgerError(f"{account} would go below zero.")
+            balances[account.pk] = after
+            touched[account.pk] = account
+            rows.append((account, amount, after))
+        planned.append(rows)
+
+    transfers = Transfer.objects.bulk_create([posting.transfer for posting in postings])
+    entries = [
+        Entry(
+            transfer_id=transfer.pk,
+            account_id=account.pk,
+            team_id=account.team_id,
+            account_kind=account.kind,
+            amount=amount,
+            balance_after=after,
+            created_at=transfer.created_at,
+        )
+        for transfer, rows in zip(transfers, planned, strict=True)
+        for account, amount, after in rows
+    ]
+    Entry.objects.bulk_create(entries)
+    for pk, account in touched.items():
+        account.balance = balances[pk]
+    _bulk_set(Account, ["balance"], list(touched.values()))
+    return transfers
+
+
+def _bulk_set(model, fields: list[str], objects: list) -> None:
+    """UPDATE many rows' integer columns in one statement (unnest on PostgreSQL)."""
+    if not objects:
+        return
+    if len(objects) == 1:
+        obj = objects[0]
+        model._base_manager.filter(pk=obj.pk).update(**{f: getattr(obj, f) for f in fields})
+        return
+    model_fields = [model._meta.get_field(name) for name in fields]
+    if connection.vendor != "postgresql" or any(
+        f.get_internal_type() != "BigIntegerField" for f in model_fields
+    ):
+        model._base_manager.bulk_update(objects, fields, batch_size=500)
+        return
+    quote = connection.ops.quote_name
+    table = quote(model._meta.db_table)
+    columns = [quote(f.column) for f in model_fields]
+    sets = ", ".join(f"{column} = v.{column}" for column in columns)
+    arrays = ", ".join(["%s::bigint[]"] * (len(columns) + 1))
+    names = ", ".join([quote("id"), *columns])
+    # Identifiers come from the model's metadata, never from input; values are parameters.
+    sql = f"UPDATE {table} SET {sets} FROM unnest({arrays}) AS v({names}) WHERE {table}.id = v.id"  # noqa: S608
+    params = [[obj.pk for obj in objects]] + [
+        [getattr(obj, name) for obj in objects] for name in fields
+    ]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+
+
+def _notify(team_ids: Iterable[int]) -> None:
+    """Tell subscribers which teams' balances changed, once the transaction commits."""
+    ids = sorted({team_id for team_id in team_ids if team_id is not None})
+    if not ids:
+        return
+
+    def send() -> None:
+        for team_id in ids:
+            for receiver, result in balance_changed.send_robust(sender=Account, team_id=team_id):
+                if isinstance(result, Exception):
+                    logger.error("balance_changed receiver %r failed: %r", receiver, result)
+
+    transaction.on_commit(send)
+
+
+def _existing_transfer(key: str) -> Transfer | None:
+    return Transfer.objects.filter(idempotency_key=key).first()
+
+
+# --- credit in and out -------------------------------------------------------------------
+
+
+@transaction.atomic
+def credit_grant(
+    *,
+    team_id: int,
+    amount: int,
+    reason: str,
+    idempotency_key: str,
+    created_by_id: int | None = None,
+) -> Transfer:
+    """Give a team credit (operators, demo, tests): grants → the team's available balance.
+
+    Idempotent by key: a repeated call returns the first transfer and credits nothing.
+    """
+    _require_amount(amount)
+    _require_key(idempotency_key)
+    key = f"grant:{idempotency_key}"
+    accounts = _lock_accounts([(team_id, AccountKind.AVAILABLE), (None, AccountKind.GRANTS)])
+    existing = _existing_transfer(key)
+    if existing is not None:
+        if existing.team_id != team_id or existing.amount != amount:
+            raise IdempotencyConflict("This idempotency key was used for another grant.")
+        return existing
+    transfer = Transfer(
+        kind=TransferKind.GRANT,
+        idempotency_key=key,
+        team_id=team_id,
+        reference=f"grant:{idempotency_key}"[:120],
+        description=(reason or "Credit grant")[:300],
+        amount=amount,
+        created_by_id=created_by_id,
+    )
+    _write(
+        [
+            _Posting(
+                transfer,
+                [
+                    (accounts[(None, AccountKind.GRANTS)], -amount),
+                    (accounts[(team_id, AccountKind.AVAILABLE)], amount),
+                ],
+            )
+        ]
+    )
+    _notify([team_id])
+    return transfer
+
+
+@transaction.atomic
+def payout_record(
+    *,
+    provider_team_id: int,
+    amount: int,
+    idempotency_key: str,
+    note: str,
+    created_by_id: int | None = None,
+) -> Transfer:
+    """Record money paid out to a provider (operator-triggered): earnings → payouts.
+
+    Never pays out more than the provider has earned; idempotent by key.
+    """
+    _require_amount(amount)
+    _require_key(idempotency_key)
+    key = f"payout:{idempotency_key}"
+    earnings_key = (provider_team_id, AccountKind.EARNINGS)
+    accounts = _lock_accounts([earnings_key, (None, AccountKind.PAYOUTS)])
+    existing = _existing_transfer(key)
+    if existing is not None:
+        if existing.team_id != provider_team_id or existing.amount != amount:
+            raise IdempotencyConflict("This idempotency key was used for another payout.")
+        return existing
+    earnings = accounts[earnings_key]
+    if earnings.balance < amount:
+        raise InsufficientEarnings(
+            f"Cannot pay out {format_usd(amount)}: the provider has {format_usd(earnings.balance)}"
+            " of earnings.",
+            fields={"amount": ["More than the provider's earnings."]},
+        )
+    transfer = Transfer(
+        kind=TransferKind.PAYOUT,
+        idempotency_key=key,
+        team_id=provider_team_id,
+        reference=f"payout:{idempotency_key}"[:120],
+        description=(note or "Payout")[:300],
+        amount=amount,
+        created_by_id=created_by_id,
+    )
+    _write(
+        [_Posting(transfer, [(earnings, -amount), (accounts[(None, AccountKind.PAYOUTS)], amount)])]
+    )
+    _notify([provider_team_id])
+    return transfer
+
+
+# --- holds ---------------------------------------------------------------------------------
+
+
+def _lock_hold(hold_id: int) -> Hold:
+    hold = Hold.objects.select_for_update().filter(pk=hold_id).first()
+    if hold is None:
+        raise HoldNotFound(f"No hold {hold_id}.")
+    return hold
+
+
+@transaction.atomic
+def hold_create(
+    *,
+    team_id: int,
+    provider_team_id: int,
+    amount: int,
+    reference: str,
+    idempotency_key: str,
+    description: str = "",
+    machine_reference: str = "",
+) -> Hold:
+    """Reserve ``amount`` of the team's available credit for a rental (available → held).
+
+    Raises InsufficientCredit, writing nothing, when available < amount; available never goes
+    below zero, even when many holds race for the same credit (the available account's row
+    lock serialises them). Idempotent by key: a repeat returns the first hold.
+    """
+    _require_amount(amount)
+    _require_key(idempotency_key)
+    available_key, held_key = (team_id, AccountKind.AVAILABLE), (team_id, AccountKind.HELD)
+    _ensure_accounts({(provider_team_id, AccountKind.EARNINGS)})
+    accounts = _lock_accounts([available_key, held_key])
+    existing = Hold.objects.filter(idempotency_key=idempotency_key).first()
+    if existing is not None:
+        if (existing.team_id, existing.provider_team_id, existing.reference) != (
+            team_id,
+            provider_team_id,
+            reference,
+        ):
+            raise IdempotencyConflict("This idempotency key was used for another hold.")
+        return existing
+    available = accounts[available_key]
+    if available.balance < amount:
+        raise InsufficientCredit(needed=amount, available=available.balance)
+    hold = Hold.objects.create(
+        team_id=team_id,
+        provider_team_id=provider_team_id,
+        reference=reference[:120],
+        machine_reference=machine_reference[:120],
+        description=description[:300],
+        idempotency_key=idempotency_key,
+        amount=amount,
+    )
+    transfer = Transfer(
+        kind=TransferKind.HOLD,
+        idempotency_key=f"hold:{hold.pk}",
+        team_id=team_id,
+        reference=hold.reference,
+        description=hold.description,
+        amount=amount,
+        hold=hold,
+        machine_reference=hold.machine_reference,
+        created_at=hold.created_at,
+    )
+    _write([_Posting(transfer, [(available, -amount), (accounts[held_key], amount)])])
+    _notify([team_id])
+    return hold
+
+
+@transaction.atomic
+def hold_extend(*, hold_id: int, amount: int, idempotency_key: str) -> Hold:
+    """Add ``amount`` of available credit to an open hold (a rental's extension).
+
+    InsufficientCredit (nothing written) when available < amount; HoldClosed on a closed hold.
+    Idempotent by key.
+    """
+    _require_amount(amount)
+    _require_key(idempotency_key)
+    hold = _lock_hold(hold_id)
+    key = f"hold_extend:{idempotency_key}"
+    available_key, held_key = (
+        (hold.team_id, AccountKind.AVAILABLE),
+        (hold.team_id, AccountKind.HELD),
+    )
+    accounts = _lock_accounts([available_key, held_key])
+    existing = _existing_transfer(key)
+    if existing is not None:
+        if existing.hold_id != hold.pk or existing.amount != amount:
+            raise IdempotencyConflict("This idempotency key was used for another extension.")
+        return hold
+    if hold.status != HoldStatus.OPEN:
+        raise HoldClosed(f"Hold {hold.pk} is {hold.status}; it cannot be extended.")
+    available = accounts[available_key]
+    if available.balance < amount:
+        raise InsufficientCredit(needed=amount, available=available.balance)
+    hold.amount += amount
+    _bulk_set(Hold, ["amount"], [hold])
+    transfer = Transfer(
+        kind=TransferKind.HOLD_EXTEND,
+        idempotency_key=key,
+        team_id=hold.team_id,
+        reference=hold.reference,
+        description=hold.description,
+        amount=amount,
+        hold=hold,
+        machine_reference=hold.machine_reference,
+    )
+    _write([_Posting(transfer, [(available, -amount), (accounts[held_key], amount)])])
+    _notify([hold.team_id])
+    return hold
+
+
+def _capture_amounts(hold: Hold, kind: str, owed_total: int, percent: Fraction) -> tuple[int, int]:
+    """(captured now, platform fee within it) for a cumulative ``owed_total`` of ``kind``.
+
+    Only the difference from what was already captured for the kind, capped at what the hold
+    still holds. The fee is computed on the hold's cumulative captures and differenced too, so
+    its rounding never accumulates either.
+    """
+    delta = min(owed_total - hold.captured_for(kind), hold.remaining)
+    if delta <= 0:
+        return 0, 0
+    fee = percent_of(hold.captured + delta, percent) - percent_of(hold.captured, percent)
+    return delta, fee
+
+
+def _apply_capture(hold: Hold, kind: str, delta: int) -> None:
+    if kind == UsageKind.STORAGE:
+        hold.captured_storage += delta
+    else:
+        hold.captured_gpu += delta
+
+
+def _capture_posting(
+    hold: Hold,
+    kind: str,
+    delta: int,
+    fee: int,
+    cumulative: int,
+    accounts: dict[AccountKey, Account],
+    now,
+) -> _Posting:
+    transfer = Transfer(
+        kind=TransferKind.CAPTURE,
+        # Cumulative captures only grow, so (hold, kind, new total) names this capture uniquely.
+        idempotency_key=f"capture:{hold.pk}:{kind}:{cumulative}",
+        team_id=hold.team_id,
+        reference=hold.reference,
+        amount=delta,
+        fee=fee,
+        hold_id=hold.pk,
+        usage_kind=kind,
+        machine_reference=hold.machine_reference,
+        created_at=now,
+    )
+    return _Posting(
+        transfer,
+        [
+            (accounts[(hold.team_id, AccountKind.HELD)], -delta),
+            (accounts[(hold.provider_team_id, AccountKind.EARNINGS)], delta - fee),
+            (accounts[(None, AccountKind.PLATFORM_REVENUE)], fee),
+        ],
+    )
+
+
+def _capture_account_keys(holds: Iterable[Hold]) -> set[AccountKey]:
+    keys: set[AccountKey] = {(None, AccountKind.PLATFORM_REVENUE)}
+    for hold in holds:
+        keys.add((hold.team_id, AccountKind.HELD))
+        keys.add((hold.provider_team_id, AccountKind.EARNINGS))
+    return keys
+
+
+def _require_usage(kind: str, owed_total: int) -> None:
+    if kind not in USAGE_KINDS:
+        raise InvalidAmount(f"Unknown usage kind {kind!r}; use gpu or storage.", field="kind")
+    _require_amount(owed_total, field_name="owed_total", allow_zero=True)
+
+
+@transaction.atomic
+def hold_capture_usage(*, hold_id: int, kind: str, owed_total: int) -> int:
+    """Capture what is owed for ``kind`` beyond what was already captured; return that amount.
+
+    ``owed_total`` is cumulative, so repeating a call captures nothing twice. Never captures
+    more than the hold still holds. Held → provider earnings, less the platform fee → revenue.
+    On a closed hold: 0 if nothing new is owed, else HoldClosed.
+    """
+    _require_usage(kind, owed_total)
+    hold = _lock_hold(hold_id)
+    if hold.status != HoldStatus.OPEN:
+        if owed_total <= hold.captured_for(kind):
+            return 0
+        raise HoldClosed(f"Hold {hold.pk} is {hold.status}; it takes no more captures.")
+    delta, fee = _capture_amounts(hold, kind, owed_total, platform_fee_percent())
+    if delta == 0:
+        return 0
+    accounts = _lock_accounts(_capture_account_keys([hold]))
+    _apply_capture(hold, kind, delta)
+    _bulk_set(Hold, ["captured_gpu", "captured_storage"], [hold])
+    now = timezone.now()
+    _write([_capture_posting(hold, kind, delta, fee, hold.captured_for(kind), accounts, now)])
+    _notify([hold.team_id, hold.provider_team_id])
+    return delta
+
+
+def holds_settle_usage(items: Iterable[UsageOwed]) -> int:
+    """The metering sweep: capture cumulative usage for many holds; return the total captured.
+
+    Same rule as ``hold_capture_usage`` per (hold, kind), done in batches of
+    ``SETTLE_BATCH_SIZE`` holds, each batch one transaction (holds locked in pk order, then
+    accounts in pk order; every write in bulk). Closed or unknown holds are skipped. A sweep
+    that stops half-way can simply run again: captures are differences of cumulative totals.
+    """
+    owed: dict[int, dict[str, int]] = defaultdict(dict)
+    for item in items:
+        hold_id, kind, owed_total = item
+        _require_usage(kind, owed_total)
+        previous = owed[hold_id].get(kind, 0)
+        owed[hold_id][kind] = max(previous, owed_total)
+    hold_ids = sorted(owed)
+    total = 0
+    for start in range(0, len(hold_ids), SETTLE_BATCH_SIZE):
+        total += _settle_batch(hold_ids[start : start + SETTLE_BATCH_SIZE], owed)
+    return total
+
+
+@transaction.atomic
+def _settle_batch(hold_ids: list[int], owed: dict[int, dict[str, int]]) -> int:
+    holds = list(
+        Hold.objects.select_for_update()
+        .filter(pk__in=hold_ids, status=HoldStatus.OPEN)
+        .order_by("pk")
+        .only(
+            "id",
+            "team_id",
+            "provider_team_id",
+            "reference",
+            "machine_reference",
+            "amount",
+            "captured_gpu",
+            "captured_storage",
+            "released",
+            "status",
+        )  # fmt: skip
+    )
+    percent = platform_fee_percent()
+    plans: list[tuple[Hold, str, int, int, int]] = []
+    changed: dict[int, Hold] = {}
+    for hold in holds:
+        for kind in (UsageKind.GPU, UsageKind.STORAGE):
+            owed_total = owed[hold.pk].get(kind)
+            if owed_total is None:
+                continue
+            delta, fee = _capture_amounts(hold, kind, owed_total, percent)
+            if delta:
+                _apply_capture(hold, kind, delta)
+                plans.append((hold, kind, delta, fee, hold.captured_for(kind)))
+                changed[hold.pk] = hold
+    if not plans:
+        return 0
+    accounts = _lock_accounts(_capture_account_keys(changed.values()))
+    now = timezone.now()
+    postings = [
+        _capture_posting(hold, kind, delta, fee, cumulative, accounts, now)
+        for hold, kind, delta, fee, cumulative in plans
+    ]
+    _bulk_set(Hold, ["captured_gpu", "captured_storage"], list(changed.values()))
+    _write(postings)
+    _notify({h.team_id for h in changed.values()} | {h.provider_team_id for h in changed.values()})
+    return sum(plan[2] for plan in plans)
+
+
+@transaction.atomic
+def hold_release(*, hold_id: int) -> int:
+    """Return what the hold still holds to available and close it; return that amount.
+
+    A hold resolves once: a second call (or a call after void) returns 0 and writes nothing.
+    """
+    hold = _lock_hold(hold_id)
+    if hold.status != HoldStatus.OPEN:
+        return 0
+    rest = hold.remaining
+    held_key, available_key = (
+        (hold.team_id, AccountKind.HELD),
+        (hold.team_id, AccountKind.AVAILABLE),
+    )
+    accounts = _lock_accounts([held_key, available_key])
+    hold.status, hold.released, hold.closed_at = HoldStatus.RELEASED, rest, timezone.now()
+    _bulk_set(Hold, ["status", "released", "closed_at"], [hold])
+    if rest:
+        transfer = Transfer(
+            kind=TransferKind.RELEASE,
+            idempotency_key=f"release:{hold.pk}",
+            team_id=hold.team_id,
+            reference=hold.reference,
+            amount=rest,
+            hold=hold,
+            machine_reference=hold.machine_reference,
+            created_at=hold.closed_at,
+        )
+        _write([_Posting(transfer, [(accounts[held_key], -rest), (accounts[available_key], rest)])])
+        _notify([hold.team_id])
+    return rest
+
+
+@transaction.atomic
+def hold_void(*, hold_id: int) -> int:
+    """Return all of an uncaptured hold to available and close it; return that amount.
+
+    HoldCaptured (nothing written) if anything was captured — release it instead. A second
+    call returns 0 and writes nothing.
+    """
+    hold = _lock_hold(hold_id)
+    if hold.status != HoldStatus.OPEN:
+        return 0
+    if hold.captured:
+        raise HoldCaptured(
+            f"Hold {hold.pk} has {format_usd(hold.captured)} captured; release it instead."
+        )
+    held_key, available_key = (
+        (hold.team_id, AccountKind.HELD),
+        (hold.team_id, AccountKind.AVAILABLE),
+    )
+    accounts = _lock_accounts([held_key, available_key])
+    hold.status, hold.released, hold.closed_at = HoldStatus.VOIDED, hold.amount, timezone.now()
+    _bulk_set(Hold, ["status", "released", "closed_at"], [hold])
+    transfer = Transfer(
+        kind=TransferKind.VOID,
+        idempotency_key=f"void:{hold.pk}",
+        team_id=hold.team_id,
+        reference=hold.reference,
+        amount=hold.amount,
+        hold=hold,
+        machine_reference=hold.machine_reference,
+        created_at=hold.closed_at,
+    )
+    _write(
+        [
+            _Posting(
+                transfer,
+                [(accounts[held_key], -hold.amount), (accounts[available_key], hold.amount)],
+            )
+        ]
+    )
+    _notify([hold.team_id])
+    return hold.amount
+
+
+# --- Stripe top-ups ------------------------------------------------------------------------
+
+
+def topup_limits() -> tuple[int, int]:
+    return settings.BILLING_TOPUP_MIN, settings.BILLING_TOPUP_MAX
+
+
+def topup_validate_amount(amount: int) -> None:
+    """Whole cents, within the configured minimum and maximum (InvalidAmount otherwise)."""
+    _require_amount(amount)
+    low, high = topup_limits()
+    if amount % MICRO_PER_CENT:
+        raise InvalidAmount("Top-ups are in whole cents.")
+    if amount < low:
+        raise InvalidAmount(f"The minimum top-up is {format_usd(low)}.")
+    if amount > high:
+        raise InvalidAmount(f"The maximum top-up is {format_usd(high)}.")
+
+
+def topup_checkout_start(
+    *,
+    team_id: int,
+    amount: int,
+    success_url: str,
+    cancel_url: str,
+    created_by_id: int | None = None,
+) -> TopUp:
+    """Record a pending top-up and open a Stripe Checkout Session for it.
+
+    Deliberately not one transaction: the network call to Stripe happens between two short
+    writes and never while a transaction holds locks. The session is created with the
+    idempotency key ``topup-<id>`` (a retried request cannot create a second session) and
+    metadata naming the team and the top-up, which the webhook checks before crediting.
+    """
+    if not settings.STRIPE_SECRET_KEY:
+        raise PaymentsUnavailable("Card payments are not configured on this server.")
+    topup_validate_amount(amount)
+    topup = TopUp.objects.create(team_id=team_id, amount=amount, created_by_id=created_by_id)
+    try:
+        session = stripe_gateway.checkout_session_create(
+            amount_cents=amount // MICRO_PER_CENT,
+            currency=settings.BILLING_CURRENCY,
+            product_name=settings.BILLING_TOPUP_PRODUCT_NAME,
+            success_url=success_url,
+            cancel_url=cancel_url,
+            metadata={"team_id": str(team_id), "topup_id": str(topup.pk)},
+            client_reference_id=f"topup-{topup.pk}",
+            idempotency_key=f"topup-{topup.pk}",
+        )
+    except stripe_gateway.GatewayError as error:
+        TopUp.objects.filter(pk=topup.pk).update(
+            status=TopUpStatus.FAILED, failure_reason=str(error)[:300]
+        )
+        raise PaymentProviderError(
+            "Stripe could not start the payment; nothing was charged. Try again in a minute."
+        ) from error
+    TopUp.objects.filter(pk=topup.pk).update(
+        checkout_session_id=session.id, checkout_url=session.url
+    )
+    topup.checkout_session_id, topup.checkout_url = session.id, session.url
+    return topup
+
+
+def topup_checkout_create(*, team_id: int, amount: int, success_url: str, cancel_url: str) -> str:
+    """The Checkout Session URL to send the payer to (see ``topup_checkout_start``)."""
+    return topup_checkout_start(
+        team_id=team_id, amount=amount, success_url=success_url, cancel_url=cancel_url
+    ).checkout_url
+
+
+class StripeEventResult(NamedTuple):
+    event: StripeEvent
+    duplicate: bool
+
+
+class _Ignore(Exception):
+    """The event is valid but not ours to act on (recorded as ignored, answered 200)."""
+
+
+def stripe_event_process(*, payload: dict) -> StripeEventResult:
+    """Store a verified Stripe event once and handle it; crediting happens at most once.
+
+    The event row is inserted with ON CONFLICT DO NOTHING and then locked, so concurrent
+    deliveries of one event queue behind the first; once it is processed or ignored, later
+    deliveries only count. A handler error is recorded as ``failed`` (the credit itself rolled
+    back to a savepoint) and the next delivery tries again. Crediting is keyed on the top-up,
+    so ``completed`` and ``async_payment_succeeded`` for one session credit once in any order.
+    """
+    event_id, event_type = str(payload["id"]), str(payload.get("type", ""))
+    with transaction.atomic():
+        StripeEvent.objects.bulk_create(
+            [
+                StripeEvent(
+                    event_id=event_id,
+                    type=event_type[:100],
+                    livemode=bool(payload.get("livemode")),
+                    payload=payload,
+                )
+            ],
+            ignore_conflicts=True,
+        )
+        event = StripeEvent.objects.select_for_update().get(event_id=event_id)
+        if event.status in (StripeEventStatus.PROCESSED, StripeEventStatus.IGNORED):
+            StripeEvent.objects.filter(pk=event.pk).update(deliveries=F("deliveries") + 1)
+            return StripeEventResult(event, True)
+        if event.handled_at is not None:  # a failed earlier attempt: this is a redelivery
+            event.deliveries += 1
+        try:
+            with transaction.atomic():
+                event.detail = _stripe_event_dispatch(event_type, payload)
+            event.status = StripeEventStatus.PROCESSED
+        except _Ignore as reason:
+            event.status, event.detail = StripeEventStatus.IGNORED, str(reason)
+        except Exception as error:
+            logger.exception("Stripe event %s (%s) failed", event_id, event_type)
+            event.status, event.detail = (
+                StripeEventStatus.FAILED,
+                f"{type(error).__name__}: {error}",
+            )
+        event.handled_at = timezone.now()
+        event.save(update_fields=["status", "detail", "handled_at", "deliveries"])
+    return StripeEventResult(event, False)
+
+
+def _stripe_event_dispatch(event_type: str, payload: dict) -> str:
+    session = (payload.get("data") or {}).get("object") or {}
+    if event_type == "checkout.session.completed":
+        status = session.get("payment_status")
+        if status == "paid":
+            return _topup_credit(session)
+        if status == "unpaid":
+            return _topup_mark(session, TopUpStatus.PROCESSING, "Waiting for the payment to clear.")
+        raise _Ignore(f"payment_status {status!r} needs no credit.")
+    if event_type == "checkout.session.async_payment_succeeded":
+        return _topup_credit(session)
+    if event_type == "checkout.session.async_payment_failed":
+        return _topup_mark(session, TopUpStatus.FAILED, "The payment failed.")
+    if event_type == "checkout.session.expired":
+        return _topup_mark(session, TopUpStatus.EXPIRED, "The checkout expired unpaid.")
+    raise _Ignore(f"{event_type} is not handled.")
+
+
+def _topup_for_session(session: dict) -> TopUp:
+    """The top-up a Checkout Session pays for, locked; _Ignore if it is not one of ours."""
+    metadata = session.get("metadata") or {}
+    topup_id, team_id = str(metadata.get("topup_id", "")), str(metadata.get("team_id", ""))
+    if not topup_id.isdigit() or not team_id.isdigit():
+        raise _Ignore("The session carries no top-up metadata.")
+    topup = TopUp.objects.select_for_update().filter(pk=int(topup_id)).first()
+    if topup is None or topup.team_id != int(team_id):
+        raise _Ignore(f"No top-up {topup_id} for team {team_id}.")
+    if topup.checkout_session_id and topup.checkout_session_id != session.get("id"):
+        raise _Ignore(f"Session {session.get('id')} does not belong to top-up {topup.pk}.")
+    if session.get("mode") not in (None, "payment"):
+        raise _Ignore("Not a one-time payment.")
+    return topup
+
+
+def _topup_mark(session: dict, status: str, reason: str) -> str:
+    topup = _topup_for_session(session)
+    if topup.status == TopUpStatus.PAID:
+        return f"Top-up {topup.pk} is already credited; {status} ignored."
+    TopUp.objects.filter(pk=topup.pk).update(
+        status=status,
+        failure_reason=reason if status != TopUpStatus.PROCESSING else "",
+        checkout_session_id=topup.checkout_session_id or session.get("id"),
+    )
+    return f"Top-up {topup.pk} is {status}."
+
+
+def _topup_credit(session: dict) -> str:
+    """Credit what the session collected to the team's available balance, exactly once."""
+    topup = _topup_for_session(session)
+    if topup.status == TopUpStatus.PAID:
+        return f"Top-up {topup.pk} was already credited."
+    currency = str(session.get("currency") or "").lower()
+    if currency != settings.BILLING_CURRENCY:
+        raise _Ignore(f"Currency {currency!r} is not {settings.BILLING_CURRENCY}.")
+    cents = session.get("amount_total")
+    if not isinstance(cents, int) or isinstance(cents, bool) or cents <= 0:
+        raise _Ignore(f"amount_total {cents!r} is not a positive number of cents.")
+    amount = cents * MICRO_PER_CENT
+    if amount != topup.amount:
+        logger.warning("Top-up %s asked %s, Stripe collected %s", topup.pk, topup.amount, amount)
+    available_key = (topup.team_id, AccountKind.AVAILABLE)
+    accounts = _lock_accounts([available_key, (None, AccountKind.STRIPE_CLEARING)])
+    transfer = Transfer(
+        kind=TransferKind.TOPUP,
+        idempotency_key=f"topup:{topup.pk}",
+        team_id=topup.team_id,
+        reference=f"topup:{topup.pk}",
+        description=f"Card payment (Stripe {session.get('id', '')})"[:300],
+        amount=amount,
+        created_by_id=topup.created_by_id,
+    )
+    _write(
+        [
+            _Posting(
+                transfer,
+                [
+                    (accounts[(None, AccountKind.STRIPE_CLEARING)], -amount),
+                    (accounts[available_key], amount),
+                ],
+            )
+        ]
+    )
+    TopUp.objects.filter(pk=topup.pk).update(
+        status=TopUpStatus.PAID,
+        amount_paid=amount,
+        transfer=transfer,
+        credited_at=timezone.now(),
+        failure_reason="",
+        checkout_session_id=topup.checkout_session_id or session.get("id"),
+    )
+    _notify([topup.team_id])
+    team_id, topup_id = topup.team_id, topup.pk
+    transaction.on_commit(
+        lambda: topup_credited.send_robust(
+            sender=TopUp, team_id=team_id, topup_id=topup_id, amount=amount
+        )
+    )
+    return f"Credited {format_usd(amount)} to team {topup.team_id}."
+
+
+def topups_expire_stale(*, older_than: timedelta = timedelta(hours=25)) -> int:
+    """Mark top-ups whose Checkout Session can no longer be paid (Stripe expires them after
+    24 hours) as expired; a late ``completed`` event would still credit them."""
+    cutoff = timezone.now() - older_than
+    return TopUp.objects.filter(status__in=[TopUpStatus.PENDING], created_at__lt=cutoff).update(
+        status=TopUpStatus.EXPIRED, failure_reason="The checkout expired unpaid."
+    )
