@@ -2,6 +2,24 @@
 
 from __future__ import annotations
 
+from billing.money import MICRO_PER_DOLLAR, format_usd
+from billing.services import credit_grant
+
+DEMO_CREDIT = 500 * MICRO_PER_DOLLAR
+
 
 def demo_step(users: dict, simhosts: list[dict]) -> str:
-    return ""
+    """Give the renter's personal team $500 of demo credit, once (idempotent by key)."""
+    renter = users.get("renter")
+    if renter is None:
+        return ""
+    membership = renter.memberships.filter(team__personal=True).first()
+    if membership is None:
+        return ""
+    credit_grant(
+        team_id=membership.team_id,
+        amount=DEMO_CREDIT,
+        reason="Demo credit",
+        idempotency_key=f"demo-credit:team-{membership.team_id}",
+    )
+    return f"billing: {renter.username}'s team has {format_usd(DEMO_CREDIT)} of demo credit"

@@ -2,4 +2,11 @@
 
 from __future__ import annotations
 
-BEAT_SCHEDULE: dict[str, dict] = {}
+from datetime import timedelta
+
+BEAT_SCHEDULE: dict[str, dict] = {
+    "billing-topups-expire": {
+        "task": "billing.tasks.topups_expire",
+        "schedule": timedelta(hours=1),
+    },
+}

@@ -1,8 +1,243 @@
-"""REST API for the billing room."""
+"""REST API for the billing room. Amounts are integers in micro-dollars (1 USD = 1,000,000).
+
+Every viewset is a ``TeamScopedViewSet``: its queries go through the tenancy gateway, so
+another team's ledger entry, hold or top-up answers 404 and lists hold only the team's rows.
+"""
 
 from __future__ import annotations
 
+from datetime import datetime
+
+import django_filters
+from django.conf import settings
+from django.http import Http404
+from drf_spectacular.utils import extend_schema, inline_serializer
+from rest_framework import mixins, serializers, status
+from rest_framework.response import Response
 from rest_framework.routers import SimpleRouter
 
+from billing import selectors, services
+from billing.errors import InvalidAmount
+from billing.models import Account, Entry, Hold, TopUp, TransferKind
+from billing.money import parse_usd
+from marketplace.api.base import TeamScopedViewSet
+
+MICRO = "Micro-dollars (1 USD = 1,000,000)."
+
+
+class BalanceSerializer(serializers.Serializer):
+    available = serializers.IntegerField(help_text=MICRO)
+    held = serializers.IntegerField(help_text=MICRO)
+    earnings = serializers.IntegerField(help_text=MICRO + " Unpaid provider earnings.")
+
+
+class BalanceViewSet(TeamScopedViewSet):
+    """The acting team's credit: available, held by running rentals, and provider earnings."""
+
+    base_queryset = Account.objects.all()
+    serializer_class = BalanceSerializer
+
+    def list(self, request):
+        accounts = self.get_queryset()
+        balance = selectors.balance_from_accounts(accounts)
+        earnings = accounts.filter(kind="earnings").values_list("balance", flat=True).first()
+        return Response(
+            {"available": balance.available, "held": balance.held, "earnings": earnings or 0}
+        )
+
+
+class EntrySerializer(serializers.ModelSerializer):
+    transfer_id = serializers.IntegerField(read_only=True)
+    kind = serializers.CharField(source="transfer.kind", read_only=True)
+    reference = serializers.CharField(source="transfer.reference", read_only=True)
+    description = serializers.CharField(source="transfer.description", read_only=True)
+    usage_kind = serializers.CharField(source="transfer.usage_kind", read_only=True)
+    account = serializers.CharField(source="account_kind", read_only=True)
+
+    class Meta:
+        model = Entry
+        fields = [
+            "id", "created_at", "transfer_id", "kind", "reference", "description", "usage_kind",
+            "account", "amount", "balance_after",
+        ]  # fmt: skip
+
+
+class EntryFilter(django_filters.FilterSet):
+    kind = django_filters.ChoiceFilter(field_name="transfer__kind", choices=TransferKind.choices)
+    reference = django_filters.CharFilter(field_name="transfer__reference", lookup_expr="icontains")
+    created_after = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="gte")
+    created_before = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="lt")
+
+    class Meta:
+        model = Entry
+        fields = ["kind", "reference", "created_after", "created_before"]
+
+
+class LedgerViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScopedViewSet):
+    """The team's ledger entries, newest first. Filter by kind, reference, time."""
+
+    base_queryset = Entry.objects.select_related("transfer").order_by("-created_at", "-id")
+    serializer_class = EntrySerializer
+    filterset_class = EntryFilter
+
+
+class HoldSerializer(serializers.ModelSerializer):
+    captured = serializers.IntegerField(read_only=True)
+    remaining = serializers.IntegerField(read_only=True)
+
+    class Meta:
+        model = Hold
+        fields = [
+            "id", "reference", "machine_reference", "description", "status", "amount",
+            "captured_gpu", "captured_storage", "captured", "released", "remaining",
+            "created_at", "closed_at",
+        ]  # fmt: skip
+
+
+class HoldViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScopedViewSet):
+    """Credit held for the team's rentals."""
+
+    base_queryset = Hold.objects.order_by("-created_at")
+    serializer_class = HoldSerializer
+    filterset_fields = ["status", "reference"]
+    audience = "renter"
+
+
+class TopUpSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = TopUp
+        fields = [
+            "id", "amount", "amount_paid", "status", "checkout_url", "failure_reason",
+            "created_at", "credited_at",
+        ]  # fmt: skip
+
+
+class TopUpCreateSerializer(serializers.Serializer):
+    amount_usd = serializers.CharField(help_text='Dollars and cents, e.g. "25.00".')
+    success_url = serializers.URLField()
+    cancel_url = serializers.URLField()
+
+    def validate_amount_usd(self, value: str) -> int:
+        try:
+            amount = parse_usd(value, field="amount_usd", max_decimals=2)
+            services.topup_validate_amount(amount)
+        except InvalidAmount as error:
+            raise serializers.ValidationError(str(error)) from error
+        return amount
+
+
+class TopUpViewSet(
+    mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin, TeamScopedViewSet
+):
+    """Card top-ups through Stripe Checkout: create one, send the payer to ``checkout_url``;
+    the credit arrives with Stripe's webhook (poll the top-up or the balance)."""
+
+    base_queryset = TopUp.objects.order_by("-created_at")
+    serializer_class = TopUpSerializer
+    audience = "renter"
+
+    @extend_schema(request=TopUpCreateSerializer, responses={201: TopUpSerializer})
+    def create(self, request, *args, **kwargs):
+        body = TopUpCreateSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        user_id = getattr(request.user, "pk", None)
+        topup = services.topup_checkout_start(
+            team_id=self.team.pk,
+            amount=body.validated_data["amount_usd"],
+            success_url=body.validated_data["success_url"],
+            cancel_url=body.validated_data["cancel_url"],
+            created_by_id=user_id,
+        )
+        return Response(TopUpSerializer(topup).data, status=status.HTTP_201_CREATED)
+
+
+class InvoiceLineSerializer(serializers.Serializer):
+    reference = serializers.CharField()
+    usage_kind = serializers.CharField()
+    amount = serializers.IntegerField(help_text=MICRO)
+    charges = serializers.IntegerField()
+
+
+class InvoiceSerializer(serializers.Serializer):
+    month = serializers.CharField(help_text="YYYY-MM")
+    total = serializers.IntegerField(help_text=MICRO)
+    lines = InvoiceLineSerializer(many=True, required=False)
+    credit_added = serializers.IntegerField(required=False, help_text=MICRO)
+
+
+class InvoiceViewSet(TeamScopedViewSet):
+    """Monthly invoices: one line per rental reference per usage kind."""
+
+    base_queryset = Entry.objects.all()
+    serializer_class = InvoiceSerializer
+    lookup_field = "month"
+    lookup_value_regex = r"\d{4}-\d{2}"
+    audience = "renter"
+
+    def list(self, request):
+        months = selectors.invoice_months(self.get_queryset())
+        return Response([{"month": f"{m:%Y-%m}", "total": total} for m, total in months])
+
+    def retrieve(self, request, month: str):
+        try:
+            first = datetime.strptime(month, "%Y-%m").date()
+        except ValueError as error:
+            raise Http404 from error
+        invoice = selectors.invoice_for_month(self.get_queryset(), first)
+        if not invoice.lines and not invoice.credit_added:
+            raise Http404
+        return Response(
+            {
+                "month": month,
+                "total": invoice.total,
+                "credit_added": invoice.credit_added,
+                "lines": [
+                    {
+                        "reference": line.reference,
+                        "usage_kind": line.usage_kind,
+                        "amount": line.amount,
+                        "charges": line.charges,
+                    }
+                    for line in invoice.lines
+                ],
+            }
+        )
+
+
+class EarningsViewSet(TeamScopedViewSet):
+    """Provider earnings per machine reference and per day; the platform fee separately."""
+
+    base_queryset = Entry.objects.all()
+    serializer_class = inline_serializer(
+        "Earnings",
+        {
+            "fee_percent": serializers.CharField(),
+            "by_machine": serializers.ListField(child=serializers.DictField()),
+            "by_day": serializers.ListField(child=serializers.DictField()),
+        },
+    )
+    audience = "provider"
+
+    def list(self, request):
+        entries = self.get_queryset()
+
+        def rows(found, key):
+            return [{key: str(r.key), "gross": r.gross, "fee": r.fee, "net": r.net} for r in found]
+
+        return Response(
+            {
+                "fee_percent": str(settings.PLATFORM_FEE_PERCENT),
+                "by_machine": rows(selectors.earnings_by_machine(entries), "machine_reference"),
+                "by_day": rows(selectors.earnings_by_day(entries), "day"),
+            }
+        )
+
+
 router = SimpleRouter()
+router.register("billing/balance", BalanceViewSet, basename="billing-balance")
+router.register("billing/ledger", LedgerViewSet, basename="billing-ledger")
+router.register("billing/holds", HoldViewSet, basename="billing-hold")
+router.register("billing/topups", TopUpViewSet, basename="billing-topup")
+router.register("billing/invoices", InvoiceViewSet, basename="billing-invoice")
+router.register("billing/earnings", EarningsViewSet, basename="billing-earnings")
 urlpatterns: list = [*router.urls]

@@ -1,5 +1,338 @@
-"""Console pages for the billing room (views live here so they go through the tenancy gateway)."""
+"""Console pages for the billing room (views live here so they go through the tenancy gateway).
+
+Every query is scoped with ``team_objects`` / ``team_object_or_404`` to the active team;
+writes go through ``billing.services``.
+"""
 
 from __future__ import annotations
 
-urlpatterns: list = []
+import csv
+import uuid
+from datetime import UTC, date, datetime
+
+from django import forms
+from django.conf import settings
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.paginator import Paginator
+from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpResponse
+from django.shortcuts import redirect, render
+from django.urls import path, reverse
+from django.utils import timezone
+from django.views.decorators.http import require_POST
+
+from billing import selectors, services
+from billing.errors import BillingError
+from billing.models import Account, Entry, Hold, HoldStatus, TopUp, TopUpStatus, TransferKind
+from billing.money import format_usd, micro_to_decimal_str, parse_usd
+from billing.views import stripe_webhook
+from marketplace.models import Role
+from marketplace.tenancy import role_allows, team_object_or_404, team_objects
+
+LEDGER_PAGE_SIZE = 50
+
+
+# --- forms -----------------------------------------------------------------------------------
+
+
+class LedgerFilterForm(forms.Form):
+    start = forms.DateField(required=False, label="From", widget=forms.DateInput({"type": "date"}))
+    end = forms.DateField(required=False, label="To", widget=forms.DateInput({"type": "date"}))
+    kind = forms.ChoiceField(
+        required=False, choices=[("", "All kinds"), *TransferKind.choices], label="Kind"
+    )
+    reference = forms.CharField(required=False, max_length=120, label="Reference")
+
+    def clean(self):
+        data = super().clean()
+        if data.get("start") and data.get("end") and data["start"] > data["end"]:
+            raise forms.ValidationError("The start date must not be after the end date.")
+        return data
+
+    def to_filter(self) -> selectors.LedgerFilter:
+        if not self.is_valid():
+            return selectors.LedgerFilter()
+        data = self.cleaned_data
+        return selectors.LedgerFilter(
+            start=data.get("start"),
+            end=data.get("end"),
+            kind=data.get("kind") or "",
+            reference=data.get("reference") or "",
+        )
+
+
+class TopUpForm(forms.Form):
+    amount = forms.CharField(
+        label="Amount (USD)",
+        max_length=20,
+        widget=forms.TextInput({"inputmode": "decimal", "placeholder": "25.00"}),
+    )
+
+    def clean_amount(self) -> int:
+        try:
+            amount = parse_usd(self.cleaned_data["amount"], max_decimals=2)
+            services.topup_validate_amount(amount)
+        except BillingError as error:
+            raise forms.ValidationError(str(error)) from error
+        return amount
+
+
+# --- helpers ---------------------------------------------------------------------------------
+
+
+def _entries(request: HttpRequest):
+    return team_objects(request.team, Entry.objects.all())
+
+
+def _can_pay(request: HttpRequest) -> bool:
+    return role_allows(request, Role.MEMBER)
+
+
+def balance_chart(points: list[selectors.BalancePoint], *, width=640, height=180) -> dict:
+    """Coordinates for an inline SVG of available and total (available + held) credit."""
+    left, right, top, bottom = 64, 8, 10, 24
+    plot_w, plot_h = width - left - right, height - top - bottom
+    peak = max([p.available + p.held for p in points] + [1])
+    n = max(len(points) - 1, 1)
+
+    def xy(index: int, value: int) -> str:
+        x = left + plot_w * index / n
+        y = top + plot_h * (1 - value / peak)
+        return f"{x:.1f},{y:.1f}"
+
+    total_line = " ".join(xy(i, p.available + p.held) for i, p in enumerate(points))
+    available_line = " ".join(xy(i, p.available) for i, p in enumerate(points))
+    baseline = top + plot_h
+    area = f"{left},{baseline} {available_line} {left + plot_w:.1f},{baseline}"
+    ticks = [
+        {"y": f"{top + plot_h * (1 - f):.1f}", "label": format_usd(round(peak * f))}
+        for f in (0, 0.5, 1)
+    ]
+    labels = []
+    for index in sorted({0, len(points) // 2, len(points) - 1}):
+        if 0 <= index < len(points):
+            x = left + plot_w * index / n
+            labels.append({"x": f"{x:.1f}", "label": points[index].day.strftime("%b %-d")})
+    return {
+        "width": width,
+        "height": height,
+        "left": left,
+        "right_x": left + plot_w,
+        "baseline": baseline,
+        "total": total_line,
+        "available": available_line,
+        "area": area,
+        "ticks": ticks,
+        "labels": labels,
+        "empty": all(p.available + p.held == 0 for p in points),
+    }
+
+
+# --- pages -----------------------------------------------------------------------------------
+
+
+@login_required
+def balance(request: HttpRequest) -> HttpResponse:
+    team = request.team
+    current = selectors.balance_from_accounts(team_objects(team, Account.objects.all()))
+    filter_form = LedgerFilterForm(request.GET or None)
+    entries = selectors.ledger_entries(_entries(request), filter_form.to_filter())
+    page = Paginator(entries, LEDGER_PAGE_SIZE).get_page(request.GET.get("page"))
+    query = request.GET.copy()
+    query.pop("page", None)
+    open_holds = team_objects(team, Hold.objects.filter(status=HoldStatus.OPEN)).order_by(
+        "-created_at"
+    )[:20]
+    context = {
+        "balance": current,
+        "chart": balance_chart(selectors.balance_series(_entries(request), days=30)),
+        "filter_form": filter_form,
+        "page": page,
+        "query": query.urlencode(),
+        "open_holds": open_holds,
+        "topup_form": TopUpForm(),
+        "stripe_enabled": bool(settings.STRIPE_SECRET_KEY),
+        "test_credit_enabled": settings.TEST_CREDIT_ENABLED,
+        "test_credit_amount": settings.BILLING_TEST_CREDIT_AMOUNT,
+        "test_credit_nonce": uuid.uuid4().hex,
+        "topup_min": settings.BILLING_TOPUP_MIN,
+        "topup_max": settings.BILLING_TOPUP_MAX,
+        "can_pay": _can_pay(request),
+        "recent_topups": team_objects(team, TopUp.objects.all()).order_by("-created_at")[:5],
+    }
+    return render(request, "billing/balance.html", context)
+
+
+class _Echo:
+    def write(self, value: str) -> str:
+        return value
+
+
+def _csv_text(value: str) -> str:
+    """Keep spreadsheets from running text as a formula (CSV injection)."""
+    return f"'{value}" if value[:1] in ("=", "+", "-", "@", "\t", "\r") else value
+
+
+@login_required
+def ledger_csv(request: HttpRequest) -> StreamingHttpResponse:
+    filter_form = LedgerFilterForm(request.GET or None)
+    entries = selectors.ledger_entries(_entries(request), filter_form.to_filter())
+    writer = csv.writer(_Echo())
+    header = [
+        "time_utc", "transfer_id", "kind", "reference", "usage", "account", "amount_usd",
+        "balance_after_usd", "description",
+    ]  # fmt: skip
+
+    def rows():
+        yield writer.writerow(header)
+        for entry in entries.iterator(chunk_size=2000):
+            transfer = entry.transfer
+            yield writer.writerow(
+                [
+                    entry.created_at.astimezone(UTC).isoformat(),
+                    transfer.pk,
+                    transfer.kind,
+                    _csv_text(transfer.reference),
+                    transfer.usage_kind,
+                    entry.account_kind,
+                    micro_to_decimal_str(entry.amount),
+                    micro_to_decimal_str(entry.balance_after),
+                    _csv_text(transfer.description),
+                ]
+            )
+
+    response = StreamingHttpResponse(rows(), content_type="text/csv; charset=utf-8")
+    filename = f"ledger-team{request.team.pk}-{timezone.localdate():%Y%m%d}.csv"
+    response["Content-Disposition"] = f'attachment; filename="{filename}"'
+    return response
+
+
+@login_required
+def invoices(request: HttpRequest) -> HttpResponse:
+    months = selectors.invoice_months(_entries(request))
+    return render(request, "billing/invoices.html", {"months": months})
+
+
+def _month(value: str) -> date:
+    try:
+        return datetime.strptime(value, "%Y-%m").date()
+    except ValueError as error:
+        raise Http404 from error
+
+
+@login_required
+def invoice(request: HttpRequest, month: str) -> HttpResponse:
+    found = selectors.invoice_for_month(_entries(request), _month(month))
+    if not found.lines and not found.credit_added:
+        raise Http404
+    return render(request, "billing/invoice.html", {"invoice": found, "team": request.team})
+
+
+@login_required
+@require_POST
+def topup_start(request: HttpRequest) -> HttpResponse:
+    if not _can_pay(request):
+        messages.error(request, "Viewers cannot top up; ask a team member or admin.")
+        return redirect("billing-balance")
+    if not settings.STRIPE_SECRET_KEY:
+        messages.error(request, "Card payments are not configured on this server.")
+        return redirect("billing-balance")
+    form = TopUpForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, " ".join(form.errors["amount"]))
+        return redirect("billing-balance")
+    return_url = request.build_absolute_uri(reverse("billing-topup-return"))
+    try:
+        topup = services.topup_checkout_start(
+            team_id=request.team.pk,
+            amount=form.cleaned_data["amount"],
+            success_url=f"{return_url}?session_id={{CHECKOUT_SESSION_ID}}",
+            cancel_url=request.build_absolute_uri(reverse("billing-topup-cancel")),
+            created_by_id=request.user.pk,
+        )
+    except BillingError as error:
+        messages.error(request, str(error))
+        return redirect("billing-balance")
+    return redirect(topup.checkout_url)
+
+
+@login_required
+def topup_return(request: HttpRequest) -> HttpResponse:
+    topup = team_object_or_404(
+        request.team, TopUp.objects.all(), checkout_session_id=request.GET.get("session_id", "")
+    )
+    context = {
+        "topup": topup,
+        "balance": selectors.balance_from_accounts(
+            team_objects(request.team, Account.objects.all())
+        ),
+        "waiting": topup.status in (TopUpStatus.PENDING, TopUpStatus.PROCESSING),
+    }
+    template = "billing/_topup_status.html" if request.headers.get("HX-Request") else None
+    return render(request, template or "billing/topup_return.html", context)
+
+
+@login_required
+def topup_cancel(request: HttpRequest) -> HttpResponse:
+    messages.info(request, "Top-up cancelled; nothing was charged.")
+    return redirect("billing-balance")
+
+
+@login_required
+@require_POST
+def test_credit(request: HttpRequest) -> HttpResponse:
+    """DEBUG without Stripe keys only: a clearly labelled button that grants test credit."""
+    if not settings.TEST_CREDIT_ENABLED:
+        raise Http404
+    if not _can_pay(request):
+        messages.error(request, "Viewers cannot add credit.")
+        return redirect("billing-balance")
+    amount = settings.BILLING_TEST_CREDIT_AMOUNT
+    services.credit_grant(
+        team_id=request.team.pk,
+        amount=amount,
+        reason=f"Test credit (DEBUG) by {request.user.username}",
+        # One grant per form render: a double-submitted form credits once.
+        idempotency_key=f"test-credit:{request.POST.get('nonce') or uuid.uuid4()}",
+        created_by_id=request.user.pk,
+    )
+    messages.success(request, f"Added {format_usd(amount)} of test credit.")
+    return redirect("billing-balance")
+
+
+@login_required
+def earnings(request: HttpRequest) -> HttpResponse:
+    entries = _entries(request)
+    since = timezone.localdate().replace(day=1) if request.GET.get("period") == "month" else None
+    by_machine = selectors.earnings_by_machine(entries, since=since)
+    by_day = selectors.earnings_by_day(entries, since=since)[:60]
+    earnings_account = team_objects(request.team, Account.objects.filter(kind="earnings")).first()
+    context = {
+        "by_machine": by_machine,
+        "by_day": by_day,
+        "totals": {
+            "gross": sum(r.gross for r in by_machine),
+            "fee": sum(r.fee for r in by_machine),
+            "net": sum(r.net for r in by_machine),
+        },
+        "balance": earnings_account.balance if earnings_account else 0,
+        "paid_out": selectors.earnings_paid_out(entries),
+        "fee_percent": settings.PLATFORM_FEE_PERCENT,
+        "period": "month" if since else "all",
+        "max_day": max([r.gross for r in by_day] + [1]),
+    }
+    return render(request, "billing/earnings.html", context)
+
+
+urlpatterns: list = [
+    path("billing/", balance, name="billing-balance"),
+    path("billing/ledger.csv", ledger_csv, name="billing-ledger-csv"),
+    path("billing/invoices/", invoices, name="billing-invoices"),
+    path("billing/invoices/<str:month>/", invoice, name="billing-invoice"),
+    path("billing/topup/", topup_start, name="billing-topup"),
+    path("billing/topup/return/", topup_return, name="billing-topup-return"),
+    path("billing/topup/cancel/", topup_cancel, name="billing-topup-cancel"),
+    path("billing/test-credit/", test_credit, name="billing-test-credit"),
+    path("billing/stripe/webhook/", stripe_webhook, name="stripe-webhook"),
+    path("earnings/", earnings, name="earnings"),
+]

@@ -1,0 +1,13 @@
+"""Thin Celery tasks of the billing room: reload, call a service, return."""
+
+from __future__ import annotations
+
+from celery import shared_task
+
+from billing import services
+
+
+@shared_task(name="billing.tasks.topups_expire")
+def topups_expire() -> int:
+    """Top-ups whose Checkout Session can no longer be paid are marked expired."""
+    return services.topups_expire_stale()

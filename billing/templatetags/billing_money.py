@@ -1,0 +1,33 @@
+"""Template filters for money: ``{{ micro|usd }}`` and ``{{ micro|signed_usd }}``."""
+
+from __future__ import annotations
+
+from django import template
+
+from billing.money import format_usd
+
+register = template.Library()
+
+
+@register.filter
+def usd(micro) -> str:
+    if micro in (None, ""):
+        return "—"
+    return format_usd(int(micro))
+
+
+@register.filter
+def signed_usd(micro) -> str:
+    if micro in (None, ""):
+        return "—"
+    micro = int(micro)
+    return f"+{format_usd(micro)}" if micro > 0 else format_usd(micro)
+
+
+@register.filter
+def percent_of_max(value, maximum) -> str:
+    """Width of a bar, 0–100, for simple inline bar charts."""
+    try:
+        return f"{max(0.0, min(100.0, 100 * int(value) / max(int(maximum), 1))):.1f}"
+    except (TypeError, ValueError):
+        return "0"
