@@ -37,7 +37,9 @@ def usage_owed(*, rate_per_hour: int, seconds: int) -> int:
 
 
 def percent_of(amount: int, percent: Fraction) -> int:
-    return round_half_up(Fraction(amount) * percent / 100)
+    """``amount × percent / 100`` rounded half up, in integers only (amount ≥ 0)."""
+    numerator, denominator = percent.numerator, percent.denominator * 100
+    return (2 * amount * numerator + denominator) // (2 * denominator)
 
 
 def format_usd(micro: int) -> str:
