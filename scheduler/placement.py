@@ -1,0 +1,128 @@
+"""Placement: pure functions over snapshots, no database, no I/O.
+
+Given a snapshot of machines (free GPUs, price, reliability, region) and a request (how many
+GPUs of which model, price ceiling, reliability floor, regions), choose a machine and its
+GPUs: the cheapest machine that fits, ties broken by reliability, then by the fewest free
+GPUs left over (so big machines stay free for big requests). The planner updates its own
+snapshot as it places, so a batch of requests never double-books a GPU.
+
+Used where the platform picks the machine (elastic deployments, automatic restarts); a
+renter who picks an offer picks the machine themselves.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import defaultdict
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class MachineSnapshot:
+    machine_id: int
+    gpu_name: str
+    free_gpu_ids: tuple[int, ...]
+    price_per_gpu_hour: int
+    reliability: float
+    region: str = ""
+
+
+@dataclass(frozen=True)
+class PlacementRequest:
+    gpu_count: int
+    gpu_name: str | None = None
+    max_price_per_gpu_hour: int | None = None
+    min_reliability: float = 0.0
+    regions: frozenset[str] | None = None
+
+
+@dataclass(frozen=True)
+class Placement:
+    machine_id: int
+    gpu_ids: tuple[int, ...]
+
+
+class Planner:
+    """Indexes machines by GPU model and free count, each bucket sorted by price.
+
+    A decision looks at most at one bucket head per (model, free count ≥ needed), skipping
+    entries that fail the filters, so it stays fast with 10,000 machines.
+    """
+
+    def __init__(self, machines: list[MachineSnapshot]):
+        self._free: dict[int, list[int]] = {}
+        self._info: dict[int, MachineSnapshot] = {}
+        # (gpu_name, free_count) -> sorted list of (price, -reliability, machine_id)
+        self._buckets: dict[tuple[str, int], list[tuple[int, float, int]]] = defaultdict(list)
+        self._names: set[str] = set()
+        for machine in machines:
+            self._info[machine.machine_id] = machine
+            self._free[machine.machine_id] = sorted(machine.free_gpu_ids)
+            self._names.add(machine.gpu_name)
+            self._insert(machine)
+
+    def _key(self, machine: MachineSnapshot) -> tuple[int, float, int]:
+        return (machine.price_per_gpu_hour, -machine.reliability, machine.machine_id)
+
+    def _insert(self, machine: MachineSnapshot) -> None:
+        free = len(self._free[machine.machine_id])
+        if free:
+            bisect.insort(self._buckets[(machine.gpu_name, free)], self._key(machine))
+
+    def _remove(self, machine: MachineSnapshot, free: int) -> None:
+        bucket = self._buckets[(machine.gpu_name, free)]
+        index = bisect.bisect_left(bucket, self._key(machine))
+        del bucket[index]
+
+    def place(self, request: PlacementRequest) -> Placement | None:
+        best: tuple[tuple[int, float, int], int] | None = None  # (sort key, free count)
+        names = [request.gpu_name] if request.gpu_name else self._names
+        for name in names:
+            for free in range(request.gpu_count, 65):
+                bucket = self._buckets.get((name, free))
+                if not bucket:
+                    continue
+                candidate = self._first_fit(bucket, request)
+                if candidate is None:
+                    continue
+                rank = (candidate[0], candidate[1], free, candidate[2])
+                if best is None or rank < (best[0][0], best[0][1], best[1], best[0][2]):
+                    best = (candidate, free)
+        if best is None:
+            return None
+        (_, _, machine_id), free = best
+        machine = self._info[machine_id]
+        self._remove(machine, free)
+        taken = tuple(self._free[machine_id][: request.gpu_count])
+        self._free[machine_id] = self._free[machine_id][request.gpu_count :]
+        self._insert(machine)
+        return Placement(machine_id=machine_id, gpu_ids=taken)
+
+    def _first_fit(self, bucket, request: PlacementRequest):
+        for price, negative_reliability, machine_id in bucket:
+            if (
+                request.max_price_per_gpu_hour is not None
+                and price > request.max_price_per_gpu_hour
+            ):
+                return None  # sorted by price: nothing further is cheaper
+            if -negative_reliability < request.min_reliability:
+                continue
+            if request.regions and self._info[machine_id].region not in request.regions:
+                continue
+            return (price, negative_reliability, machine_id)
+        return None
+
+    def release(self, machine_id: int, gpu_ids: tuple[int, ...]) -> None:
+        machine = self._info[machine_id]
+        free = len(self._free[machine_id])
+        if free:
+            self._remove(machine, free)
+        self._free[machine_id] = sorted({*self._free[machine_id], *gpu_ids})
+        self._insert(machine)
+
+
+def place_all(
+    machines: list[MachineSnapshot], requests: list[PlacementRequest]
+) -> list[Placement | None]:
+    planner = Planner(machines)
+    return [planner.place(request) for request in requests]
