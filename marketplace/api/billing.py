@@ -11,7 +11,7 @@ from datetime import datetime
 import django_filters
 from django.conf import settings
 from django.http import Http404
-from drf_spectacular.utils import extend_schema, inline_serializer
+from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, serializers, status
 from rest_framework.response import Response
 from rest_framework.routers import SimpleRouter
@@ -204,18 +204,31 @@ class InvoiceViewSet(TeamScopedViewSet):
         )
 
 
+class EarningsRowSerializer(serializers.Serializer):
+    gross = serializers.IntegerField(help_text=MICRO + " What renters were charged.")
+    fee = serializers.IntegerField(help_text=MICRO + " The platform fee within gross.")
+    net = serializers.IntegerField(help_text=MICRO + " The provider's earnings.")
+
+
+class MachineEarningsSerializer(EarningsRowSerializer):
+    machine_reference = serializers.CharField()
+
+
+class DayEarningsSerializer(EarningsRowSerializer):
+    day = serializers.DateField()
+
+
+class EarningsSerializer(serializers.Serializer):
+    fee_percent = serializers.CharField()
+    by_machine = MachineEarningsSerializer(many=True)
+    by_day = DayEarningsSerializer(many=True)
+
+
 class EarningsViewSet(TeamScopedViewSet):
     """Provider earnings per machine reference and per day; the platform fee separately."""
 
     base_queryset = Entry.objects.all()
-    serializer_class = inline_serializer(
-        "Earnings",
-        {
-            "fee_percent": serializers.CharField(),
-            "by_machine": serializers.ListField(child=serializers.DictField()),
-            "by_day": serializers.ListField(child=serializers.DictField()),
-        },
-    )
+    serializer_class = EarningsSerializer
     audience = "provider"
 
     def list(self, request):
