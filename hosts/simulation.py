@@ -63,7 +63,7 @@ class SimHostSpec:
     port: int
     gpus: tuple[SimGpu, ...]
     cuda_version: str = "12.4"
-    port_range: tuple[int, int] = (40000, 40999)
+    port_range: tuple[int, int] = (20000, 20999)
 
 
 @dataclass

@@ -180,10 +180,24 @@ CELERY_BEAT_SCHEDULE: dict[str, dict] = {
         "task": "marketplace.tasks.invitations_expire",
         "schedule": timedelta(hours=1),
     },
+    "metering-sweep": {
+        "task": "marketplace.tasks.metering_sweep",
+        "schedule": timedelta(seconds=60),
+    },
+    "expiry-sweep": {"task": "marketplace.tasks.expiry_sweep", "schedule": timedelta(seconds=30)},
+    "offers-refresh": {
+        "task": "marketplace.tasks.offers_refresh",
+        "schedule": timedelta(minutes=5),
+    },
     **importlib.import_module("hosts.schedule").BEAT_SCHEDULE,
     **importlib.import_module("scheduler.schedule").BEAT_SCHEDULE,
     **importlib.import_module("billing.schedule").BEAT_SCHEDULE,
 }
+
+# Labels added to every container the platform starts (tests tag theirs for clean-up).
+CONTAINER_EXTRA_LABELS = dict(
+    item.split("=", 1) for item in env_list("CONTAINER_EXTRA_LABELS") if "=" in item
+)
 
 # --- REST API -----------------------------------------------------------------------------
 REST_FRAMEWORK = {

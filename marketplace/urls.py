@@ -8,19 +8,25 @@ from rest_framework.routers import DefaultRouter
 
 from marketplace.api import billing as billing_api
 from marketplace.api import hosts as hosts_api
+from marketplace.api import rentals as rentals_api
 from marketplace.api import tenancy as tenancy_api
 from marketplace.api.errors import api_not_found
 from marketplace.views import accounts as views
 from marketplace.views import billing as billing_views
 from marketplace.views import hosts as hosts_views
+from marketplace.views import rentals as rentals_views
 
 router = DefaultRouter(trailing_slash=True)
 router.register("team/members", tenancy_api.MemberViewSet, basename="member")
 router.register("team/invitations", tenancy_api.InvitationViewSet, basename="invitation")
 router.register("api-keys", tenancy_api.ApiKeyViewSet, basename="apikey")
+router.register("instances", rentals_api.InstanceViewSet, basename="instance")
+router.register("ssh-keys", rentals_api.SshKeyViewSet, basename="sshkey")
 
 api_v1 = [
     path("me/", tenancy_api.me, name="api-me"),
+    path("offers/", rentals_api.offers, name="api-offers"),
+    path("offers/<int:machine_id>/quote/", rentals_api.offer_quote, name="api-offer-quote"),
     path("schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     path("", include(router.urls)),
@@ -43,6 +49,7 @@ urlpatterns = [
     path("team/api-keys/", views.api_keys, name="api-keys"),
     path("team/api-keys/<int:pk>/revoke/", views.api_key_revoke, name="api-key-revoke"),
     path("invitations/<str:token>/", views.invitation_accept, name="invitation-accept"),
+    path("", include(rentals_views.urlpatterns)),
     path("", include(hosts_views.urlpatterns)),
     path("", include(billing_views.urlpatterns)),
     path("api/v1/", include(api_v1)),

@@ -2,4 +2,11 @@
 
 from __future__ import annotations
 
-BEAT_SCHEDULE: dict[str, dict] = {}
+from datetime import timedelta
+
+BEAT_SCHEDULE: dict[str, dict] = {
+    "reconcile-machines": {
+        "task": "scheduler.tasks.machines_reconcile",
+        "schedule": timedelta(seconds=20),
+    },
+}

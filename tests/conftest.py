@@ -119,7 +119,9 @@ def sim_host_factory(docker_engine, sim_root, platform_public_key):
 
     def make(gpus: int = 4, gpu_name: str = "NVIDIA GeForce RTX 4090", memory_mib: int = 24564):
         n = len(made)
-        ports = 30000 + namespace * 3000 + worker * 300 + n * 20
+        # Published ports stay below Linux's ephemeral range (32768+), where outgoing
+        # connections take their local ports and would collide with docker's binds.
+        ports = 10000 + namespace * 1000 + worker * 300 + n * 20
         spec = SimHostSpec(
             name=f"ns{namespace}-w{worker}-h{n}",
             address=f"127.{1 + namespace}.{20 + worker}.{10 + n}",
@@ -134,9 +136,10 @@ def sim_host_factory(docker_engine, sim_root, platform_public_key):
     yield make
     for host in made:
         host.stop()
-    label = sim_container_label()
     ids = subprocess.run(
-        ["docker", "ps", "-aq", "--filter", label], capture_output=True, text=True
+        ["docker", "ps", "-aq", "--filter", f"label={sim_container_label()}"],
+        capture_output=True,
+        text=True,
     ).stdout.split()
     if ids:
         subprocess.run(["docker", "rm", "-f", *ids], capture_output=True)

@@ -49,7 +49,7 @@ class Command(BaseCommand):
                 address=f"127.0.0.{10 + i}",
                 port=base_port + i,
                 gpus=default_gpus(gpus, name=gpu_name, memory_mib=memory),
-                port_range=(40000 + 1000 * i, 40999 + 1000 * i),
+                port_range=(20000 + 1000 * i, 20999 + 1000 * i),  # below the ephemeral range
             )
             hosts.append(create_host(root / spec.name, spec, keys))
         (root / "hosts.json").write_text(json.dumps([h.to_dict() for h in hosts], indent=2))

@@ -1,0 +1,167 @@
+"""Machines, their GPUs, listing terms, maintenance windows, events and heartbeats."""
+
+from __future__ import annotations
+
+from django.db import models
+from django.db.models import Q
+
+
+class MachineStatus(models.TextChoices):
+    PENDING = "pending", "Connecting"
+    AWAITING_CONFIRMATION = "awaiting_confirmation", "Confirm host key"
+    ONLINE = "online", "Online"
+    OFFLINE = "offline", "Offline"
+    KEY_MISMATCH = "key_mismatch", "Host key changed"
+    ERROR = "error", "Error"
+
+
+class Machine(models.Model):
+    """A provider's GPU machine, reached over SSH with a pinned host key.
+
+    Its resources are cut into units: one GPU plus an even share of the CPU cores, RAM and
+    disk (8 GPUs, 128 cores, 720 GB → 1 GPU + 16 cores + 90 GB per unit).
+    """
+
+    team = models.ForeignKey("marketplace.Team", on_delete=models.CASCADE, related_name="machines")
+    name = models.CharField(max_length=80)
+    address = models.CharField(max_length=255)
+    port = models.PositiveIntegerField(default=22)
+    ssh_user = models.CharField(max_length=32, default="root")
+    host_key_type = models.CharField(max_length=40, blank=True)
+    host_key = models.TextField(blank=True, help_text="base64 of the pinned host key")
+    host_key_fingerprint = models.CharField(max_length=80, blank=True)
+    status = models.CharField(
+        max_length=24, choices=MachineStatus.choices, default=MachineStatus.PENDING
+    )
+    status_detail = models.CharField(max_length=500, blank=True)
+    listed = models.BooleanField(default=False)
+    price_per_gpu_hour = models.BigIntegerField(default=0, help_text="micro-dollars")
+    storage_price_per_gb_month = models.BigIntegerField(default=0, help_text="micro-dollars")
+    min_gpus = models.PositiveSmallIntegerField(default=1)
+    end_date = models.DateTimeField(null=True, blank=True)
+    location = models.CharField(max_length=64, blank=True)
+    cpu_cores = models.PositiveIntegerField(default=0)
+    ram_mb = models.PositiveBigIntegerField(default=0)
+    disk_free_gb = models.PositiveBigIntegerField(default=0)
+    docker_version = models.CharField(max_length=40, blank=True)
+    nvidia_runtime = models.BooleanField(default=False)
+    driver_version = models.CharField(max_length=40, blank=True)
+    cuda_version = models.CharField(max_length=16, blank=True)
+    os_name = models.CharField(max_length=120, blank=True)
+    # Host ports for published container ports. The default stays below Linux's ephemeral
+    # range (32768-60999), where outgoing connections take local ports.
+    port_range_start = models.PositiveIntegerField(default=20000)
+    port_range_end = models.PositiveIntegerField(default=20999)
+    reliability = models.FloatField(default=1.0)
+    last_heartbeat_at = models.DateTimeField(null=True, blank=True)
+    heartbeat_misses = models.PositiveSmallIntegerField(default=0)
+    probed_at = models.DateTimeField(null=True, blank=True)
+    verified = models.BooleanField(default=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name", "pk"]
+        constraints = [
+            models.UniqueConstraint(fields=["address", "port"], name="machine_unique_address_port"),
+            models.CheckConstraint(
+                condition=Q(port_range_end__gte=models.F("port_range_start")),
+                name="machine_port_range_ordered",
+            ),
+            models.CheckConstraint(
+                condition=Q(price_per_gpu_hour__gte=0) & Q(storage_price_per_gb_month__gte=0),
+                name="machine_prices_not_negative",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.name or f"{self.ssh_user}@{self.address}:{self.port}"
+
+    @property
+    def gpu_count(self) -> int:
+        return self.gpus.filter(present=True).count()
+
+    def _units(self) -> int:
+        return max(self.gpu_count, 1)
+
+    @property
+    def unit_cpus(self) -> float:
+        return round(self.cpu_cores / self._units(), 2)
+
+    @property
+    def unit_memory_mb(self) -> int:
+        return int(self.ram_mb // self._units())
+
+    @property
+    def unit_disk_gb(self) -> int:
+        return int(self.disk_free_gb // self._units())
+
+    @property
+    def unit_shm_mb(self) -> int:
+        """Shared memory per unit: half the unit's RAM, at most 64 GB."""
+        return min(self.unit_memory_mb // 2, 64 * 1024)
+
+
+class Gpu(models.Model):
+    machine = models.ForeignKey(Machine, on_delete=models.CASCADE, related_name="gpus")
+    index = models.PositiveSmallIntegerField()
+    uuid = models.CharField(max_length=80)
+    name = models.CharField(max_length=120)
+    memory_mib = models.PositiveIntegerField()
+    present = models.BooleanField(default=True)
+
+    class Meta:
+        ordering = ["machine", "index"]
+        constraints = [
+            models.UniqueConstraint(fields=["machine", "uuid"], name="gpu_unique_uuid_per_machine")
+        ]
+
+    def __str__(self) -> str:
+        return f"GPU {self.index} ({self.name})"
+
+
+class MaintenanceWindow(models.Model):
+    machine = models.ForeignKey(
+        Machine, on_delete=models.CASCADE, related_name="maintenance_windows"
+    )
+    starts_at = models.DateTimeField()
+    ends_at = models.DateTimeField()
+    note = models.CharField(max_length=200, blank=True)
+
+    class Meta:
+        ordering = ["starts_at"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(ends_at__gt=models.F("starts_at")), name="maintenance_ends_after_start"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"maintenance {self.starts_at:%Y-%m-%d %H:%M}–{self.ends_at:%H:%M}"
+
+
+class MachineEvent(models.Model):
+    machine = models.ForeignKey(Machine, on_delete=models.CASCADE, related_name="events")
+    kind = models.CharField(max_length=40)
+    message = models.CharField(max_length=500)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        ordering = ["-created_at", "-pk"]
+
+    def __str__(self) -> str:
+        return f"{self.kind}: {self.message}"
+
+
+class HeartbeatSample(models.Model):
+    """One heartbeat attempt; the reliability score is the share of successes in a window."""
+
+    machine = models.ForeignKey(Machine, on_delete=models.CASCADE, related_name="heartbeats")
+    ok = models.BooleanField()
+    latency_ms = models.PositiveIntegerField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{'ok' if self.ok else 'miss'} at {self.created_at:%H:%M:%S}"

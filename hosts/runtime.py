@@ -1,0 +1,294 @@
+"""The Docker runtime, spoken over SSH.
+
+``ContainerSpec`` is validated field by field (``InvalidContainerSpec`` names the field), and
+``docker_run_argv`` is a pure function from a spec to an argv list. It can only produce the
+flags written below: no ``--privileged``, no host networking, no bind mounts, no Docker
+socket, no renter ``NVIDIA_*`` variables. GPUs are pinned by UUID: ``--gpus`` where the NVIDIA
+runtime exists, else ``NVIDIA_VISIBLE_DEVICES``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from hosts import ssh
+from hosts.ssh import CommandFailed, CommandResult, HostKeyMismatch, HostUnreachable
+
+if TYPE_CHECKING:
+    from hosts.models import Machine
+
+__all__ = [
+    "CommandFailed", "CommandResult", "ContainerSpec", "ContainerState", "DockerHost",
+    "HostKeyMismatch", "HostUnreachable", "InvalidContainerSpec", "docker_run_argv",
+    "validate_env", "validate_image", "validate_ports",
+]  # fmt: skip
+
+PLATFORM_LABEL = "gpumkt.platform"
+MACHINE_LABEL = "gpumkt.machine"
+
+# Docker's reference grammar: [registry[:port]/]path[:tag][@digest], lower-case path.
+_COMPONENT = r"[a-z0-9]+(?:(?:\.|_|__|-+)[a-z0-9]+)*"
+_IMAGE = re.compile(
+    rf"^(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*(?::[0-9]{{1,5}})?/)?"
+    rf"{_COMPONENT}(?:/{_COMPONENT})*(?::[A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}})?(?:@sha256:[a-f0-9]{{64}})?$"
+)
+_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+_LABEL_KEY = re.compile(r"^[a-z0-9][a-z0-9._-]{0,127}$")
+_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,127}$")
+_GPU_UUID = re.compile(r"^(GPU|MIG)-[0-9A-Za-z-]{8,80}$")
+_CONTAINER_REF = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,127}$")
+
+
+class InvalidContainerSpec(ValueError):
+    def __init__(self, field: str, reason: str):
+        self.field, self.reason = field, reason
+        super().__init__(f"{field}: {reason}")
+
+
+def _no_control(value: str, name: str, *, newlines: bool = False) -> None:
+    bad = "\0" if newlines else "\0\n\r"
+    if any(c in value for c in bad):
+        raise InvalidContainerSpec(name, "must not contain NUL or line breaks")
+
+
+def validate_image(image: str) -> None:
+    if not image or len(image) > 255:
+        raise InvalidContainerSpec("image", "give an image name of at most 255 characters")
+    if not _IMAGE.match(image):
+        raise InvalidContainerSpec(
+            "image", f"'{image[:60]}' is not a Docker image name like 'pytorch/pytorch:2.3.0'"
+        )
+
+
+def validate_env(env: dict[str, str]) -> None:
+    if len(env) > 200:
+        raise InvalidContainerSpec("env", "at most 200 variables")
+    for key, value in env.items():
+        if not _ENV_KEY.match(key):
+            raise InvalidContainerSpec(
+                "env", f"'{key[:40]}' is not a variable name (letters, digits, _)"
+            )
+        if not isinstance(value, str) or len(value) > 4096:
+            raise InvalidContainerSpec(
+                "env", f"{key}'s value must be text of at most 4096 characters"
+            )
+        _no_control(value, "env", newlines=True)
+
+
+def validate_ports(ports: list[tuple[int, int, str]]) -> None:
+    if len(ports) > 32:
+        raise InvalidContainerSpec("ports", "at most 32 ports")
+    for container_port, host_port, protocol in ports:
+        for value in (container_port, host_port):
+            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 65535:
+                raise InvalidContainerSpec("ports", f"{value!r} is not a port number (1-65535)")
+        if protocol not in ("tcp", "udp"):
+            raise InvalidContainerSpec("ports", f"protocol must be tcp or udp, not {protocol!r}")
+
+
+@dataclass(frozen=True)
+class ContainerSpec:
+    name: str
+    image: str
+    cpus: float
+    memory_mb: int
+    shm_mb: int
+    labels: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+    ports: list[tuple[int, int, str]] = field(default_factory=list)
+    gpu_uuids: list[str] = field(default_factory=list)
+    entrypoint: str | None = None
+    args: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not _NAME.match(self.name):
+            raise InvalidContainerSpec("name", "letters, digits, '_', '.', '-' only")
+        validate_image(self.image)
+        validate_env(self.env)
+        validate_ports(list(self.ports))
+        if not (0 < self.cpus <= 1024):
+            raise InvalidContainerSpec("cpus", "must be between 0 and 1024")
+        if not (6 <= self.memory_mb <= 64 * 1024 * 1024):
+            raise InvalidContainerSpec("memory_mb", "must be at least 6 MB")
+        if not (1 <= self.shm_mb <= self.memory_mb):
+            raise InvalidContainerSpec("shm_mb", "must be between 1 MB and the memory limit")
+        for key, value in self.labels.items():
+            if not _LABEL_KEY.match(key):
+                raise InvalidContainerSpec("labels", f"'{key[:40]}' is not a label key")
+            _no_control(value, "labels")
+        for uuid in self.gpu_uuids:
+            if not _GPU_UUID.match(uuid):
+                raise InvalidContainerSpec("gpu_uuids", f"'{uuid[:40]}' is not a GPU UUID")
+        if self.entrypoint is not None:
+            if not self.entrypoint or self.entrypoint.startswith("-") or len(self.entrypoint) > 255:
+                raise InvalidContainerSpec("entrypoint", "a program path, not an option")
+            _no_control(self.entrypoint, "entrypoint")
+        if len(self.args) > 64:
+            raise InvalidContainerSpec("args", "at most 64 arguments")
+        for arg in self.args:
+            if not isinstance(arg, str) or len(arg) > 4096:
+                raise InvalidContainerSpec(
+                    "args", "each argument is text of at most 4096 characters"
+                )
+            _no_control(arg, "args", newlines=True)
+
+
+def docker_run_argv(spec: ContainerSpec, *, machine_id: int, nvidia_runtime: bool) -> list[str]:
+    """The exact ``docker run`` argv for a spec. Pure; every value is one argv element."""
+    argv = ["docker", "run", "--detach", "--name", spec.name, "--restart", "no"]
+    labels = {**spec.labels, PLATFORM_LABEL: "1", MACHINE_LABEL: str(machine_id)}
+    for key in sorted(labels):
+        argv += ["--label", f"{key}={labels[key]}"]
+    argv += [
+        "--cpus", f"{spec.cpus:g}",
+        "--memory", f"{spec.memory_mb}m",
+        "--memory-reservation", f"{max(spec.memory_mb * 4 // 5, 6)}m",
+        "--shm-size", f"{spec.shm_mb}m",
+        "--security-opt", "no-new-privileges",
+        "--pids-limit", "4096",
+    ]  # fmt: skip
+    env = {k: v for k, v in spec.env.items() if not k.upper().startswith("NVIDIA_")}
+    if spec.gpu_uuids:
+        devices = ",".join(spec.gpu_uuids)
+        if nvidia_runtime:
+            # The CLI reads --gpus as CSV; the quotes keep several devices in one field.
+            argv += ["--gpus", f'"device={devices}"']
+        else:
+            env["NVIDIA_VISIBLE_DEVICES"] = devices
+    for key in sorted(env):
+        argv += ["--env", f"{key}={env[key]}"]
+    for container_port, host_port, protocol in spec.ports:
+        argv += ["--publish", f"{host_port}:{container_port}/{protocol}"]
+    if spec.entrypoint is not None:
+        argv += ["--entrypoint", spec.entrypoint]
+    # The CLI stops reading options at the image, so args can never become docker flags.
+    argv.append(spec.image)
+    argv += spec.args
+    return argv
+
+
+@dataclass(frozen=True)
+class ContainerState:
+    id: str
+    name: str
+    state: str  # created, running, exited, paused, dead, …
+    status: str  # "Up 3 minutes", "Exited (0) 2 seconds ago"
+    instance: str
+
+    @property
+    def running(self) -> bool:
+        return self.state in ("running", "restarting")
+
+
+def _container_ref(ref: str) -> str:
+    if not _CONTAINER_REF.match(ref or ""):
+        raise InvalidContainerSpec("container", f"'{str(ref)[:40]}' is not a container id or name")
+    return ref
+
+
+class DockerHost:
+    """Docker on one machine, over the pooled SSH connection."""
+
+    def __init__(self, machine: Machine):
+        self.machine = machine
+
+    def _run(
+        self, argv: list[str], *, timeout: float = ssh.COMMAND_TIMEOUT, check: bool = True
+    ) -> CommandResult:
+        return ssh.run(self.machine, argv, timeout=timeout, check=check)
+
+    def run(self, spec: ContainerSpec) -> str:
+        argv = docker_run_argv(
+            spec, machine_id=self.machine.pk, nvidia_runtime=self.machine.nvidia_runtime
+        )
+        return self._run(argv).stdout.strip()
+
+    def stop(self, container: str, *, grace_seconds: int = 10) -> None:
+        self._run(
+            ["docker", "stop", "--time", str(grace_seconds), _container_ref(container)],
+            timeout=grace_seconds + 60,
+        )
+
+    def start(self, container: str) -> None:
+        self._run(["docker", "start", _container_ref(container)])
+
+    def remove(self, container: str) -> None:
+        self._run(["docker", "rm", "--force", "--volumes", _container_ref(container)])
+
+    def inspect(self, container: str) -> dict:
+        result = self._run(["docker", "container", "inspect", _container_ref(container)])
+        return json.loads(result.stdout)[0]
+
+    def logs(self, container: str, *, tail: int = 200) -> str:
+        # Containers write to stdout and stderr; read both, interleaved as they were written.
+        argv = [
+            "sh",
+            "-c",
+            'exec docker logs --tail "$1" "$2" 2>&1',
+            "sh",
+            str(int(tail)),
+            _container_ref(container),
+        ]
+        return self._run(argv).stdout
+
+    def logs_follow(
+        self, container: str, *, tail: int = 50, timeout: float = 3600
+    ) -> Iterator[str]:
+        argv = ["docker", "logs", "--follow", "--tail", str(int(tail)), _container_ref(container)]
+        return ssh.pool.stream(self.machine, argv, timeout=timeout)
+
+    def exec(self, container: str, argv: list[str], *, timeout: float = 60) -> CommandResult:
+        return self._run(
+            ["docker", "exec", _container_ref(container), *argv], timeout=timeout, check=False
+        )
+
+    def list_platform_containers(self) -> list[ContainerState]:
+        """All of the platform's containers on this machine, in one command."""
+        fmt = '{{.ID}}\t{{.Names}}\t{{.State}}\t{{.Status}}\t{{.Label "gpumkt.instance"}}'
+        result = self._run([
+            "docker", "ps", "--all", "--no-trunc",
+            "--filter", f"label={PLATFORM_LABEL}=1",
+            "--filter", f"label={MACHINE_LABEL}={self.machine.pk}",
+            "--format", fmt,
+        ])  # fmt: skip
+        states = []
+        for line in result.stdout.splitlines():
+            parts = line.split("\t")
+            if len(parts) == 5:
+                states.append(ContainerState(*parts))
+        return states
+
+    def image_present(self, image: str) -> bool:
+        validate_image(image)
+        result = self._run(
+            ["docker", "image", "inspect", "--format", "{{.Id}}", image], check=False
+        )
+        return result.exit_code == 0
+
+    def pull(
+        self, image: str, *, progress_callback: Callable[[int, str], None] | None = None
+    ) -> None:
+        """Pull an image, reporting 0-100 as its layers complete."""
+        validate_image(image)
+        layers: dict[str, bool] = {}
+        for line in ssh.pool.stream(self.machine, ["docker", "pull", image], timeout=3600):
+            layer, _, status = line.partition(": ")
+            if len(layer) == 12 and all(c in "0123456789abcdef" for c in layer):
+                layers[layer] = status.startswith(("Pull complete", "Already exists"))
+                if progress_callback and layers:
+                    done = sum(layers.values())
+                    progress_callback(
+                        int(100 * done / len(layers)), f"Pulling image: {done}/{len(layers)} layers"
+                    )
+
+    def volume_create(self, name: str) -> None:
+        self._run(
+            ["docker", "volume", "create", "--label", f"{PLATFORM_LABEL}=1", _container_ref(name)]
+        )
+
+    def volume_remove(self, name: str) -> None:
+        self._run(["docker", "volume", "rm", "--force", _container_ref(name)])

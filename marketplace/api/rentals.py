@@ -1,0 +1,372 @@
+"""REST API for renters: offers, instances (rentals), SSH keys."""
+
+from __future__ import annotations
+
+from django.db import transaction
+from django.http import Http404
+from django.utils import timezone
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import mixins, serializers, status
+from rest_framework.decorators import action, api_view
+from rest_framework.response import Response
+
+from billing.money import MICRO_PER_DOLLAR
+from hosts.runtime import CommandFailed, DockerHost, HostUnreachable
+from marketplace import offer_query
+from marketplace.api.base import TeamScopedViewSet
+from marketplace.api.permissions import api_team
+from marketplace.models import Contract, Offer, SshKey
+from marketplace.selectors import instance_connection
+from marketplace.services import rentals
+from marketplace.validation import validate_launch
+from scheduler import services as scheduler
+from scheduler.models import Instance, InstanceState, LaunchMode
+
+MAX_PAGE = 256
+
+
+def dollars(micro: int) -> float:
+    return round(micro / MICRO_PER_DOLLAR, 6)
+
+
+class OfferSerializer(serializers.ModelSerializer):
+    """An offer; figures are for all its free units (``num_gpus``)."""
+
+    id = serializers.IntegerField(source="machine_id")
+    machine_id = serializers.IntegerField()
+    gpu_total_ram = serializers.SerializerMethodField()
+    cpu_cores_effective = serializers.SerializerMethodField()
+    cpu_ram = serializers.SerializerMethodField()
+    disk_space = serializers.SerializerMethodField()
+    dph_total = serializers.SerializerMethodField()
+    dph_per_gpu = serializers.SerializerMethodField()
+    storage_cost = serializers.SerializerMethodField()
+    duration = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Offer
+        fields = [
+            "id", "machine_id", "gpu_name", "num_gpus", "total_gpus", "min_gpus", "gpu_ram",
+            "gpu_total_ram", "cpu_cores_effective", "cpu_ram", "disk_space", "dph_total",
+            "dph_per_gpu", "storage_cost", "reliability", "duration", "end_date", "geolocation",
+            "driver_version", "cuda_max_good", "verified", "rentable", "score",
+        ]  # fmt: skip
+
+    def get_gpu_total_ram(self, offer) -> float:
+        return round(offer.gpu_ram * offer.num_gpus, 2)
+
+    def get_cpu_cores_effective(self, offer) -> float:
+        return round(offer.cpu_cores_per_unit * offer.num_gpus, 2)
+
+    def get_cpu_ram(self, offer) -> float:
+        return round(offer.cpu_ram_per_unit * offer.num_gpus, 2)
+
+    def get_disk_space(self, offer) -> float:
+        return round(offer.disk_per_unit * offer.num_gpus, 1)
+
+    def get_dph_total(self, offer) -> float:
+        return dollars(offer.dph_total)
+
+    def get_dph_per_gpu(self, offer) -> float:
+        return dollars(offer.price_per_gpu_hour)
+
+    def get_storage_cost(self, offer) -> float:
+        return dollars(offer.storage_cost)
+
+    def get_duration(self, offer) -> float | None:
+        """Days until the machine's end date (None: no end date)."""
+        if offer.end_date is None:
+            return None
+        return round(max((offer.end_date - timezone.now()).total_seconds(), 0) / 86400, 2)
+
+
+def search_offers(query: offer_query.OfferQuery, limit: int, offset: int) -> list[Offer]:
+    return list(offer_query.apply(Offer.objects.all(), query)[offset : offset + limit])
+
+
+def _page_params(data) -> tuple[int, int]:
+    try:
+        limit = int(data.get("limit", 64))
+        offset = int(data.get("offset", 0))
+    except (TypeError, ValueError):
+        raise serializers.ValidationError(
+            {"limit": "limit and offset are whole numbers."}
+        ) from None
+    if not (1 <= limit <= MAX_PAGE):
+        raise serializers.ValidationError({"limit": f"Between 1 and {MAX_PAGE}."})
+    if offset < 0:
+        raise serializers.ValidationError({"offset": "Must not be negative."})
+    return limit, offset
+
+
+def _query_error(error: offer_query.QueryError, field: str = "q") -> serializers.ValidationError:
+    return serializers.ValidationError({field: str(error)})
+
+
+@extend_schema(
+    summary="Search offers",
+    parameters=[
+        OpenApiParameter("q", str, description="e.g. num_gpus>=2 gpu_name=RTX_4090 -o dph_total"),
+        OpenApiParameter("limit", int),
+        OpenApiParameter("offset", int),
+    ],
+    request={"application/json": {"type": "object"}},
+    responses=OfferSerializer(many=True),
+)
+@api_view(["GET", "POST"])
+def offers(request):
+    """GET with ``q=`` (query language) or POST a JSON filter body (``{"num_gpus": {"gte": 2}}``)."""
+    data = request.data if request.method == "POST" else request.query_params
+    limit, offset = _page_params(data)
+    try:
+        if request.method == "POST" and "q" not in request.data:
+            query = offer_query.parse_json(request.data)
+        else:
+            query = offer_query.parse(data.get("q", ""))
+    except offer_query.QueryError as error:
+        raise _query_error(
+            error, "q" if request.method == "GET" or "q" in data else "filters"
+        ) from error
+    found = search_offers(query, limit + 1, offset)
+    return Response(
+        {
+            "offers": OfferSerializer(found[:limit], many=True).data,
+            "next_offset": offset + limit if len(found) > limit else None,
+        }
+    )
+
+
+class QuoteSerializer(serializers.Serializer):
+    num_gpus = serializers.IntegerField(min_value=1, max_value=64)
+    duration_hours = serializers.FloatField(min_value=0.01, max_value=rentals.MAX_RENTAL_HOURS)
+    disk_gb = serializers.IntegerField(min_value=1, max_value=100_000, default=10)
+
+
+class QuoteResultSerializer(serializers.Serializer):
+    gpu = serializers.FloatField(help_text="dollars held for GPU time")
+    storage = serializers.FloatField(help_text="dollars held for storage")
+    total = serializers.FloatField()
+
+
+@extend_schema(
+    summary="Price of a rental before confirming",
+    parameters=[QuoteSerializer],
+    responses=QuoteResultSerializer,
+)
+@api_view(["GET"])
+def offer_quote(request, machine_id: int):
+    offer = Offer.objects.select_related("machine").filter(machine_id=machine_id).first()
+    if offer is None:
+        raise Http404
+    params = QuoteSerializer(data=request.query_params)
+    params.is_valid(raise_exception=True)
+    quote = rentals.rental_quote(
+        machine=offer.machine,
+        gpu_count=params.validated_data["num_gpus"],
+        disk_gb=params.validated_data["disk_gb"],
+        hours=params.validated_data["duration_hours"],
+    )
+    return Response(
+        {
+            "gpu": dollars(quote.gpu),
+            "storage": dollars(quote.storage),
+            "total": dollars(quote.total),
+        }
+    )
+
+
+class RentSerializer(serializers.Serializer):
+    machine_id = serializers.IntegerField(help_text="The offer's machine_id.")
+    num_gpus = serializers.IntegerField(min_value=1, max_value=64)
+    image = serializers.CharField(max_length=255)
+    duration_hours = serializers.FloatField(min_value=0.01, max_value=rentals.MAX_RENTAL_HOURS)
+    disk_gb = serializers.IntegerField(min_value=1, max_value=100_000, default=10)
+    launch_mode = serializers.ChoiceField(choices=LaunchMode.choices, default=LaunchMode.ENTRYPOINT)
+    env = serializers.DictField(
+        child=serializers.CharField(allow_blank=True, max_length=4096), default=dict
+    )
+    ports = serializers.ListField(child=serializers.IntegerField(), default=list, max_length=16)
+    entrypoint = serializers.CharField(max_length=255, allow_blank=True, default="")
+    args = serializers.ListField(
+        child=serializers.CharField(max_length=4096, allow_blank=True), default=list, max_length=64
+    )
+
+    def validate(self, data):
+        validate_launch(
+            image=data["image"],
+            env=data["env"],
+            ports=data["ports"],
+            entrypoint=data["entrypoint"],
+            args=data["args"],
+        )
+        return data
+
+
+class InstanceSerializer(serializers.ModelSerializer):
+    contract_id = serializers.IntegerField(source="contract.id", read_only=True)
+    machine_id = serializers.IntegerField(read_only=True)
+    ends_at = serializers.DateTimeField(source="contract.ends_at", read_only=True)
+    dph_total = serializers.SerializerMethodField()
+    gpus = serializers.SerializerMethodField()
+    connection = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Instance
+        fields = [
+            "id", "uuid", "state", "status_message", "progress", "machine_id", "contract_id",
+            "gpu_count", "gpus", "image", "launch_mode", "env", "disk_gb", "dph_total",
+            "created_at", "state_changed_at", "ends_at", "connection",
+        ]  # fmt: skip
+
+    def get_dph_total(self, instance) -> float:
+        contract = instance.contract
+        return dollars(contract.price_per_gpu_hour * contract.gpu_count)
+
+    def get_gpus(self, instance) -> list[str]:
+        return scheduler.instance_gpu_uuids(instance)
+
+    def get_connection(self, instance) -> dict:
+        return instance_connection(instance)
+
+
+class ExtendSerializer(serializers.Serializer):
+    hours = serializers.FloatField(min_value=0.01, max_value=rentals.MAX_RENTAL_HOURS)
+
+
+class ExecSerializer(serializers.Serializer):
+    command = serializers.CharField(max_length=4096, help_text="Run with sh -c in the container.")
+
+
+class InstanceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScopedViewSet):
+    """The team's rentals. POST rents an offer; DELETE destroys (container, data, settlement)."""
+
+    base_queryset = Instance.objects.select_related("contract", "machine").exclude(
+        state=InstanceState.DESTROYED
+    )
+    serializer_class = InstanceSerializer
+    audience = "renter"
+    filterset_fields = ["state", "machine_id"]
+
+    @extend_schema(request=RentSerializer, responses={201: InstanceSerializer})
+    def create(self, request):
+        params = RentSerializer(data=request.data)
+        params.is_valid(raise_exception=True)
+        data = params.validated_data
+        contract = rentals.rental_create(
+            team=self.team,
+            request=rentals.RentalRequest(
+                machine_id=data["machine_id"],
+                gpu_count=data["num_gpus"],
+                image=data["image"],
+                hours=data["duration_hours"],
+                disk_gb=data["disk_gb"],
+                launch_mode=data["launch_mode"],
+                env=data["env"],
+                ports=data["ports"],
+                entrypoint=data["entrypoint"],
+                args=data["args"],
+            ),
+        )
+        instance = self.get_queryset().get(pk=contract.instance_id)
+        return Response(InstanceSerializer(instance).data, status=status.HTTP_201_CREATED)
+
+    def destroy(self, request, pk=None):
+        instance = self.get_object()
+        _enqueue_on_commit("rental_destroy", instance.pk)
+        return Response(InstanceSerializer(instance).data, status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(request=None, responses={202: InstanceSerializer})
+    @action(detail=True, methods=["post"])
+    def stop(self, request, pk=None):
+        instance = self.get_object()
+        if instance.state not in (
+            InstanceState.RUNNING,
+            InstanceState.EXITED,
+            InstanceState.LAUNCHING,
+        ):
+            raise scheduler.InvalidTransition(
+                f"An instance that is {instance.state} cannot be stopped."
+            )
+        _enqueue_on_commit("rental_stop", instance.pk)
+        return Response(InstanceSerializer(instance).data, status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(request=None, responses={200: InstanceSerializer})
+    @action(detail=True, methods=["post"])
+    def start(self, request, pk=None):
+        instance = self.get_object()
+        if instance.contract.ends_at <= timezone.now():
+            raise scheduler.InvalidTransition("The rental period is over; extend it first.")
+        scheduler.instance_start(instance_id=instance.pk)
+        return Response(InstanceSerializer(self.get_object()).data)
+
+    @extend_schema(request=ExtendSerializer, responses={200: InstanceSerializer})
+    @action(detail=True, methods=["post"])
+    def extend(self, request, pk=None):
+        instance = self.get_object()
+        params = ExtendSerializer(data=request.data)
+        params.is_valid(raise_exception=True)
+        rentals.rental_extend(contract=instance.contract, hours=params.validated_data["hours"])
+        return Response(InstanceSerializer(self.get_object()).data)
+
+    @extend_schema(parameters=[OpenApiParameter("tail", int)], responses={200: dict})
+    @action(detail=True, methods=["get"])
+    def logs(self, request, pk=None):
+        instance = self.get_object()
+        try:
+            tail = min(max(int(request.query_params.get("tail", 200)), 1), 5000)
+        except ValueError:
+            raise serializers.ValidationError({"tail": "A whole number of lines."}) from None
+        if not instance.container_id:
+            return Response({"logs": "", "message": "The container has not started yet."})
+        try:
+            text = DockerHost(instance.machine).logs(instance.container_id, tail=tail)
+        except (CommandFailed, HostUnreachable) as error:
+            return Response({"logs": "", "message": f"Could not read logs: {error}"})
+        return Response({"logs": text})
+
+    @extend_schema(request=ExecSerializer, responses={200: dict})
+    @action(detail=True, methods=["post"], url_path="exec")
+    def exec_command(self, request, pk=None):
+        instance = self.get_object()
+        params = ExecSerializer(data=request.data)
+        params.is_valid(raise_exception=True)
+        if instance.state != InstanceState.RUNNING:
+            raise scheduler.InvalidTransition("Commands run only in a running instance.")
+        result = DockerHost(instance.machine).exec(
+            instance.container_id, ["sh", "-c", params.validated_data["command"]]
+        )
+        return Response({"exit_code": result.exit_code, "output": result.stdout + result.stderr})
+
+
+def _enqueue_on_commit(task_name: str, instance_id: int) -> None:
+    from marketplace import tasks
+
+    task = getattr(tasks, task_name)
+    transaction.on_commit(lambda: task.delay(instance_id))
+
+
+class SshKeySerializer(serializers.ModelSerializer):
+    class Meta:
+        model = SshKey
+        fields = ["id", "name", "public_key", "fingerprint", "created_at"]
+        read_only_fields = ["id", "fingerprint", "created_at"]
+
+
+class SshKeyViewSet(
+    mixins.ListModelMixin, mixins.CreateModelMixin, mixins.DestroyModelMixin, TeamScopedViewSet
+):
+    """The team's SSH public keys, put into instances launched in SSH mode."""
+
+    base_queryset = SshKey.objects.all()
+    serializer_class = SshKeySerializer
+    audience = "renter"
+
+    def perform_create(self, serializer):
+        serializer.instance = rentals.ssh_key_add(
+            team=api_team(self.request),
+            name=serializer.validated_data["name"],
+            public_key=serializer.validated_data["public_key"],
+        )
+
+
+__all__ = ["Contract", "InstanceViewSet", "SshKeyViewSet", "offer_quote", "offers"]

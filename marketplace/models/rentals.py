@@ -1,0 +1,129 @@
+"""Contracts (rentals), the renter's SSH keys, and the offer read model that search runs on."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.db import models
+from django.utils import timezone
+
+
+class Contract(models.Model):
+    """A renter's right to ``gpu_count`` units of a machine until ``ends_at``.
+
+    Metering reads two clocks: GPU time runs while the instance holds its GPUs and the machine
+    is online; storage time runs from creation until expiry or destruction (stopped or not),
+    also paused while the machine is offline. Each clock is ``seconds`` accumulated plus the
+    time since ``…_since`` when it is running.
+    """
+
+    team = models.ForeignKey("marketplace.Team", on_delete=models.CASCADE, related_name="contracts")
+    provider_team = models.ForeignKey(
+        "marketplace.Team", on_delete=models.PROTECT, related_name="provided_contracts"
+    )
+    machine = models.ForeignKey("hosts.Machine", on_delete=models.PROTECT, related_name="contracts")
+    instance = models.OneToOneField(
+        "scheduler.Instance", on_delete=models.PROTECT, related_name="contract"
+    )
+    gpu_count = models.PositiveSmallIntegerField()
+    price_per_gpu_hour = models.BigIntegerField(help_text="micro-dollars, fixed at rental")
+    storage_price_per_gb_month = models.BigIntegerField(help_text="micro-dollars")
+    disk_gb = models.PositiveIntegerField()
+    starts_at = models.DateTimeField(default=timezone.now)
+    ends_at = models.DateTimeField()
+    hold_id = models.BigIntegerField(unique=True)
+    gpu_seconds = models.BigIntegerField(default=0)
+    gpu_clock_since = models.DateTimeField(null=True, blank=True)
+    storage_seconds = models.BigIntegerField(default=0)
+    storage_clock_since = models.DateTimeField(null=True, blank=True)
+    settled_at = models.DateTimeField(null=True, blank=True, help_text="hold released")
+    data_delete_after = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [models.Index(fields=["settled_at", "ends_at"])]
+        constraints = [
+            models.CheckConstraint(condition=models.Q(gpu_count__gte=1), name="contract_gpus_min1"),
+            models.CheckConstraint(
+                condition=models.Q(ends_at__gt=models.F("starts_at")), name="contract_ends_after"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"contract {self.pk}"
+
+    @property
+    def reference(self) -> str:
+        return f"contract:{self.pk}"
+
+    def gpu_seconds_at(self, now: datetime) -> int:
+        running = int((now - self.gpu_clock_since).total_seconds()) if self.gpu_clock_since else 0
+        return self.gpu_seconds + max(running, 0)
+
+    def storage_seconds_at(self, now: datetime) -> int:
+        since = self.storage_clock_since
+        running = int((now - since).total_seconds()) if since else 0
+        return self.storage_seconds + max(running, 0)
+
+
+class SshKey(models.Model):
+    team = models.ForeignKey("marketplace.Team", on_delete=models.CASCADE, related_name="ssh_keys")
+    name = models.CharField(max_length=80)
+    public_key = models.TextField()
+    fingerprint = models.CharField(max_length=80)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.UniqueConstraint(fields=["team", "fingerprint"], name="sshkey_unique_per_team")
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Offer(models.Model):
+    """Rentable capacity on one listed, online machine: its free units and their figures.
+
+    A read model kept in step with machines and allocations (``offer_refresh``), so search is
+    one indexed query over one table. Field names follow vast.ai's where they mean the same.
+    """
+
+    machine = models.OneToOneField(
+        "hosts.Machine", on_delete=models.CASCADE, primary_key=True, related_name="offer"
+    )
+    provider_team = models.ForeignKey(
+        "marketplace.Team", on_delete=models.CASCADE, related_name="+"
+    )
+    rentable = models.BooleanField(default=False, db_index=True)
+    gpu_name = models.CharField(max_length=120)
+    num_gpus = models.PositiveSmallIntegerField(help_text="free GPU units now")
+    total_gpus = models.PositiveSmallIntegerField()
+    min_gpus = models.PositiveSmallIntegerField(default=1)
+    gpu_ram = models.FloatField(help_text="GB per GPU")
+    cpu_cores_per_unit = models.FloatField()
+    cpu_ram_per_unit = models.FloatField(help_text="GB")
+    disk_per_unit = models.FloatField(help_text="GB")
+    price_per_gpu_hour = models.BigIntegerField(help_text="micro-dollars")
+    dph_total = models.BigIntegerField(help_text="micro-dollars per hour for all free units")
+    storage_cost = models.BigIntegerField(help_text="micro-dollars per GB-month")
+    reliability = models.FloatField()
+    end_date = models.DateTimeField(null=True, blank=True)
+    geolocation = models.CharField(max_length=64, blank=True)
+    driver_version = models.CharField(max_length=32, blank=True)
+    cuda_max_good = models.FloatField(default=0)
+    verified = models.BooleanField(default=False)
+    score = models.FloatField(default=0, db_index=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["rentable", "-score"]),
+            models.Index(fields=["rentable", "dph_total"]),
+            models.Index(fields=["rentable", "gpu_name"]),
+        ]
+
+    def __str__(self) -> str:
+        return f"offer on machine {self.machine_id}"

@@ -1,0 +1,30 @@
+"""Subscribers to the scheduler's events: meter the contract and push the change to consoles."""
+
+from __future__ import annotations
+
+from django.dispatch import receiver
+
+from marketplace.events import publish_team_event
+from marketplace.services.rentals import contract_follow_instance, offer_refresh
+from scheduler.signals import instance_progress, instance_state_changed
+
+
+@receiver(instance_state_changed, dispatch_uid="marketplace.contract_follow_instance")
+def on_instance_state_changed(
+    sender, *, instance_id, team_id, machine_id, from_state, to_state, reason, **kwargs
+):
+    contract_follow_instance(instance_id=instance_id, to_state=to_state)
+    if from_state != to_state:
+        offer_refresh(machine_id=machine_id)
+    publish_team_event(
+        team_id,
+        "instance.state",
+        {"id": instance_id, "state": to_state, "from": from_state, "reason": reason},
+    )
+
+
+@receiver(instance_progress, dispatch_uid="marketplace.instance_progress")
+def on_instance_progress(sender, *, instance_id, team_id, progress, message, **kwargs):
+    publish_team_event(
+        team_id, "instance.progress", {"id": instance_id, "progress": progress, "message": message}
+    )

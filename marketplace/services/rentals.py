@@ -1,0 +1,523 @@
+"""Renting: the contract, its credit hold, its metering clocks, and the offers read model.
+
+Renting is one transaction: lock the machine row, check the terms, allocate GPUs and host
+ports, place the hold, create the contract and its instance. Any failure (409 GPU taken, 402
+short credit, 400 bad input) rolls all of it back, so nothing is held or written. The launch
+task is queued only when the transaction commits.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import re
+import secrets
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.db.models import Count, Exists, OuterRef, Q
+from django.utils import timezone
+
+from billing import services as billing
+from billing.money import MICRO_PER_DOLLAR, usage_owed
+from hosts.models import Machine
+from marketplace.models import Contract, Offer, SshKey, Team
+from scheduler.models import GpuAllocation, Instance, InstanceState, LaunchMode
+from scheduler.services import (
+    JUPYTER_CONTAINER_PORT,
+    SSH_CONTAINER_PORT,
+    allocation_create,
+)
+
+SECONDS_PER_MONTH = 30 * 24 * 3600
+MAX_RENTAL_HOURS = 24 * 365
+DATA_GRACE = timedelta(hours=48)
+
+
+class OfferUnavailable(Exception):
+    http_status = 409
+    error_code = "offer_unavailable"
+
+
+# --- pricing ------------------------------------------------------------------------------
+
+
+def storage_owed(*, price_per_gb_month: int, disk_gb: int, seconds: int) -> int:
+    """Storage for ``seconds``, rounded once (half up); a month is 30 days."""
+    numerator = price_per_gb_month * disk_gb * seconds
+    return (numerator + SECONDS_PER_MONTH // 2) // SECONDS_PER_MONTH
+
+
+@dataclass(frozen=True)
+class Quote:
+    gpu: int
+    storage: int
+
+    @property
+    def total(self) -> int:
+        return self.gpu + self.storage
+
+
+def rental_quote(*, machine: Machine, gpu_count: int, disk_gb: int, hours: float) -> Quote:
+    seconds = round(hours * 3600)
+    return Quote(
+        gpu=usage_owed(rate_per_hour=machine.price_per_gpu_hour * gpu_count, seconds=seconds),
+        storage=storage_owed(
+            price_per_gb_month=machine.storage_price_per_gb_month, disk_gb=disk_gb, seconds=seconds
+        ),
+    )
+
+
+# --- offers -------------------------------------------------------------------------------
+
+
+def short_gpu_name(name: str) -> str:
+    """ "NVIDIA GeForce RTX 4090" → "RTX 4090", the way renters search for it."""
+    return re.sub(r"^(NVIDIA\s+)?(GeForce\s+)?", "", name.strip()) or name
+
+
+def offer_score(*, reliability: float, gpu_total_ram_gb: float, dph_total: int) -> float:
+    """Value for money, weighted by reliability: GB of GPU memory per dollar-hour × r²."""
+    dollars = max(dph_total / MICRO_PER_DOLLAR, 0.01)
+    return round(reliability**2 * gpu_total_ram_gb / dollars, 4)
+
+
+def offer_refresh(*, machine_id: int) -> Offer | None:
+    """Recompute one machine's offer from the machine and its live allocations."""
+    machine = (
+        Machine.objects.filter(pk=machine_id)
+        .annotate(
+            present=Count("gpus", filter=Q(gpus__present=True), distinct=True),
+        )
+        .first()
+    )
+    if machine is None:
+        return None
+    taken = GpuAllocation.objects.filter(gpu=OuterRef("pk"), released_at=None)
+    free = machine.gpus.filter(present=True).exclude(Exists(taken)).count()
+    first_gpu = machine.gpus.filter(present=True).order_by("index").first()
+    total = machine.present or 0
+    now = timezone.now()
+    rentable = bool(
+        machine.listed
+        and machine.status == "online"
+        and first_gpu is not None
+        and free >= max(machine.min_gpus, 1)
+        and (machine.end_date is None or machine.end_date > now)
+    )
+    gpu_ram = (first_gpu.memory_mib / 1024) if first_gpu else 0.0
+    dph_total = machine.price_per_gpu_hour * free
+    values = {
+        "provider_team_id": machine.team_id,
+        "rentable": rentable,
+        "gpu_name": short_gpu_name(first_gpu.name) if first_gpu else "",
+        "num_gpus": free,
+        "total_gpus": total,
+        "min_gpus": machine.min_gpus,
+        "gpu_ram": round(gpu_ram, 2),
+        "cpu_cores_per_unit": machine.unit_cpus if total else 0,
+        "cpu_ram_per_unit": round(machine.unit_memory_mb / 1024, 2) if total else 0,
+        "disk_per_unit": float(machine.unit_disk_gb) if total else 0,
+        "price_per_gpu_hour": machine.price_per_gpu_hour,
+        "dph_total": dph_total,
+        "storage_cost": machine.storage_price_per_gb_month,
+        "reliability": machine.reliability,
+        "end_date": machine.end_date,
+        "geolocation": machine.location,
+        "driver_version": machine.driver_version or "",
+        "cuda_max_good": _float(machine.cuda_version),
+        "verified": machine.verified,
+        "score": offer_score(
+            reliability=machine.reliability,
+            gpu_total_ram_gb=gpu_ram * free,
+            dph_total=dph_total,
+        ),
+    }
+    offer, _ = Offer.objects.update_or_create(machine_id=machine.pk, defaults=values)
+    return offer
+
+
+def offers_refresh_all() -> int:
+    count = 0
+    for machine_id in Machine.objects.values_list("pk", flat=True).iterator():
+        offer_refresh(machine_id=machine_id)
+        count += 1
+    return count
+
+
+def _float(text: str | None) -> float:
+    try:
+        return float(text or 0)
+    except ValueError:
+        return 0.0
+
+
+# --- renting ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RentalRequest:
+    machine_id: int
+    gpu_count: int
+    image: str
+    hours: float
+    disk_gb: int = 10
+    launch_mode: str = LaunchMode.ENTRYPOINT
+    env: dict[str, str] | None = None
+    ports: list[int] | None = None
+    entrypoint: str = ""
+    args: list[str] | None = None
+
+
+def rental_create(*, team: Team, request: RentalRequest) -> Contract:
+    """Rent units of a machine: allocate, hold credit, create contract + instance, all or none.
+
+    Raises OfferUnavailable (409) for a machine that is not rentable, NoCapacity (409) when
+    its GPUs were taken meanwhile, InsufficientCredit (402) when credit is short, and
+    ValidationError (400, naming the field) for terms the rental breaks.
+    """
+    with transaction.atomic():
+        machine = Machine.objects.select_for_update().filter(pk=request.machine_id).first()
+        if machine is None or not machine.listed or machine.status != "online":
+            raise OfferUnavailable("This machine is not offered for rent right now.")
+        now = timezone.now()
+        ends_at = _validate_terms(machine=machine, request=request, now=now)
+        container_ports = _container_ports(request)
+        instance = Instance.objects.create(
+            team=team,
+            machine=machine,
+            gpu_count=request.gpu_count,
+            image=request.image,
+            launch_mode=request.launch_mode,
+            entrypoint=request.entrypoint,
+            args=list(request.args or []),
+            env=dict(request.env or {}),
+            disk_gb=request.disk_gb,
+            jupyter_token=secrets.token_urlsafe(24)
+            if request.launch_mode == LaunchMode.JUPYTER
+            else "",
+            status_message="Waiting for a worker",
+        )
+        allocation_create(
+            machine=machine,
+            instance=instance,
+            gpu_count=request.gpu_count,
+            container_ports=container_ports,
+        )
+        quote = rental_quote(
+            machine=machine,
+            gpu_count=request.gpu_count,
+            disk_gb=request.disk_gb,
+            hours=request.hours,
+        )
+        hold = billing.hold_create(
+            team_id=team.pk,
+            provider_team_id=machine.team_id,
+            amount=quote.total,
+            reference=f"rental:{instance.pk}",
+            idempotency_key=f"rental:{instance.uuid}:hold",
+            description=f"{request.gpu_count}× GPU on machine {machine.pk} for {request.hours:g} h",
+            machine_reference=f"machine:{machine.pk}",
+        )
+        contract = Contract.objects.create(
+            team=team,
+            provider_team_id=machine.team_id,
+            machine=machine,
+            instance=instance,
+            gpu_count=request.gpu_count,
+            price_per_gpu_hour=machine.price_per_gpu_hour,
+            storage_price_per_gb_month=machine.storage_price_per_gb_month,
+            disk_gb=request.disk_gb,
+            starts_at=now,
+            ends_at=ends_at,
+            hold_id=hold.pk,
+            storage_clock_since=now,
+        )
+        offer_refresh(machine_id=machine.pk)
+        transaction.on_commit(lambda: _enqueue_launch(instance.pk))
+    return contract
+
+
+def _enqueue_launch(instance_id: int) -> None:
+    from marketplace.tasks import rental_launch
+
+    rental_launch.delay(instance_id)
+
+
+def _validate_terms(*, machine: Machine, request: RentalRequest, now: datetime) -> datetime:
+    errors: dict[str, str] = {}
+    present = machine.gpus.filter(present=True).count()
+    if request.gpu_count < max(machine.min_gpus, 1):
+        errors["num_gpus"] = f"This machine rents at least {machine.min_gpus} GPU(s) at a time."
+    elif request.gpu_count > present:
+        errors["num_gpus"] = f"This machine has {present} GPU(s)."
+    if not (0 < request.hours <= MAX_RENTAL_HOURS):
+        errors["duration_hours"] = f"Rent for more than 0 and at most {MAX_RENTAL_HOURS} hours."
+    ends_at = now + timedelta(hours=min(max(request.hours, 0), MAX_RENTAL_HOURS))
+    if "duration_hours" not in errors and machine.end_date and ends_at > machine.end_date:
+        errors["duration_hours"] = (
+            f"The machine is offered until {machine.end_date:%Y-%m-%d %H:%M} UTC; "
+            "choose a shorter duration."
+        )
+    if (
+        "duration_hours" not in errors
+        and machine.maintenance_windows.filter(starts_at__lt=ends_at, ends_at__gt=now).exists()
+    ):
+        errors["duration_hours"] = "The rental would overlap a maintenance window of this machine."
+    max_disk = int(machine.unit_disk_gb * max(request.gpu_count, 1))
+    if not (1 <= request.disk_gb <= max(max_disk, 1)):
+        errors["disk_gb"] = f"Choose between 1 and {max_disk} GB for {request.gpu_count} GPU(s)."
+    if errors:
+        raise ValidationError(errors)
+    return ends_at
+
+
+def _container_ports(request: RentalRequest) -> list[int]:
+    ports = list(dict.fromkeys(request.ports or []))
+    if request.launch_mode == LaunchMode.SSH and SSH_CONTAINER_PORT not in ports:
+        ports.insert(0, SSH_CONTAINER_PORT)
+    if request.launch_mode == LaunchMode.JUPYTER and JUPYTER_CONTAINER_PORT not in ports:
+        ports.insert(0, JUPYTER_CONTAINER_PORT)
+    return ports
+
+
+def rental_extend(*, contract: Contract, hours: float) -> Contract:
+    """Add ``hours`` to the contract and as much to its hold (402 if credit is short)."""
+    if not (0 < hours <= MAX_RENTAL_HOURS):
+        raise ValidationError(
+            {"hours": f"Extend by more than 0 and at most {MAX_RENTAL_HOURS} hours."}
+        )
+    with transaction.atomic():
+        contract = (
+            Contract.objects.select_for_update()
+            .select_related("machine", "instance")
+            .get(pk=contract.pk)
+        )
+        if contract.instance.state in (InstanceState.EXPIRED, InstanceState.DESTROYED):
+            raise ValidationError({"hours": "This rental has ended; rent again instead."})
+        new_end = contract.ends_at + timedelta(hours=hours)
+        end_date = contract.machine.end_date
+        if end_date and new_end > end_date:
+            raise ValidationError(
+                {"hours": f"The machine is offered until {end_date:%Y-%m-%d %H:%M} UTC."}
+            )
+        quote = Quote(
+            gpu=usage_owed(
+                rate_per_hour=contract.price_per_gpu_hour * contract.gpu_count,
+                seconds=round(hours * 3600),
+            ),
+            storage=storage_owed(
+                price_per_gb_month=contract.storage_price_per_gb_month,
+                disk_gb=contract.disk_gb,
+                seconds=round(hours * 3600),
+            ),
+        )
+        billing.hold_extend(
+            hold_id=contract.hold_id,
+            amount=quote.total,
+            idempotency_key=f"rental:{contract.instance.uuid}:extend:{new_end.isoformat()}",
+        )
+        contract.ends_at = new_end
+        contract.save(update_fields=["ends_at"])
+    return contract
+
+
+# --- metering -----------------------------------------------------------------------------
+
+
+def contract_owed(contract: Contract, now: datetime) -> Quote:
+    return Quote(
+        gpu=usage_owed(
+            rate_per_hour=contract.price_per_gpu_hour * contract.gpu_count,
+            seconds=contract.gpu_seconds_at(now),
+        ),
+        storage=storage_owed(
+            price_per_gb_month=contract.storage_price_per_gb_month,
+            disk_gb=contract.disk_gb,
+            seconds=contract.storage_seconds_at(now),
+        ),
+    )
+
+
+def contract_meter(*, contract: Contract, now: datetime | None = None) -> int:
+    """Capture what is owed so far beyond what was captured (0 on a repeated run)."""
+    if contract.settled_at is not None:
+        return 0
+    owed = contract_owed(contract, now or timezone.now())
+    captured = billing.hold_capture_usage(hold_id=contract.hold_id, kind="gpu", owed_total=owed.gpu)
+    captured += billing.hold_capture_usage(
+        hold_id=contract.hold_id, kind="storage", owed_total=owed.storage
+    )
+    return captured
+
+
+def metering_sweep(*, batch_size: int = 5000) -> int:
+    """Capture every open contract's usage so far, in batches. Returns what was captured."""
+    now = timezone.now()
+    total = 0
+    open_contracts = Contract.objects.filter(settled_at=None).order_by("pk")
+    last_pk = 0
+    while True:
+        batch = list(open_contracts.filter(pk__gt=last_pk)[:batch_size])
+        if not batch:
+            return total
+        items = []
+        for contract in batch:
+            owed = contract_owed(contract, now)
+            items.append(
+                billing.UsageOwed(hold_id=contract.hold_id, kind="gpu", owed_total=owed.gpu)
+            )
+            items.append(
+                billing.UsageOwed(hold_id=contract.hold_id, kind="storage", owed_total=owed.storage)
+            )
+        total += billing.holds_settle_usage(items)
+        last_pk = batch[-1].pk
+
+
+def _clock_start(since: datetime | None, now: datetime) -> datetime:
+    return since or now
+
+
+def _clock_stop(seconds: int, since: datetime | None, now: datetime) -> int:
+    if since is None:
+        return seconds
+    return seconds + max(int((now - since).total_seconds()), 0)
+
+
+GPU_CLOCK_STATES = {InstanceState.RUNNING, InstanceState.EXITED}
+ENDED_STATES = {InstanceState.EXPIRED, InstanceState.DESTROYED}
+
+
+def contract_follow_instance(*, instance_id: int, to_state: str) -> Contract | None:
+    """Keep the contract's clocks in step with its instance, meter, and settle at the end.
+
+    GPU time runs while the instance holds its GPUs and runs (or exited on its own); storage
+    runs until the rental ends. At the end the usage is captured and the rest of the hold is
+    released, once.
+    """
+    now = timezone.now()
+    with transaction.atomic():
+        contract = (
+            Contract.objects.select_for_update()
+            .select_related("machine")
+            .filter(instance_id=instance_id)
+            .first()
+        )
+        if contract is None or contract.settled_at is not None:
+            return contract
+        online = contract.machine.status == "online"
+        if to_state in GPU_CLOCK_STATES and online:
+            contract.gpu_clock_since = _clock_start(contract.gpu_clock_since, now)
+        else:
+            contract.gpu_seconds = _clock_stop(contract.gpu_seconds, contract.gpu_clock_since, now)
+            contract.gpu_clock_since = None
+        if to_state in ENDED_STATES:
+            contract.storage_seconds = _clock_stop(
+                contract.storage_seconds, contract.storage_clock_since, now
+            )
+            contract.storage_clock_since = None
+        contract.save()
+        contract_meter(contract=contract, now=now)
+        if to_state in ENDED_STATES:
+            billing.hold_release(hold_id=contract.hold_id)
+            contract.settled_at = now
+            if to_state == InstanceState.EXPIRED:
+                contract.data_delete_after = now + DATA_GRACE
+            contract.save(update_fields=["settled_at", "data_delete_after"])
+    return contract
+
+
+def contracts_pause_for_machine(*, machine_id: int, online: bool) -> int:
+    """A machine went offline (stop both clocks) or came back (restart them)."""
+    now = timezone.now()
+    changed = 0
+    with transaction.atomic():
+        contracts = (
+            Contract.objects.select_for_update()
+            .select_related("instance")
+            .filter(machine_id=machine_id, settled_at=None)
+            .order_by("pk")
+        )
+        for contract in contracts:
+            state = contract.instance.state
+            if online:
+                if state in GPU_CLOCK_STATES:
+                    contract.gpu_clock_since = _clock_start(contract.gpu_clock_since, now)
+                if state not in ENDED_STATES:
+                    contract.storage_clock_since = _clock_start(contract.storage_clock_since, now)
+            else:
+                contract.gpu_seconds = _clock_stop(
+                    contract.gpu_seconds, contract.gpu_clock_since, now
+                )
+                contract.gpu_clock_since = None
+                contract.storage_seconds = _clock_stop(
+                    contract.storage_seconds, contract.storage_clock_since, now
+                )
+                contract.storage_clock_since = None
+            contract.save()
+            contract_meter(contract=contract, now=now)
+            changed += 1
+    return changed
+
+
+def contracts_due_to_expire(now: datetime | None = None):
+    now = now or timezone.now()
+    return Contract.objects.filter(settled_at=None, ends_at__lte=now).values_list(
+        "instance_id", flat=True
+    )
+
+
+def contracts_due_for_data_deletion(now: datetime | None = None):
+    now = now or timezone.now()
+    return Contract.objects.filter(
+        data_delete_after__lte=now, instance__state=InstanceState.EXPIRED
+    ).values_list("instance_id", flat=True)
+
+
+# --- SSH keys -----------------------------------------------------------------------------
+
+SSH_KEY_TYPES = {
+    "ssh-ed25519",
+    "ssh-rsa",
+    "ecdsa-sha2-nistp256",
+    "ecdsa-sha2-nistp384",
+    "ecdsa-sha2-nistp521",
+    "sk-ssh-ed25519@openssh.com",
+}
+
+
+def ssh_key_fingerprint(public_key: str) -> str:
+    """Validate an OpenSSH public key line and return its SHA256 fingerprint."""
+    parts = public_key.strip().split()
+    if len(parts) < 2 or parts[0] not in SSH_KEY_TYPES or "\n" in public_key.strip():
+        raise ValidationError(
+            {"public_key": "Paste one OpenSSH public key line, like 'ssh-ed25519 AAAA… you@host'."}
+        )
+    try:
+        blob = base64.b64decode(parts[1], validate=True)
+    except ValueError:
+        raise ValidationError({"public_key": "The key's base64 part is damaged."}) from None
+    if not blob.startswith(len(parts[0]).to_bytes(4, "big") + parts[0].encode()):
+        raise ValidationError({"public_key": "The key's type does not match its contents."})
+    digest = base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
+    return f"SHA256:{digest}"
+
+
+@transaction.atomic
+def ssh_key_add(*, team: Team, name: str, public_key: str) -> SshKey:
+    name = name.strip()
+    if not name:
+        raise ValidationError({"name": "Give the key a name."})
+    fingerprint = ssh_key_fingerprint(public_key)
+    if SshKey.objects.filter(team=team, fingerprint=fingerprint).exists():
+        raise ValidationError({"public_key": "This key is already on the team."})
+    clean = " ".join(public_key.strip().split()[:3])
+    return SshKey.objects.create(
+        team=team, name=name[:80], public_key=clean, fingerprint=fingerprint
+    )
+
+
+def team_ssh_public_keys(team_id: int) -> list[str]:
+    return list(SshKey.objects.filter(team_id=team_id).values_list("public_key", flat=True))

@@ -1,0 +1,353 @@
+"""Renter console: offers, renting, instances (live), logs, exec, SSH keys."""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.urls import path
+from django.utils import timezone
+from django.views.decorators.http import require_POST
+
+from billing.money import format_usd
+from hosts.runtime import CommandFailed, DockerHost, HostUnreachable
+from marketplace import offer_query
+from marketplace.models import Offer, Role, SshKey
+from marketplace.selectors import instance_connection
+from marketplace.services import rentals
+from marketplace.tenancy import team_object_or_404, team_objects
+from marketplace.validation import validate_launch
+from scheduler import services as scheduler
+from scheduler.models import Instance, InstanceState, LaunchMode
+
+SORTS = [
+    ("score-", "Best value"),
+    ("dph_total", "Price, low to high"),
+    ("dph_total-", "Price, high to low"),
+    ("reliability-", "Reliability"),
+    ("num_gpus-", "Most GPUs"),
+    ("gpu_ram-", "Most GPU memory"),
+]
+
+
+def _require(request: HttpRequest, role: Role) -> None:
+    if not request.membership.allows(role):
+        raise PermissionDenied(f"This needs the {role.label.lower()} role in the team.")
+
+
+def _error_text(error: Exception) -> str:
+    if isinstance(error, ValidationError):
+        if hasattr(error, "error_dict"):
+            return " ".join(
+                f"{k.replace('_', ' ')}: {' '.join(v)}" for k, v in error.message_dict.items()
+            )
+        return " ".join(error.messages)
+    return str(error)
+
+
+def _query_text(request: HttpRequest) -> str:
+    """The search box text, plus the filter form's fields as terms."""
+    parts = [request.GET.get("q", "").strip()]
+    form_terms = {
+        "gpu_name": "gpu_name={}",
+        "min_gpus": "num_gpus>={}",
+        "max_price": "dph_total<={}",
+        "min_reliability": "reliability>={}",
+        "geolocation": "geolocation={}",
+    }
+    for name, template in form_terms.items():
+        value = request.GET.get(name, "").strip()
+        if value:
+            parts.append(template.format(value.replace(" ", "_")))
+    sort = request.GET.get("sort", "")
+    if sort and "-o " not in parts[0]:
+        parts.append(f"-o {sort}")
+    return " ".join(p for p in parts if p)
+
+
+@login_required
+def offers(request: HttpRequest) -> HttpResponse:
+    text = _query_text(request)
+    error = None
+    found: list[Offer] = []
+    try:
+        query = offer_query.parse(text)
+        found = list(offer_query.apply(Offer.objects.all(), query)[:64])
+    except offer_query.QueryError as exc:
+        error = str(exc)
+    context = {
+        "offers": found,
+        "query_text": request.GET.get("q", ""),
+        "error": error,
+        "sorts": SORTS,
+        "gpu_names": Offer.objects.filter(rentable=True)
+        .order_by("gpu_name")
+        .values_list("gpu_name", flat=True)
+        .distinct(),
+        "regions": Offer.objects.filter(rentable=True)
+        .exclude(geolocation="")
+        .order_by("geolocation")
+        .values_list("geolocation", flat=True)
+        .distinct(),
+        "params": request.GET,
+        "fields": offer_query.FIELDS,
+        "launch_modes": LaunchMode.choices,
+        "can_rent": request.membership.allows(Role.MEMBER),
+    }
+    return render(request, "marketplace/offers.html", context)
+
+
+def _parse_env(text: str) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        if "=" not in line:
+            raise ValidationError({"env": f"Line {number} is not KEY=value."})
+        key, value = line.split("=", 1)
+        env[key.strip()] = value
+    return env
+
+
+def _parse_ints(text: str, field: str) -> list[int]:
+    values = []
+    for item in text.replace(" ", ",").split(","):
+        if not item:
+            continue
+        if not item.isdigit():
+            raise ValidationError({field: f"'{item[:20]}' is not a port number."})
+        values.append(int(item))
+    return values
+
+
+def _number(value: str, field: str, kind=int):
+    try:
+        return kind(value)
+    except (TypeError, ValueError):
+        raise ValidationError({field: "Enter a number."}) from None
+
+
+@login_required
+@require_POST
+def rent(request: HttpRequest, machine_id: int) -> HttpResponse:
+    _require(request, Role.MEMBER)
+    data = request.POST
+    try:
+        env = _parse_env(data.get("env", ""))
+        ports = _parse_ints(data.get("ports", ""), "ports")
+        args = data.get("args", "").split() if data.get("args", "").strip() else []
+        validate_launch(
+            image=data.get("image", "").strip(),
+            env=env,
+            ports=ports,
+            entrypoint=data.get("entrypoint", "").strip(),
+            args=args,
+        )
+        contract = rentals.rental_create(
+            team=request.team,
+            request=rentals.RentalRequest(
+                machine_id=machine_id,
+                gpu_count=_number(data.get("num_gpus"), "num_gpus"),
+                image=data.get("image", "").strip(),
+                hours=_number(data.get("duration_hours"), "duration_hours", float),
+                disk_gb=_number(data.get("disk_gb", "10"), "disk_gb"),
+                launch_mode=data.get("launch_mode") or LaunchMode.ENTRYPOINT,
+                env=env,
+                ports=ports,
+                entrypoint=data.get("entrypoint", "").strip(),
+                args=args,
+            ),
+        )
+    except Exception as error:  # domain errors (402/409) and validation alike become a message
+        if not hasattr(error, "http_status") and not isinstance(error, ValidationError):
+            raise
+        messages.error(request, f"Could not rent: {_error_text(error)}")
+        return redirect(request.META.get("HTTP_REFERER") or "offers")
+    messages.success(request, "Rented. The container is launching; this page updates by itself.")
+    return redirect("instance-detail", pk=contract.instance_id)
+
+
+def _team_instances(request: HttpRequest):
+    return team_objects(
+        request.team, Instance.objects.select_related("contract", "machine")
+    ).exclude(state=InstanceState.DESTROYED)
+
+
+@login_required
+def instances(request: HttpRequest) -> HttpResponse:
+    context = {"instances": _team_instances(request)}
+    template = (
+        "marketplace/_instance_rows.html"
+        if request.headers.get("HX-Request")
+        else "marketplace/instances.html"
+    )
+    return render(request, template, context)
+
+
+def _instance_context(request: HttpRequest, instance: Instance) -> dict[str, object]:
+    contract = instance.contract
+    now = timezone.now()
+    owed = rentals.contract_owed(contract, now)
+    held = rentals.rental_quote(
+        machine=instance.machine, gpu_count=contract.gpu_count, disk_gb=contract.disk_gb, hours=1
+    )
+    return {
+        "instance": instance,
+        "contract": contract,
+        "connection": instance_connection(instance),
+        "gpus": scheduler.instance_gpu_uuids(instance),
+        "events": instance.events.all()[:50],
+        "spent": format_usd(owed.total),
+        "per_hour": format_usd(held.gpu),
+        "storage_per_hour": format_usd(held.storage),
+        "remaining": contract.ends_at - now if contract.ends_at > now else None,
+        "can_act": request.membership.allows(Role.MEMBER),
+        "ended": instance.state in (InstanceState.EXPIRED, InstanceState.DESTROYED),
+    }
+
+
+@login_required
+def instance_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    instance = team_object_or_404(
+        request.team, Instance.objects.select_related("contract", "machine"), pk=pk
+    )
+    context = _instance_context(request, instance)
+    if request.headers.get("HX-Request"):
+        return render(request, "marketplace/_instance_status.html", context)
+    return render(request, "marketplace/instance_detail.html", context)
+
+
+@login_required
+@require_POST
+def instance_action(request: HttpRequest, pk: int, action: str) -> HttpResponse:
+    _require(request, Role.MEMBER)
+    instance = team_object_or_404(
+        request.team, Instance.objects.select_related("contract", "machine"), pk=pk
+    )
+    from marketplace import tasks
+
+    try:
+        if action == "stop":
+            if instance.state not in (
+                InstanceState.RUNNING,
+                InstanceState.EXITED,
+                InstanceState.LAUNCHING,
+            ):
+                raise scheduler.InvalidTransition(
+                    f"An instance that is {instance.state} cannot be stopped."
+                )
+            tasks.rental_stop.delay(instance.pk)
+            messages.info(request, "Stopping. GPUs are released; storage is still charged.")
+        elif action == "start":
+            if instance.contract.ends_at <= timezone.now():
+                raise scheduler.InvalidTransition("The rental period is over; extend it first.")
+            scheduler.instance_start(instance_id=instance.pk)
+            messages.success(request, "Started.")
+        elif action == "extend":
+            hours = _number(request.POST.get("hours"), "hours", float)
+            rentals.rental_extend(contract=instance.contract, hours=hours)
+            messages.success(request, f"Extended by {hours:g} hours.")
+        elif action == "destroy":
+            tasks.rental_destroy.delay(instance.pk)
+            messages.info(
+                request, "Destroying: the container and its data are removed, and the hold settled."
+            )
+            return redirect("instances")
+        else:
+            raise Http404
+    except (ValidationError, CommandFailed, HostUnreachable) as error:
+        messages.error(request, _error_text(error))
+    except Exception as error:
+        if not hasattr(error, "http_status"):
+            raise
+        messages.error(request, _error_text(error))
+    return redirect("instance-detail", pk=instance.pk)
+
+
+@login_required
+def instance_logs(request: HttpRequest, pk: int) -> HttpResponse:
+    instance = team_object_or_404(request.team, Instance.objects.select_related("machine"), pk=pk)
+    text, note = "", ""
+    if not instance.container_id:
+        note = "The container has not started yet."
+    else:
+        try:
+            text = DockerHost(instance.machine).logs(instance.container_id, tail=500)
+        except (CommandFailed, HostUnreachable) as error:
+            note = f"Could not read logs: {error}"
+    return render(request, "marketplace/_logs.html", {"logs": text, "note": note})
+
+
+@login_required
+@require_POST
+def instance_exec(request: HttpRequest, pk: int) -> HttpResponse:
+    _require(request, Role.MEMBER)
+    instance = team_object_or_404(request.team, Instance.objects.select_related("machine"), pk=pk)
+    command = request.POST.get("command", "").strip()
+    if not command:
+        return render(request, "marketplace/_exec.html", {"error": "Type a command first."})
+    if len(command) > 4096:
+        return render(
+            request,
+            "marketplace/_exec.html",
+            {"error": "The command is longer than 4096 characters."},
+        )
+    if instance.state != InstanceState.RUNNING:
+        return render(
+            request, "marketplace/_exec.html", {"error": "Commands run only in a running instance."}
+        )
+    try:
+        result = DockerHost(instance.machine).exec(instance.container_id, ["sh", "-c", command])
+    except (CommandFailed, HostUnreachable) as error:
+        return render(request, "marketplace/_exec.html", {"error": str(error)})
+    return render(
+        request,
+        "marketplace/_exec.html",
+        {
+            "command": command,
+            "exit_code": result.exit_code,
+            "output": result.stdout + result.stderr,
+        },
+    )
+
+
+@login_required
+def ssh_keys(request: HttpRequest) -> HttpResponse:
+    if request.method == "POST":
+        _require(request, Role.MEMBER)
+        try:
+            if request.POST.get("delete"):
+                key = team_object_or_404(
+                    request.team, SshKey.objects.all(), pk=request.POST["delete"]
+                )
+                key.delete()
+                messages.success(request, f"Key {key.name} removed.")
+            else:
+                key = rentals.ssh_key_add(
+                    team=request.team,
+                    name=request.POST.get("name", ""),
+                    public_key=request.POST.get("public_key", ""),
+                )
+                messages.success(request, f"Key {key.name} added ({key.fingerprint}).")
+        except ValidationError as error:
+            messages.error(request, _error_text(error))
+        return redirect("ssh-keys")
+    return render(
+        request,
+        "marketplace/ssh_keys.html",
+        {"keys": team_objects(request.team, SshKey.objects.all())},
+    )
+
+
+urlpatterns = [
+    path("offers/", offers, name="offers"),
+    path("offers/<int:machine_id>/rent/", rent, name="rent"),
+    path("instances/", instances, name="instances"),
+    path("instances/<int:pk>/", instance_detail, name="instance-detail"),
+    path("instances/<int:pk>/logs/", instance_logs, name="instance-logs"),
+    path("instances/<int:pk>/exec/", instance_exec, name="instance-exec"),
+    path("instances/<int:pk>/<str:action>/", instance_action, name="instance-action"),
+    path("ssh-keys/", ssh_keys, name="ssh-keys"),
+]

@@ -1,0 +1,142 @@
+"""Instances (containers), their state machine, and the allocations of GPU units and host ports.
+
+The database, not only the code, keeps a GPU and a host port to at most one live allocation:
+partial unique constraints over the rows that are not yet released.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from django.db import models
+from django.db.models import Q
+
+
+class InstanceState(models.TextChoices):
+    LAUNCHING = "launching", "Launching"
+    RUNNING = "running", "Running"
+    EXITED = "exited", "Exited"
+    STOPPED = "stopped", "Stopped"
+    FAILED = "failed", "Failed"
+    EXPIRED = "expired", "Expired"
+    DESTROYED = "destroyed", "Destroyed"
+
+
+# Which state may follow which. Every change goes through scheduler.services.instance_transition.
+TRANSITIONS: dict[str, set[str]] = {
+    InstanceState.LAUNCHING: {"running", "failed", "stopped", "expired", "destroyed"},
+    InstanceState.RUNNING: {"exited", "stopped", "failed", "expired", "destroyed"},
+    InstanceState.EXITED: {"running", "stopped", "expired", "destroyed", "launching"},
+    InstanceState.STOPPED: {"launching", "running", "expired", "destroyed"},
+    InstanceState.FAILED: {"launching", "stopped", "expired", "destroyed"},
+    InstanceState.EXPIRED: {"destroyed"},
+    InstanceState.DESTROYED: set(),
+}
+
+# States in which the instance holds its GPUs.
+GPU_HOLDING_STATES = {InstanceState.LAUNCHING, InstanceState.RUNNING, InstanceState.EXITED}
+
+
+class LaunchMode(models.TextChoices):
+    ENTRYPOINT = "entrypoint", "Entrypoint / args"
+    SSH = "ssh", "SSH"
+    JUPYTER = "jupyter", "Jupyter"
+
+
+class Instance(models.Model):
+    uuid = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
+    team = models.ForeignKey("marketplace.Team", on_delete=models.CASCADE, related_name="instances")
+    machine = models.ForeignKey("hosts.Machine", on_delete=models.PROTECT, related_name="instances")
+    state = models.CharField(
+        max_length=16, choices=InstanceState.choices, default=InstanceState.LAUNCHING
+    )
+    status_message = models.CharField(max_length=500, blank=True)
+    progress = models.PositiveSmallIntegerField(default=0, help_text="Launch progress, 0-100.")
+    gpu_count = models.PositiveSmallIntegerField()
+    image = models.CharField(max_length=255)
+    launch_mode = models.CharField(
+        max_length=16, choices=LaunchMode.choices, default=LaunchMode.ENTRYPOINT
+    )
+    entrypoint = models.CharField(max_length=255, blank=True)
+    args = models.JSONField(default=list, blank=True)
+    env = models.JSONField(default=dict, blank=True)
+    disk_gb = models.PositiveIntegerField(default=10)
+    container_id = models.CharField(max_length=80, blank=True)
+    jupyter_token = models.CharField(max_length=64, blank=True)
+    registry_credential = models.JSONField(
+        default=dict, blank=True, help_text="Encrypted private-registry login, if any."
+    )
+    launch_attempts = models.PositiveSmallIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+    state_changed_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [models.Index(fields=["machine", "state"])]
+
+    def __str__(self) -> str:
+        return f"instance {self.pk} ({self.state})"
+
+    @property
+    def container_name(self) -> str:
+        # Deterministic, so a re-delivered launch task finds the container it already made.
+        return f"gpumkt-{self.uuid.hex[:12]}"
+
+    @property
+    def is_live(self) -> bool:
+        return self.state not in (InstanceState.DESTROYED,)
+
+
+class InstanceEvent(models.Model):
+    instance = models.ForeignKey(Instance, on_delete=models.CASCADE, related_name="events")
+    from_state = models.CharField(max_length=16, blank=True)
+    to_state = models.CharField(max_length=16)
+    reason = models.CharField(max_length=500)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["created_at", "pk"]
+
+    def __str__(self) -> str:
+        return f"{self.from_state or '∅'} → {self.to_state}: {self.reason}"
+
+
+class GpuAllocation(models.Model):
+    instance = models.ForeignKey(Instance, on_delete=models.CASCADE, related_name="gpu_allocations")
+    gpu = models.ForeignKey("hosts.Gpu", on_delete=models.PROTECT, related_name="allocations")
+    created_at = models.DateTimeField(auto_now_add=True)
+    released_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["gpu"], condition=Q(released_at=None), name="gpu_one_live_allocation"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"GPU {self.gpu_id} → instance {self.instance_id}"
+
+
+class PortAllocation(models.Model):
+    instance = models.ForeignKey(
+        Instance, on_delete=models.CASCADE, related_name="port_allocations"
+    )
+    machine = models.ForeignKey("hosts.Machine", on_delete=models.PROTECT, related_name="+")
+    host_port = models.PositiveIntegerField()
+    container_port = models.PositiveIntegerField()
+    protocol = models.CharField(max_length=3, default="tcp")
+    created_at = models.DateTimeField(auto_now_add=True)
+    released_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["machine", "host_port"],
+                condition=Q(released_at=None),
+                name="host_port_one_live_allocation",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.host_port}->{self.container_port}/{self.protocol}"

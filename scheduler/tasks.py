@@ -1,0 +1,37 @@
+from __future__ import annotations
+
+import logging
+
+from celery import shared_task
+
+from hosts.models import Machine
+from hosts.runtime import HostKeyMismatch, HostUnreachable
+from scheduler.models import Instance, InstanceState
+from scheduler.services import machine_reconcile
+
+logger = logging.getLogger(__name__)
+
+
+@shared_task(name="scheduler.tasks.machines_reconcile")
+def machines_reconcile() -> int:
+    """Fan out one reconcile per online machine that has live instances."""
+    machine_ids = (
+        Instance.objects.filter(state__in=[InstanceState.RUNNING, InstanceState.EXITED])
+        .values_list("machine_id", flat=True)
+        .distinct()
+    )
+    online = Machine.objects.filter(pk__in=list(machine_ids), status="online")
+    count = 0
+    for machine_id in online.values_list("pk", flat=True):
+        machine_reconcile_one.delay(machine_id)
+        count += 1
+    return count
+
+
+@shared_task(name="scheduler.tasks.machine_reconcile_one")
+def machine_reconcile_one(machine_id: int) -> int:
+    try:
+        return machine_reconcile(machine_id=machine_id)
+    except (HostUnreachable, HostKeyMismatch):
+        logger.info("machine %s unreachable; heartbeats will mark it offline", machine_id)
+        return 0

@@ -1,0 +1,102 @@
+"""Browser tests: the real ASGI server (uvicorn: HTTP + WebSocket) on the test database,
+driven by Playwright in Debian's Chromium."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from django.db import connection
+
+ROOT = Path(__file__).resolve().parents[2]
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]  # fmt: skip
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def live_server_url(django_db_setup, django_db_blocker):
+    """uvicorn serving marketplace.asgi on the test database (data must be committed)."""
+    with django_db_blocker.unblock():
+        database = connection.settings_dict["NAME"]
+    base = os.environ["DATABASE_URL"].rsplit("/", 1)[0]
+    port = _free_port()
+    # Tasks go to the real worker (celery_worker fixture), not run inline in the web process.
+    env = {
+        **os.environ,
+        "DATABASE_URL": f"{base}/{database}",
+        "ALLOWED_HOSTS": "127.0.0.1,localhost",
+        "CELERY_TASK_ALWAYS_EAGER": "0",
+    }
+    log = open(Path(os.environ["VAR_DIR"]) / f"uvicorn-{port}.log", "wb")  # noqa: SIM115
+    server = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "marketplace.asgi:application", "--host", "127.0.0.1",
+         "--port", str(port), "--log-level", "warning"],
+        cwd=ROOT, env=env, stdout=log, stderr=log,
+    )  # fmt: skip
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                break
+        except OSError:
+            if server.poll() is not None:
+                raise RuntimeError(f"uvicorn exited: see {log.name}") from None
+            time.sleep(0.1)
+    yield f"http://127.0.0.1:{port}"
+    server.terminate()
+    server.wait(timeout=10)
+    log.close()
+
+
+@pytest.fixture(scope="session")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    if not Path(CHROMIUM).exists():
+        pytest.fail("Chromium is missing: make test installs Debian's chromium package")
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def page(browser):
+    context = browser.new_context(viewport={"width": 1400, "height": 900})
+    page = context.new_page()
+    page.set_default_timeout(20_000)
+    yield page
+    context.close()
+
+
+@pytest.fixture(scope="session")
+def celery_worker(live_server_url, django_db_blocker):
+    """A real Celery worker on the test database and this worker's Redis."""
+    with django_db_blocker.unblock():
+        database = connection.settings_dict["NAME"]
+    base = os.environ["DATABASE_URL"].rsplit("/", 1)[0]
+    env = {**os.environ, "DATABASE_URL": f"{base}/{database}", "CELERY_TASK_ALWAYS_EAGER": "0"}
+    log = open(Path(os.environ["VAR_DIR"]) / "celery-worker.log", "wb")  # noqa: SIM115
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "marketplace", "worker", "--pool", "threads",
+         "--concurrency", "4", "--loglevel", "info", "--without-mingle", "--without-gossip"],
+        cwd=ROOT, env=env, stdout=log, stderr=log,
+    )  # fmt: skip
+    yield worker
+    worker.terminate()
+    worker.wait(timeout=15)
+    log.close()

@@ -1,0 +1,302 @@
+"""Renting on a simulated host, end to end: real SSH, real Docker, real ledger."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from billing.models import Hold
+from billing.money import usage_owed
+from billing.selectors import team_balance
+from marketplace.models import Contract, Offer
+from marketplace.services import rentals
+from marketplace.tasks import expiry_sweep, rental_launch
+from scheduler.models import GpuAllocation, Instance, PortAllocation
+from tests.conftest import key_client
+from tests.marketplace.conftest import containers_named, docker_inspect, fund, machine_for
+
+pytestmark = [pytest.mark.system, pytest.mark.django_db(transaction=True)]
+
+RENT = {
+    "num_gpus": 2,
+    "image": "gpumkt/busybox:latest",
+    "duration_hours": 3,
+    "disk_gb": 10,
+    "entrypoint": "sh",
+    "args": ["-c", "echo started $FOO; exec sleep 600"],
+    "env": {"FOO": 'bar baz; $(whoami) `id` "q"'},
+    "ports": [8080],
+}
+
+
+def rent(client, machine, **overrides):
+    return client.post(
+        "/api/v1/instances/", {**RENT, "machine_id": machine.pk, **overrides}, format="json"
+    )
+
+
+def test_rent_runs_a_container_with_its_units_limits_env_ports_and_gpus(
+    funded_team, sim_host_factory, provider_team
+):
+    machine = machine_for(sim_host_factory(gpus=4), provider_team)
+    client = key_client(funded_team)
+    response = rent(client, machine)
+    assert response.status_code == 201, response.content
+    body = client.get(f"/api/v1/instances/{response.json()['id']}/").json()
+    assert body["state"] == "running", body["status_message"]
+    instance = Instance.objects.get(pk=body["id"])
+    container = docker_inspect(instance.container_id)
+    host_config = container["HostConfig"]
+    assert host_config["NanoCpus"] == round(machine.unit_cpus * 2, 2) * 1e9
+    assert host_config["Memory"] == machine.unit_memory_mb * 2 * 1024 * 1024
+    assert host_config["ShmSize"] == machine.unit_shm_mb * 2 * 1024 * 1024
+    assert not host_config["Privileged"]
+    allocated = sorted(
+        GpuAllocation.objects.filter(instance=instance, released_at=None).values_list(
+            "gpu__uuid", flat=True
+        )
+    )
+    assert len(allocated) == 2 and sorted(body["gpus"]) == allocated
+    env = container["Config"]["Env"]
+    assert f"FOO={RENT['env']['FOO']}" in env
+    assert f"NVIDIA_VISIBLE_DEVICES={','.join(body['gpus'])}" in env
+    published = host_config["PortBindings"]["8080/tcp"][0]["HostPort"]
+    port = PortAllocation.objects.get(instance=instance, released_at=None)
+    assert int(published) == port.host_port
+    assert machine.port_range_start <= port.host_port <= machine.port_range_end
+    assert body["connection"]["ports"][0]["address"] == f"{machine.address}:{port.host_port}"
+    # The renter reads the logs and runs a command.
+    logs = client.get(f"/api/v1/instances/{instance.pk}/logs/?tail=20").json()["logs"]
+    assert f"started {RENT['env']['FOO']}" in logs
+    run = client.post(
+        f"/api/v1/instances/{instance.pk}/exec/", {"command": "echo $FOO; nproc"}, format="json"
+    ).json()
+    assert run["exit_code"] == 0 and RENT["env"]["FOO"] in run["output"]
+    # The hold covers 3 hours of 2 GPUs plus storage.
+    contract = instance.contract
+    hold = Hold.objects.get(pk=contract.hold_id)
+    quote = rentals.rental_quote(machine=machine, gpu_count=2, disk_gb=10, hours=3)
+    assert hold.amount == quote.total
+    assert team_balance(funded_team.pk).held == quote.total
+    # The offer now shows the two free GPUs left.
+    assert Offer.objects.get(machine=machine).num_gpus == 2
+
+
+def test_stop_start_extend_destroy_and_the_ledger(funded_team, sim_host_factory, provider_team):
+    machine = machine_for(sim_host_factory(gpus=2), provider_team)
+    client = key_client(funded_team)
+    instance_id = rent(client, machine, num_gpus=1).json()["id"]
+    instance = Instance.objects.get(pk=instance_id)
+    first_gpu = GpuAllocation.objects.get(instance=instance, released_at=None).gpu_id
+    contract = instance.contract
+    # An hour of GPU time has passed (moved clock, so the figures are exact).
+    Contract.objects.filter(pk=contract.pk).update(
+        gpu_clock_since=timezone.now() - timedelta(hours=1),
+        storage_clock_since=timezone.now() - timedelta(hours=1),
+    )
+
+    assert client.post(f"/api/v1/instances/{instance_id}/stop/").status_code == 202
+    instance.refresh_from_db()
+    assert instance.state == "stopped"
+    assert docker_inspect(instance.container_id)["State"]["Running"] is False
+    assert not GpuAllocation.objects.filter(instance=instance, released_at=None).exists()
+    assert Offer.objects.get(machine=machine).num_gpus == 2
+    contract.refresh_from_db()
+    assert contract.gpu_clock_since is None and contract.gpu_seconds >= 3600
+    assert contract.storage_clock_since is not None  # storage is still charged while stopped
+
+    body = client.post(f"/api/v1/instances/{instance_id}/start/").json()
+    assert body["state"] == "running"
+    assert docker_inspect(instance.container_id)["State"]["Running"] is True
+    assert GpuAllocation.objects.get(instance=instance, released_at=None).gpu_id == first_gpu
+
+    hold_before = Hold.objects.get(pk=contract.hold_id).amount
+    ends_before = contract.ends_at
+    assert (
+        client.post(
+            f"/api/v1/instances/{instance_id}/extend/", {"hours": 2}, format="json"
+        ).status_code
+        == 200
+    )
+    contract.refresh_from_db()
+    assert contract.ends_at == ends_before + timedelta(hours=2)
+    extra = rentals.rental_quote(machine=machine, gpu_count=1, disk_gb=10, hours=2).total
+    assert Hold.objects.get(pk=contract.hold_id).amount == hold_before + extra
+
+    available_before = (
+        team_balance(funded_team.pk).available + Hold.objects.get(pk=contract.hold_id).amount
+    )
+    assert client.delete(f"/api/v1/instances/{instance_id}/").status_code == 202
+    instance.refresh_from_db()
+    assert instance.state == "destroyed"
+    assert containers_named(instance.container_name) == []
+    contract.refresh_from_db()
+    assert contract.settled_at is not None
+    hold = Hold.objects.get(pk=contract.hold_id)
+    owed_gpu = usage_owed(rate_per_hour=contract.price_per_gpu_hour, seconds=contract.gpu_seconds)
+    owed_storage = rentals.storage_owed(
+        price_per_gb_month=contract.storage_price_per_gb_month,
+        disk_gb=10,
+        seconds=contract.storage_seconds,
+    )
+    assert hold.captured == owed_gpu + owed_storage
+    assert team_balance(funded_team.pk).held == 0
+    assert team_balance(funded_team.pk).available == available_before - hold.captured
+    assert not PortAllocation.objects.filter(instance=instance, released_at=None).exists()
+
+
+def test_metering_captures_only_what_is_new(funded_team, machine):
+    client = key_client(funded_team)
+    instance_id = rent(client, machine, num_gpus=1).json()["id"]
+    contract = Contract.objects.get(instance_id=instance_id)
+    start = timezone.now()
+    Contract.objects.filter(pk=contract.pk).update(gpu_clock_since=start, storage_clock_since=start)
+    contract.refresh_from_db()
+    at = start + timedelta(minutes=90)
+    first = rentals.contract_meter(contract=contract, now=at)
+    expected = usage_owed(
+        rate_per_hour=contract.price_per_gpu_hour, seconds=5400
+    ) + rentals.storage_owed(
+        price_per_gb_month=contract.storage_price_per_gb_month,
+        disk_gb=contract.disk_gb,
+        seconds=5400,
+    )
+    assert first == expected
+    assert rentals.contract_meter(contract=contract, now=at) == 0
+    assert Hold.objects.get(pk=contract.hold_id).captured == expected
+
+
+def test_expiry_stops_then_deletes_after_the_grace_period(funded_team, machine):
+    client = key_client(funded_team)
+    instance_id = rent(client, machine, num_gpus=1).json()["id"]
+    instance = Instance.objects.get(pk=instance_id)
+    Contract.objects.filter(instance=instance).update(
+        starts_at=timezone.now() - timedelta(hours=2), ends_at=timezone.now() - timedelta(seconds=1)
+    )
+    expiry_sweep()
+    instance.refresh_from_db()
+    assert instance.state == "expired"
+    assert docker_inspect(instance.container_id)["State"]["Running"] is False
+    contract = Contract.objects.get(instance=instance)
+    assert (
+        contract.settled_at is not None
+        and Hold.objects.get(pk=contract.hold_id).closed_at is not None
+    )
+    assert client.post(f"/api/v1/instances/{instance_id}/start/").status_code == 409
+    Contract.objects.filter(pk=contract.pk).update(
+        data_delete_after=timezone.now() - timedelta(seconds=1)
+    )
+    expiry_sweep()
+    instance.refresh_from_db()
+    assert instance.state == "destroyed"
+    assert containers_named(instance.container_name) == []
+
+
+def test_short_credit_is_402_and_writes_nothing(team, owner, machine):
+    fund(team, dollars=1)
+    client = key_client(team)
+    before = (
+        Instance.objects.count(),
+        Contract.objects.count(),
+        Hold.objects.count(),
+        GpuAllocation.objects.count(),
+    )
+    response = rent(client, machine, duration_hours=100)
+    assert response.status_code == 402
+    assert response.json()["error"]["code"] == "insufficient_credit"
+    after = (
+        Instance.objects.count(),
+        Contract.objects.count(),
+        Hold.objects.count(),
+        GpuAllocation.objects.count(),
+    )
+    assert after == before
+    assert team_balance(team.pk).held == 0
+
+
+def test_bad_input_names_the_field_and_writes_nothing(funded_team, machine):
+    client = key_client(funded_team)
+    cases = {
+        "image": {"image": "busybox; rm -rf /"},
+        "env": {"env": {"NVIDIA_VISIBLE_DEVICES": "all"}},
+        "ports": {"ports": [0]},
+        "num_gpus": {"num_gpus": 99},
+        "duration_hours": {"duration_hours": -1},
+        "entrypoint": {"entrypoint": "--privileged"},
+    }
+    for field, override in cases.items():
+        response = rent(client, machine, **override)
+        assert response.status_code == 400, (field, response.content)
+        assert field in response.json()["error"]["fields"], (field, response.json())
+    assert Instance.objects.count() == 0 and Hold.objects.count() == 0
+
+
+def test_a_redelivered_launch_makes_no_second_container(funded_team, machine):
+    client = key_client(funded_team)
+    instance_id = rent(client, machine, num_gpus=1).json()["id"]
+    instance = Instance.objects.get(pk=instance_id)
+    # As if the worker died after `docker run` but before recording it: back to launching.
+    Instance.objects.filter(pk=instance_id).update(state="launching", container_id="")
+    assert rental_launch(instance_id) == "running"
+    assert (
+        rental_launch(instance_id) == "launching"
+        or Instance.objects.get(pk=instance_id).state == "running"
+    )
+    assert len(containers_named(instance.container_name)) == 1
+    instance.refresh_from_db()
+    assert instance.container_id and instance.state == "running"
+
+
+def test_outsider_cannot_see_or_touch_the_rental(funded_team, machine, outsider, client):
+    instance_id = rent(key_client(funded_team), machine, num_gpus=1).json()["id"]
+    client.force_login(outsider)
+    assert client.get("/api/v1/instances/").json()["results"] == []
+    assert client.get(f"/api/v1/instances/{instance_id}/").status_code == 404
+    assert client.post(f"/api/v1/instances/{instance_id}/stop/").status_code == 404
+    assert client.delete(f"/api/v1/instances/{instance_id}/").status_code == 404
+    assert client.get(f"/instances/{instance_id}/").status_code == 404
+    assert client.post(f"/instances/{instance_id}/destroy/").status_code == 404
+    assert Instance.objects.get(pk=instance_id).state == "running"
+
+
+def test_twenty_renters_race_for_the_last_gpu(sim_host_factory, provider_team, settings):
+    """Exactly one contract; 19 clean 409s; no hold or allocation left behind."""
+    import threading
+
+    from django.db import connection
+
+    from marketplace.models import Role
+    from tests.factories import TeamFactory, UserFactory, add_member
+
+    machine = machine_for(sim_host_factory(gpus=1), provider_team)
+    clients = []
+    for n in range(20):
+        team = TeamFactory(name=f"racer {n}")
+        add_member(team, UserFactory(username=f"racer{n}"), Role.OWNER)
+        fund(team)
+        clients.append(key_client(team))
+    barrier = threading.Barrier(20)
+    statuses: list[int] = []
+    lock = threading.Lock()
+
+    def race(client):
+        try:
+            barrier.wait()
+            response = rent(client, machine, num_gpus=1, ports=[], duration_hours=1)
+            with lock:
+                statuses.append(response.status_code)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=race, args=(c,)) for c in clients]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert sorted(statuses) == [201] + [409] * 19
+    assert Contract.objects.filter(machine=machine).count() == 1
+    assert Hold.objects.count() == 1
+    assert GpuAllocation.objects.filter(released_at=None, gpu__machine=machine).count() == 1
+    assert Instance.objects.filter(machine=machine).count() == 1
