@@ -17,11 +17,11 @@ from marketplace.views import hosts as hosts_views
 from marketplace.views import rentals as rentals_views
 
 router = DefaultRouter(trailing_slash=True)
-router.register("team/members", tenancy_api.MemberViewSet, basename="member")
-router.register("team/invitations", tenancy_api.InvitationViewSet, basename="invitation")
-router.register("api-keys", tenancy_api.ApiKeyViewSet, basename="apikey")
-router.register("instances", rentals_api.InstanceViewSet, basename="instance")
-router.register("ssh-keys", rentals_api.SshKeyViewSet, basename="sshkey")
+router.register("team/members", tenancy_api.MemberViewSet, basename="api-member")
+router.register("team/invitations", tenancy_api.InvitationViewSet, basename="api-invitation")
+router.register("api-keys", tenancy_api.ApiKeyViewSet, basename="api-apikey")
+router.register("instances", rentals_api.InstanceViewSet, basename="api-instance")
+router.register("ssh-keys", rentals_api.SshKeyViewSet, basename="api-sshkey")
 
 api_v1 = [
     path("me/", tenancy_api.me, name="api-me"),

@@ -66,6 +66,9 @@ def live_server_url(django_db_setup, django_db_blocker):
 def browser():
     from playwright.sync_api import sync_playwright
 
+    # Playwright's sync API keeps an event loop on this thread; the test's own ORM calls are
+    # still plain synchronous code, so Django's async guard would misfire.
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
     if not Path(CHROMIUM).exists():
         pytest.fail("Chromium is missing: make test installs Debian's chromium package")
     with sync_playwright() as playwright:
@@ -100,3 +103,7 @@ def celery_worker(live_server_url, django_db_blocker):
     worker.terminate()
     worker.wait(timeout=15)
     log.close()
+
+
+# The renting fixtures (provider team, container clean-up) are shared with the marketplace tests.
+from tests.marketplace.conftest import _label_test_containers, provider_team  # noqa: E402, F401
