@@ -1,7 +1,53 @@
-"""Demo data for `make run` (called by marketplace's demo_data command)."""
+"""Demo data for `make run`: the simulated hosts become the provider's listed machines."""
 
 from __future__ import annotations
 
+from django.db import transaction
+
+from hosts import services, ssh
+from hosts.models import Machine
+
+DEMO_PRICES = {  # micro-dollars per GPU-hour, by GPU model
+    "NVIDIA A100-SXM4-80GB": 1_450_000,
+    "NVIDIA GeForce RTX 4090": 420_000,
+    "NVIDIA GeForce RTX 3090": 230_000,
+}
+DEMO_REGIONS = ["US", "EU", "CA"]
+
 
 def demo_step(users: dict, simhosts: list[dict]) -> str:
-    return ""
+    provider = users["provider"]
+    team_id = provider.memberships.get(team__personal=True).team_id
+    listed = []
+    for number, host in enumerate(simhosts):
+        machine = Machine.objects.filter(address=host["address"], port=host["port"]).first()
+        if machine is None:
+            machine = services.machine_register(
+                team_id=team_id, name=host["name"], address=host["address"], port=host["port"],
+                ssh_user=host["user"],
+            )  # fmt: skip
+        try:
+            machine = services.machine_fetch_host_key(machine_id=machine.pk)
+            if machine.offered_key_fingerprint == host["fingerprint"]:
+                if machine.host_key != machine.offered_key:
+                    with transaction.atomic():
+                        Machine.objects.filter(pk=machine.pk).update(host_key="")
+                    services.machine_confirm_host_key(
+                        machine_id=machine.pk, fingerprint=host["fingerprint"]
+                    )
+                services.machine_probe(machine_id=machine.pk)
+                machine = services.machine_set_terms(
+                    machine_id=machine.pk,
+                    price_per_gpu_hour=DEMO_PRICES.get(host["gpus"][0]["name"], 500_000),
+                    storage_price_per_gb_month=100_000,
+                    min_gpus=1,
+                    end_date=None,
+                    location=DEMO_REGIONS[number % len(DEMO_REGIONS)],
+                    port_range_start=host["port_range"][0],
+                    port_range_end=host["port_range"][1],
+                )
+                services.machine_set_listed(machine_id=machine.pk, listed=True)
+                listed.append(machine.name)
+        except (ssh.HostError, ValueError) as error:
+            return f"demo machines: could not reach {host['name']}: {error}"
+    return f"demo machines listed: {', '.join(listed)}" if listed else ""

@@ -30,6 +30,10 @@ class Machine(models.Model):
     host_key_type = models.CharField(max_length=40, blank=True)
     host_key = models.TextField(blank=True, help_text="base64 of the pinned host key")
     host_key_fingerprint = models.CharField(max_length=80, blank=True)
+    # The key the machine presented before the provider confirmed it (not trusted yet).
+    offered_key_type = models.CharField(max_length=40, blank=True)
+    offered_key = models.TextField(blank=True)
+    offered_key_fingerprint = models.CharField(max_length=80, blank=True)
     status = models.CharField(
         max_length=24, choices=MachineStatus.choices, default=MachineStatus.PENDING
     )

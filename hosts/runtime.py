@@ -41,6 +41,7 @@ _LABEL_KEY = re.compile(r"^[a-z0-9][a-z0-9._-]{0,127}$")
 _NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,127}$")
 _GPU_UUID = re.compile(r"^(GPU|MIG)-[0-9A-Za-z-]{8,80}$")
 _CONTAINER_REF = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,127}$")
+PROGRAM_NAME = re.compile(r"^[A-Za-z0-9_./+][A-Za-z0-9_./+-]{0,254}$")
 
 
 class InvalidContainerSpec(ValueError):
@@ -123,10 +124,10 @@ class ContainerSpec:
         for uuid in self.gpu_uuids:
             if not _GPU_UUID.match(uuid):
                 raise InvalidContainerSpec("gpu_uuids", f"'{uuid[:40]}' is not a GPU UUID")
-        if self.entrypoint is not None:
-            if not self.entrypoint or self.entrypoint.startswith("-") or len(self.entrypoint) > 255:
-                raise InvalidContainerSpec("entrypoint", "a program path, not an option")
-            _no_control(self.entrypoint, "entrypoint")
+        if self.entrypoint is not None and not PROGRAM_NAME.match(self.entrypoint):
+            raise InvalidContainerSpec(
+                "entrypoint", "a program name or path (letters, digits, / . _ + -), not an option"
+            )
         if len(self.args) > 64:
             raise InvalidContainerSpec("args", "at most 64 arguments")
         for arg in self.args:

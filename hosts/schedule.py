@@ -2,4 +2,13 @@
 
 from __future__ import annotations
 
-BEAT_SCHEDULE: dict[str, dict] = {}
+import os
+from datetime import timedelta
+
+BEAT_SCHEDULE: dict[str, dict] = {
+    "host-heartbeats": {
+        "task": "hosts.tasks.heartbeats",
+        "schedule": timedelta(seconds=int(os.environ.get("HOST_HEARTBEAT_SECONDS", "30"))),
+    },
+    "host-reprobe": {"task": "hosts.tasks.reprobe_all", "schedule": timedelta(hours=6)},
+}

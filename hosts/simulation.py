@@ -14,6 +14,7 @@ must switch to the login user), ``/usr/sbin/sshd``, ``dockerd`` and ``/bin/busyb
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import json
 import os
@@ -142,9 +143,13 @@ class SimHost:
         _wait_for_port(self.address, self.port, timeout)
 
     def stop(self) -> None:
+        """Stop the host like a power cut: the listener and every open session end."""
         pid = _read_pid(self.pid_path)
         if pid is None:
             return
+        for child in _descendants(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signal.SIGKILL)
         try:
             os.kill(pid, signal.SIGTERM)
         except ProcessLookupError:
@@ -271,6 +276,27 @@ def _read_pid(path: Path) -> int | None:
         return int(path.read_text().strip())
     except (FileNotFoundError, ValueError):
         return None
+
+
+def _descendants(pid: int) -> list[int]:
+    """Processes below ``pid`` (sshd forks one per connection), children first."""
+    parents: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        parents.setdefault(ppid, []).append(int(entry.name))
+    found: list[int] = []
+    stack = list(parents.get(pid, []))
+    while stack:
+        child = stack.pop()
+        found.append(child)
+        stack.extend(parents.get(child, []))
+    return found[::-1]
 
 
 def _wait_for_port(address: str, port: int, timeout: float) -> None:

@@ -278,3 +278,7 @@ BILLING_TOPUP_MAX = int(os.environ.get("BILLING_TOPUP_MAX_USD", "10000")) * 1_00
 BILLING_TEST_CREDIT_AMOUNT = 100 * 1_000_000
 # Oldest Stripe-Signature timestamp the webhook accepts, in seconds (Stripe's default).
 STRIPE_WEBHOOK_TOLERANCE = int(os.environ.get("STRIPE_WEBHOOK_TOLERANCE", "300"))
+
+# --- Hosts settings ---
+HOST_HEARTBEAT_SECONDS = int(os.environ.get("HOST_HEARTBEAT_SECONDS", "30"))
+HOST_HEARTBEAT_MISSES = int(os.environ.get("HOST_HEARTBEAT_MISSES", "3"))

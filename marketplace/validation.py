@@ -8,7 +8,13 @@ from __future__ import annotations
 
 from django.core.exceptions import ValidationError
 
-from hosts.runtime import InvalidContainerSpec, validate_env, validate_image, validate_ports
+from hosts.runtime import (
+    PROGRAM_NAME,
+    InvalidContainerSpec,
+    validate_env,
+    validate_image,
+    validate_ports,
+)
 
 
 def validate_launch(
@@ -30,8 +36,8 @@ def validate_launch(
             errors["env"] = f"{key} is set by the platform from your GPU allocation."
     if len(set(ports)) != len(ports):
         errors["ports"] = "Each container port may be listed once."
-    if entrypoint and (entrypoint.startswith("-") or any(c in entrypoint for c in "\n\r\0")):
-        errors["entrypoint"] = "An entrypoint is a program path, not an option or several lines."
+    if entrypoint and not PROGRAM_NAME.match(entrypoint):
+        errors["entrypoint"] = "A program name or path (letters, digits, / . _ + -), not an option."
     if any("\0" in arg for arg in args):
         errors["args"] = "Arguments may not contain NUL characters."
     if errors:

@@ -1,3 +1,25 @@
-"""Subscribers to the hosts room's domain events (signals): push them to consoles, etc."""
+"""Subscribers to the hosts room's events: pause or resume charges, refresh offers, push."""
 
 from __future__ import annotations
+
+from django.dispatch import receiver
+
+from hosts.signals import machine_changed, machine_status_changed
+from marketplace.events import publish_team_event
+from marketplace.services.rentals import contracts_pause_for_machine, offer_refresh
+
+
+@receiver(machine_status_changed, dispatch_uid="marketplace.machine_status_changed")
+def on_machine_status_changed(sender, *, machine_id, team_id, old, new, reason, **kwargs):
+    if new == "offline" or (old == "offline" and new == "online"):
+        # A machine that stops answering stops being charged until it is back.
+        contracts_pause_for_machine(machine_id=machine_id, online=new == "online")
+    offer_refresh(machine_id=machine_id)
+    publish_team_event(
+        team_id, "machine.status", {"id": machine_id, "status": new, "reason": reason}
+    )
+
+
+@receiver(machine_changed, dispatch_uid="marketplace.machine_changed")
+def on_machine_changed(sender, *, machine_id, **kwargs):
+    offer_refresh(machine_id=machine_id)

@@ -300,3 +300,31 @@ def test_twenty_renters_race_for_the_last_gpu(sim_host_factory, provider_team, s
     assert Hold.objects.count() == 1
     assert GpuAllocation.objects.filter(released_at=None, gpu__machine=machine).count() == 1
     assert Instance.objects.filter(machine=machine).count() == 1
+
+
+def test_charges_stop_while_the_machine_is_offline(
+    funded_team, sim_host_factory, provider_team, settings
+):
+    from hosts import services as host_services
+
+    settings.HOST_HEARTBEAT_MISSES = 1
+    host = sim_host_factory(gpus=1)
+    machine = machine_for(host, provider_team)
+    instance_id = rent(key_client(funded_team), machine, num_gpus=1, ports=[]).json()["id"]
+    contract = Contract.objects.get(instance_id=instance_id)
+    assert contract.gpu_clock_since is not None and contract.storage_clock_since is not None
+    host.stop()
+    try:
+        host_services.machine_heartbeat(machine_id=machine.pk)
+        contract.refresh_from_db()
+        assert contract.gpu_clock_since is None and contract.storage_clock_since is None
+        frozen = (contract.gpu_seconds, contract.storage_seconds)
+        assert rentals.contract_owed(
+            contract, timezone.now() + timedelta(hours=5)
+        ) == rentals.contract_owed(contract, timezone.now())
+    finally:
+        host.start()
+    host_services.machine_heartbeat(machine_id=machine.pk)
+    contract.refresh_from_db()
+    assert contract.gpu_clock_since is not None and contract.storage_clock_since is not None
+    assert (contract.gpu_seconds, contract.storage_seconds) == frozen

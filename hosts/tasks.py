@@ -1,0 +1,57 @@
+"""Thin tasks over hosts.services: take ids, reload, call the service."""
+
+from __future__ import annotations
+
+import logging
+
+from celery import shared_task
+
+from hosts import services, ssh
+from hosts.models import Machine, MachineStatus
+
+logger = logging.getLogger(__name__)
+
+
+@shared_task(name="hosts.tasks.machine_connect")
+def machine_connect(machine_id: int) -> str:
+    """First contact: read the host key the machine offers, for the provider to confirm."""
+    if not Machine.objects.filter(pk=machine_id).exists():
+        return "gone"
+    return services.machine_fetch_host_key(machine_id=machine_id).status
+
+
+@shared_task(name="hosts.tasks.machine_probe")
+def machine_probe(machine_id: int) -> str:
+    if not Machine.objects.filter(pk=machine_id).exclude(host_key="").exists():
+        return "nothing to do"
+    try:
+        return services.machine_probe(machine_id=machine_id).status
+    except (ssh.HostError, ValueError) as error:
+        logger.info("probe of machine %s failed: %s", machine_id, error)
+        return "failed"
+
+
+@shared_task(name="hosts.tasks.heartbeats")
+def heartbeats() -> int:
+    """Fan out one heartbeat per watched machine."""
+    watched = Machine.objects.filter(
+        status__in=[MachineStatus.ONLINE, MachineStatus.OFFLINE, MachineStatus.KEY_MISMATCH]
+    ).values_list("pk", flat=True)
+    for machine_id in watched:
+        heartbeat.delay(machine_id)
+    return len(watched)
+
+
+@shared_task(name="hosts.tasks.heartbeat", ignore_result=True)
+def heartbeat(machine_id: int) -> str:
+    if not Machine.objects.filter(pk=machine_id).exists():
+        return "gone"
+    return services.machine_heartbeat(machine_id=machine_id).status
+
+
+@shared_task(name="hosts.tasks.reprobe_all")
+def reprobe_all() -> int:
+    ids = list(Machine.objects.filter(status=MachineStatus.ONLINE).values_list("pk", flat=True))
+    for machine_id in ids:
+        machine_probe.delay(machine_id)
+    return len(ids)

@@ -1,0 +1,166 @@
+"""A provider's machine on a simulated host: add, confirm key, probe, list, watch it."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from django.core.exceptions import ValidationError
+
+from hosts import services, ssh
+from hosts.models import Machine, MachineEvent, MachineStatus
+from marketplace.models import Offer
+
+pytestmark = [pytest.mark.system, pytest.mark.django_db(transaction=True)]
+
+
+def add_and_confirm(team, host) -> Machine:
+    machine = services.machine_register(
+        team_id=team.pk,
+        name=host.spec.name,
+        address=host.address,
+        port=host.port,
+        ssh_user=host.user,
+    )
+    machine = services.machine_fetch_host_key(machine_id=machine.pk)
+    assert machine.status == MachineStatus.AWAITING_CONFIRMATION
+    assert machine.offered_key_fingerprint == host.host_key_fingerprint  # what the provider checks
+    return services.machine_confirm_host_key(
+        machine_id=machine.pk, fingerprint=host.host_key_fingerprint
+    )
+
+
+def test_add_confirm_probe_list(team, sim_host_factory):
+    host = sim_host_factory(gpus=4, gpu_name="NVIDIA A100-SXM4-80GB", memory_mib=81920)
+    machine = add_and_confirm(team, host)
+    machine = services.machine_probe(machine_id=machine.pk)
+    assert machine.status == MachineStatus.ONLINE
+    gpus = list(machine.gpus.order_by("index").values_list("uuid", "name", "memory_mib"))
+    assert gpus == [(g.uuid, g.name, g.memory_mib) for g in host.spec.gpus]
+    assert machine.cpu_cores == os.cpu_count()
+    assert machine.ram_mb > 1024 and machine.disk_free_gb > 0
+    assert machine.cuda_version == "12.4" and machine.driver_version == "550.54.14"
+    # Units: an even share of the machine per GPU.
+    assert machine.unit_cpus == round(os.cpu_count() / 4, 2)
+    assert machine.unit_memory_mb == machine.ram_mb // 4
+    services.machine_set_terms(
+        machine_id=machine.pk, price_per_gpu_hour=1_200_000, storage_price_per_gb_month=100_000,
+        min_gpus=1, end_date=None, location="US",
+    )  # fmt: skip
+    services.machine_set_listed(machine_id=machine.pk, listed=True)
+    offer = Offer.objects.get(machine=machine)
+    assert offer.rentable and offer.num_gpus == 4 and offer.gpu_name == "A100-SXM4-80GB"
+
+
+def test_wrong_fingerprint_is_not_pinned(team, sim_host_factory):
+    host = sim_host_factory(gpus=1)
+    machine = services.machine_register(
+        team_id=team.pk, name="x", address=host.address, port=host.port, ssh_user="root"
+    )
+    services.machine_fetch_host_key(machine_id=machine.pk)
+    with pytest.raises(ValidationError) as caught:
+        services.machine_confirm_host_key(machine_id=machine.pk, fingerprint="SHA256:somethingelse")
+    assert "fingerprint" in caught.value.message_dict
+    machine.refresh_from_db()
+    assert machine.host_key == "" and machine.status == MachineStatus.AWAITING_CONFIRMATION
+
+
+def test_a_changed_host_key_is_refused_before_any_command_runs(team, sim_host_factory):
+    host = sim_host_factory(gpus=1)
+    machine = add_and_confirm(team, host)
+    services.machine_probe(machine_id=machine.pk)
+    ssh.pool.forget(machine.pk)
+    log_before = (host.root / "sshd.log").read_text()
+    host.rotate_host_key()
+    with pytest.raises(ssh.HostKeyMismatch):
+        ssh.run(machine, ["touch", str(host.root / "should-not-exist")])
+    assert not (host.root / "should-not-exist").exists()
+    assert "Accepted publickey" not in (host.root / "sshd.log").read_text()[len(log_before) :]
+    services.machine_heartbeat(machine_id=machine.pk)
+    machine.refresh_from_db()
+    assert machine.status == MachineStatus.KEY_MISMATCH
+
+
+def test_stopped_sshd_goes_offline_after_the_allowed_misses_and_back(
+    team, sim_host_factory, settings
+):
+    settings.HOST_HEARTBEAT_MISSES = 2
+    host = sim_host_factory(gpus=1)
+    machine = add_and_confirm(team, host)
+    services.machine_probe(machine_id=machine.pk)
+    host.stop()
+    try:
+        services.machine_heartbeat(machine_id=machine.pk)
+        assert (
+            Machine.objects.get(pk=machine.pk).status == MachineStatus.ONLINE
+        )  # one miss is allowed
+        services.machine_heartbeat(machine_id=machine.pk)
+        machine.refresh_from_db()
+        assert machine.status == MachineStatus.OFFLINE
+        assert not Offer.objects.get(machine=machine).rentable
+    finally:
+        host.start()
+    services.machine_heartbeat(machine_id=machine.pk)
+    machine.refresh_from_db()
+    assert machine.status == MachineStatus.ONLINE
+    assert machine.reliability == pytest.approx(1 / 3, abs=0.01)  # 1 of 3 heartbeats answered
+    assert MachineEvent.objects.filter(
+        machine=machine, kind="status", message__contains="offline → online"
+    ).exists()
+
+
+def test_a_gpu_that_disappears_is_flagged(team, sim_host_factory):
+    host = sim_host_factory(gpus=2)
+    machine = add_and_confirm(team, host)
+    services.machine_probe(machine_id=machine.pk)
+    host.set_gpus((host.spec.gpus[0],))
+    try:
+        services.machine_probe(machine_id=machine.pk)
+        gone = machine.gpus.get(uuid=host.spec.gpus[1].uuid)
+        assert gone.present is False
+        assert machine.gpu_count == 1
+        assert MachineEvent.objects.filter(machine=machine, kind="gpu_missing").exists()
+    finally:
+        host.set_gpus(host.spec.gpus)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("address", "-oProxyCommand=x"),
+        ("address", "a b"),
+        ("port", 0),
+        ("ssh_user", "root;id"),
+        ("ssh_user", "-x"),
+    ],
+)
+def test_register_rejects_bad_input_naming_the_field(team, field, value):
+    values = {
+        "team_id": team.pk,
+        "name": "m",
+        "address": "gpu.example.com",
+        "port": 22,
+        "ssh_user": "root",
+    }
+    values[field] = value
+    with pytest.raises(ValidationError) as caught:
+        services.machine_register(**values)
+    assert field in caught.value.message_dict
+    assert Machine.objects.count() == 0
+
+
+def test_terms_are_validated(team, sim_host_factory):
+    host = sim_host_factory(gpus=1)
+    machine = add_and_confirm(team, host)
+    services.machine_probe(machine_id=machine.pk)
+    with pytest.raises(ValidationError) as caught:
+        services.machine_set_terms(
+            machine_id=machine.pk, price_per_gpu_hour=-1, storage_price_per_gb_month=10**15,
+            min_gpus=5, end_date=None, location="US",
+        )  # fmt: skip
+    assert set(caught.value.message_dict) == {
+        "price_per_gpu_hour",
+        "storage_price_per_gb_month",
+        "min_gpus",
+    }
+    assert Machine.objects.get(pk=machine.pk).price_per_gpu_hour == 0
