@@ -1,8 +1,130 @@
-"""REST API for the hosts room."""
+"""REST API for host providers: machines, their key confirmation, probing, terms and listing."""
 
 from __future__ import annotations
 
+from django.db import transaction
+from drf_spectacular.utils import extend_schema
+from rest_framework import mixins, serializers, status
+from rest_framework.decorators import action
+from rest_framework.response import Response
 from rest_framework.routers import SimpleRouter
 
+from hosts import services, tasks
+from hosts.models import Gpu, Machine
+from marketplace.api.base import TeamScopedViewSet
+from marketplace.models import Role
+
+
+class GpuSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Gpu
+        fields = ["index", "uuid", "name", "memory_mib", "present"]
+
+
+class MachineSerializer(serializers.ModelSerializer):
+    gpus = GpuSerializer(many=True, read_only=True)
+    unit = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Machine
+        fields = [
+            "id", "name", "address", "port", "ssh_user", "status", "status_detail",
+            "host_key_fingerprint", "offered_key_fingerprint", "listed", "price_per_gpu_hour",
+            "storage_price_per_gb_month", "min_gpus", "end_date", "location", "cpu_cores", "ram_mb",
+            "disk_free_gb", "docker_version", "nvidia_runtime", "driver_version", "cuda_version",
+            "os_name", "port_range_start", "port_range_end", "reliability", "last_heartbeat_at",
+            "gpus", "unit", "created_at",
+        ]  # fmt: skip
+        read_only_fields = fields
+
+    def get_unit(self, machine) -> dict:
+        return {
+            "cpus": machine.unit_cpus,
+            "memory_mb": machine.unit_memory_mb,
+            "disk_gb": machine.unit_disk_gb,
+        }
+
+
+class MachineRegisterSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=80, required=False, default="")
+    address = serializers.CharField(max_length=255)
+    port = serializers.IntegerField(default=22)
+    ssh_user = serializers.CharField(max_length=32, default="root")
+
+
+class ConfirmSerializer(serializers.Serializer):
+    fingerprint = serializers.CharField(max_length=80)
+
+
+class TermsSerializer(serializers.Serializer):
+    price_per_gpu_hour = serializers.IntegerField(help_text="micro-dollars")
+    storage_price_per_gb_month = serializers.IntegerField(help_text="micro-dollars")
+    min_gpus = serializers.IntegerField(default=1)
+    end_date = serializers.DateTimeField(required=False, allow_null=True, default=None)
+    location = serializers.CharField(max_length=64, allow_blank=True, default="")
+    port_range_start = serializers.IntegerField(required=False)
+    port_range_end = serializers.IntegerField(required=False)
+
+
+class ListingSerializer(serializers.Serializer):
+    listed = serializers.BooleanField()
+
+
+class MachineViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScopedViewSet):
+    """The team's machines. POST registers one; the platform then reads its host key."""
+
+    base_queryset = Machine.objects.prefetch_related("gpus")
+    serializer_class = MachineSerializer
+    audience = "provider"
+    required_role = Role.ADMIN
+    filterset_fields = ["status", "listed"]
+
+    @extend_schema(request=MachineRegisterSerializer, responses={201: MachineSerializer})
+    def create(self, request):
+        params = MachineRegisterSerializer(data=request.data)
+        params.is_valid(raise_exception=True)
+        machine = services.machine_register(team_id=self.team.pk, **params.validated_data)
+        transaction.on_commit(lambda: tasks.machine_connect.delay(machine.pk))
+        return Response(MachineSerializer(machine).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=ConfirmSerializer, responses=MachineSerializer)
+    @action(detail=True, methods=["post"])
+    def confirm(self, request, pk=None):
+        machine = self.get_object()
+        params = ConfirmSerializer(data=request.data)
+        params.is_valid(raise_exception=True)
+        services.machine_confirm_host_key(
+            machine_id=machine.pk, fingerprint=params.validated_data["fingerprint"]
+        )
+        transaction.on_commit(lambda: tasks.machine_probe.delay(machine.pk))
+        return Response(MachineSerializer(self.get_object()).data)
+
+    @extend_schema(request=None, responses={202: MachineSerializer})
+    @action(detail=True, methods=["post"])
+    def probe(self, request, pk=None):
+        machine = self.get_object()
+        transaction.on_commit(lambda: tasks.machine_probe.delay(machine.pk))
+        return Response(MachineSerializer(machine).data, status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(request=TermsSerializer, responses=MachineSerializer)
+    @action(detail=True, methods=["put"])
+    def terms(self, request, pk=None):
+        machine = self.get_object()
+        params = TermsSerializer(data=request.data)
+        params.is_valid(raise_exception=True)
+        services.machine_set_terms(machine_id=machine.pk, **params.validated_data)
+        return Response(MachineSerializer(self.get_object()).data)
+
+    @extend_schema(request=ListingSerializer, responses=MachineSerializer)
+    @action(detail=True, methods=["put"])
+    def listing(self, request, pk=None):
+        machine = self.get_object()
+        params = ListingSerializer(data=request.data)
+        params.is_valid(raise_exception=True)
+        services.machine_set_listed(machine_id=machine.pk, listed=params.validated_data["listed"])
+        return Response(MachineSerializer(self.get_object()).data)
+
+
 router = SimpleRouter()
+router.register("machines", MachineViewSet, basename="api-machine")
 urlpatterns: list = [*router.urls]

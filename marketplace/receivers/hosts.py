@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django.dispatch import receiver
 
+from hosts.selectors import register_occupancy
 from hosts.signals import machine_changed, machine_status_changed
 from marketplace.events import publish_team_event
 from marketplace.services.rentals import contracts_pause_for_machine, offer_refresh
@@ -23,3 +24,14 @@ def on_machine_status_changed(sender, *, machine_id, team_id, old, new, reason, 
 @receiver(machine_changed, dispatch_uid="marketplace.machine_changed")
 def on_machine_changed(sender, *, machine_id, **kwargs):
     offer_refresh(machine_id=machine_id)
+
+
+def rented_gpus(machine_ids: list[int]) -> dict[int, str]:
+    """Which GPUs live allocations hold, for the provider's occupancy grid."""
+    from scheduler.models import GpuAllocation
+
+    taken = GpuAllocation.objects.filter(released_at=None, gpu__machine_id__in=machine_ids)
+    return dict.fromkeys(taken.values_list("gpu_id", flat=True), "rented")
+
+
+register_occupancy(rented_gpus)
