@@ -24,7 +24,7 @@ from billing import services as billing
 from billing.money import MICRO_PER_DOLLAR, usage_owed
 from hosts.models import Machine
 from marketplace.models import Contract, Offer, SshKey, Team
-from scheduler.models import GpuAllocation, Instance, InstanceState, LaunchMode
+from scheduler.models import GpuAllocation, Instance, InstanceEvent, InstanceState, LaunchMode
 from scheduler.services import (
     JUPYTER_CONTAINER_PORT,
     SSH_CONTAINER_PORT,
@@ -234,6 +234,11 @@ def rental_create(*, team: Team, request: RentalRequest) -> Contract:
             ends_at=ends_at,
             hold_id=hold.pk,
             storage_clock_since=now,
+        )
+        InstanceEvent.objects.create(
+            instance=instance,
+            to_state=InstanceState.LAUNCHING,
+            reason="Rented; waiting for a worker",
         )
         offer_refresh(machine_id=machine.pk)
         transaction.on_commit(lambda: _enqueue_launch(instance.pk))
