@@ -5,6 +5,8 @@ from __future__ import annotations
 from datetime import datetime
 
 from django.db import models
+from django.db.models import F, Q
+from django.db.models.functions import Upper
 from django.utils import timezone
 
 
@@ -84,6 +86,9 @@ class SshKey(models.Model):
         return self.name
 
 
+RENTABLE = Q(rentable=True)
+
+
 class Offer(models.Model):
     """Rentable capacity on one listed, online machine: its free units and their figures.
 
@@ -119,10 +124,20 @@ class Offer(models.Model):
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
+        # Search filters rentable offers and sorts; these partial indexes let the common sorts
+        # (and a GPU model, matched case-insensitively) read rows in order and stop at a page.
         indexes = [
-            models.Index(fields=["rentable", "-score"]),
-            models.Index(fields=["rentable", "dph_total"]),
-            models.Index(fields=["rentable", "gpu_name"]),
+            models.Index(F("score").desc(), "machine", name="offer_by_score", condition=RENTABLE),
+            models.Index(F("dph_total"), "machine", name="offer_by_price", condition=RENTABLE),
+            models.Index(
+                F("reliability").desc(), "machine", name="offer_by_reliability", condition=RENTABLE
+            ),
+            models.Index(
+                Upper("gpu_name"), F("score").desc(), name="offer_gpu_by_score", condition=RENTABLE
+            ),
+            models.Index(
+                Upper("gpu_name"), F("dph_total"), name="offer_gpu_by_price", condition=RENTABLE
+            ),
         ]
 
     def __str__(self) -> str:
