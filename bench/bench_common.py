@@ -40,3 +40,66 @@ def scratch_database() -> Iterator[str]:
             password=config["PASSWORD"], dbname="postgres", autocommit=True,
         ) as admin:  # fmt: skip
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@contextlib.contextmanager
+def simulated_machine(gpus: int = 4) -> Iterator[object]:
+    """A simulated host registered, confirmed, probed and listed like a provider would."""
+    import tempfile
+    from pathlib import Path
+
+    from hosts import services
+    from hosts.keys import platform_public_key
+    from hosts.simulation import (
+        SimHostSpec,
+        create_host,
+        default_gpus,
+        ensure_dockerd,
+        ensure_image,
+    )
+    from marketplace.models import Membership, Role, Team, User
+
+    ensure_dockerd()
+    ensure_image()
+    with tempfile.TemporaryDirectory() as tmp:
+        spec = SimHostSpec(
+            name="bench",
+            address="127.0.9.10",
+            port=2299,
+            gpus=default_gpus(gpus),
+            port_range=(19000, 19099),
+        )
+        host = create_host(Path(tmp) / "bench", spec, [platform_public_key()])
+        try:
+            user = User.objects.create_user("bench-provider", "bp@example.com", "x")
+            team = Team.objects.create(name="bench provider", personal=True)
+            Membership.objects.create(team=team, user=user, role=Role.OWNER)
+            machine = services.machine_register(
+                team_id=team.pk, name="bench", address=host.address, port=host.port, ssh_user="root"
+            )
+            services.machine_fetch_host_key(machine_id=machine.pk)
+            services.machine_confirm_host_key(
+                machine_id=machine.pk, fingerprint=host.host_key_fingerprint
+            )
+            services.machine_probe(machine_id=machine.pk)
+            services.machine_set_terms(
+                machine_id=machine.pk,
+                price_per_gpu_hour=500_000,
+                storage_price_per_gb_month=100_000,
+                min_gpus=1,
+                end_date=None,
+                location="US",
+            )
+            machine = services.machine_set_listed(machine_id=machine.pk, listed=True)
+            yield machine
+        finally:
+            host.stop()
+            import subprocess
+
+            ids = subprocess.run(
+                ["docker", "ps", "-aq", "--filter", "label=gpumkt.bench=1"],
+                capture_output=True,
+                text=True,
+            ).stdout.split()
+            if ids:
+                subprocess.run(["docker", "rm", "-f", *ids], capture_output=True)
