@@ -60,7 +60,13 @@ class Machine(models.Model):
     last_heartbeat_at = models.DateTimeField(null=True, blank=True)
     heartbeat_misses = models.PositiveSmallIntegerField(default=0)
     probed_at = models.DateTimeField(null=True, blank=True)
-    verified = models.BooleanField(default=False)
+    verified = models.BooleanField(
+        default=False, help_text="Set by an operator after checking the machine."
+    )
+    # The last self-test: a probe plus a real container whose limits are read back.
+    self_test_at = models.DateTimeField(null=True, blank=True)
+    self_test_passed = models.BooleanField(null=True)
+    self_test_report = models.JSONField(default=list, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -144,6 +150,8 @@ class MaintenanceWindow(models.Model):
 
 
 class MachineEvent(models.Model):
+    """What happened to a machine, newest first on its page (status changes, probes, terms…)."""
+
     machine = models.ForeignKey(Machine, on_delete=models.CASCADE, related_name="events")
     kind = models.CharField(max_length=40)
     message = models.CharField(max_length=500)
@@ -162,10 +170,15 @@ class HeartbeatSample(models.Model):
     machine = models.ForeignKey(Machine, on_delete=models.CASCADE, related_name="heartbeats")
     ok = models.BooleanField()
     latency_ms = models.PositiveIntegerField(null=True, blank=True)
+    # Occupancy at that moment, for the utilization chart (hosts cannot ask the scheduler
+    # later: the occupancy registry only knows the present).
+    gpus_total = models.PositiveSmallIntegerField(default=0)
+    gpus_rented = models.PositiveSmallIntegerField(default=0)
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
 
     class Meta:
         ordering = ["-created_at"]
+        indexes = [models.Index(fields=["machine", "created_at"], name="heartbeat_machine_time")]
 
     def __str__(self) -> str:
         return f"{'ok' if self.ok else 'miss'} at {self.created_at:%H:%M:%S}"

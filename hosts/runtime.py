@@ -202,10 +202,14 @@ class DockerHost:
     ) -> CommandResult:
         return ssh.run(self.machine, argv, timeout=timeout, check=check)
 
-    def run(self, spec: ContainerSpec) -> str:
+    def run(self, spec: ContainerSpec, *, pull: bool = True) -> str:
+        """Start the container; ``pull=False`` fails fast ("No such image") instead of pulling
+        silently, so the caller can pull with progress."""
         argv = docker_run_argv(
             spec, machine_id=self.machine.pk, nvidia_runtime=self.machine.nvidia_runtime
         )
+        if not pull:
+            argv.insert(argv.index("--detach"), "--pull=never")
         return self._run(argv).stdout.strip()
 
     def stop(self, container: str, *, grace_seconds: int = 10) -> None:

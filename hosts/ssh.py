@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import os
 import shlex
 import socket
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -44,10 +46,17 @@ class HostUnreachable(HostError):
 
 
 class HostKeyMismatch(HostError):
-    """The machine answered with a host key other than the pinned one. Nothing was run."""
+    """The machine answered with a host key other than the pinned one. Nothing was run.
+
+    ``presented`` is the key it offered instead (None when there is no pinned key at all).
+    """
 
     http_status = 409
     error_code = "host_key_mismatch"
+
+    def __init__(self, message: str, *, presented: RemoteHostKey | None = None):
+        super().__init__(message)
+        self.presented = presented
 
 
 class CommandFailed(HostError):
@@ -81,6 +90,11 @@ class RemoteHostKey:
     fingerprint: str
 
 
+def _remote_key(key: paramiko.PKey) -> RemoteHostKey:
+    blob = key.asbytes()
+    return RemoteHostKey(key.get_name(), base64.b64encode(blob).decode(), fingerprint(blob))
+
+
 def fetch_host_key(address: str, port: int, timeout: float = CONNECT_TIMEOUT) -> RemoteHostKey:
     """Read the key a machine presents, without trusting it or logging in."""
     try:
@@ -90,9 +104,7 @@ def fetch_host_key(address: str, port: int, timeout: float = CONNECT_TIMEOUT) ->
     transport = paramiko.Transport(sock)
     try:
         transport.start_client(timeout=timeout)
-        key = transport.get_remote_server_key()
-        blob = key.asbytes()
-        return RemoteHostKey(key.get_name(), base64.b64encode(blob).decode(), fingerprint(blob))
+        return _remote_key(transport.get_remote_server_key())
     except (paramiko.SSHException, OSError, EOFError) as error:
         raise HostUnreachable(f"{address}:{port} did not speak SSH: {error}") from error
     finally:
@@ -120,15 +132,30 @@ class Connection:
                 banner_timeout=CONNECT_TIMEOUT, auth_timeout=CONNECT_TIMEOUT,
             )  # fmt: skip
         except paramiko.BadHostKeyException as error:
+            presented = _remote_key(error.key)
+            self.client.close()
             raise HostKeyMismatch(
-                f"{address}:{port} presented {fingerprint(error.key.asbytes())}, "
-                f"not the pinned key; no command was run."
+                f"{address}:{port} presented {presented.fingerprint}, "
+                f"not the pinned key; no command was run.",
+                presented=presented,
             ) from error
         except paramiko.AuthenticationException as error:
             raise HostUnreachable(
                 f"{user}@{address}:{port} refused the platform's key: is it in authorized_keys?"
             ) from error
         except (paramiko.SSHException, OSError, EOFError) as error:
+            transport = self.client.get_transport()
+            offered = transport.get_remote_server_key() if transport is not None else None
+            self.client.close()
+            if "not found in known_hosts" in str(error) and offered is not None:
+                # The machine no longer offers a key of the pinned type at all: as changed
+                # as a different key of the same type, and RejectPolicy refused it likewise.
+                presented = _remote_key(offered)
+                raise HostKeyMismatch(
+                    f"{address}:{port} presented a {presented.key_type} key "
+                    f"{presented.fingerprint}, not the pinned key; no command was run.",
+                    presented=presented,
+                ) from error
             raise HostUnreachable(f"Cannot connect to {address}:{port}: {error}") from error
         transport = self.client.get_transport()
         transport.set_keepalive(KEEPALIVE_SECONDS)
@@ -187,22 +214,30 @@ class Connection:
         try:
             channel.exec_command(shlex.join(argv))
             pending = ""
-            while True:
-                chunk = channel.recv(65536)
-                if not chunk:
-                    break
+            last_lines: deque[str] = deque(maxlen=5)  # for the error message if it fails
+            while chunk := channel.recv(65536):
                 pending += chunk.decode(errors="replace")
                 *lines, pending = pending.replace("\r", "\n").split("\n")
-                yield from (line for line in lines if line)
+                for line in lines:
+                    if line:
+                        last_lines.append(line)
+                        yield line
             if pending:
+                last_lines.append(pending)
                 yield pending
             code = channel.recv_exit_status()
             if code != 0:
-                raise CommandFailed(argv, code, pending)
+                raise CommandFailed(argv, code, "\n".join(last_lines))
         except (TimeoutError, paramiko.SSHException, OSError, EOFError) as error:
             raise HostUnreachable(f"{self.address}:{self.port}: {error}") from error
         finally:
             channel.close()
+
+
+# Called as handler(machine_id, presented_key) when a machine presents another host key than
+# the pinned one. hosts.apps registers the service that flags the machine, so whichever room
+# ran the command (a launch, a heartbeat, a probe), the machine is marked at once.
+key_mismatch_handlers: list[Callable[[int, RemoteHostKey], None]] = []
 
 
 class Pool:
@@ -210,7 +245,8 @@ class Pool:
 
     A machine whose address, user or pinned key changed gets a new connection; a dead
     transport is replaced once before giving up. A semaphore bounds concurrent sessions per
-    machine (sshd's MaxSessions defaults to 10).
+    machine (sshd's MaxSessions defaults to 10). A changed host key raises HostKeyMismatch
+    before authentication, so no command runs, and the handlers above flag the machine.
     """
 
     def __init__(self, connect: Callable[..., Connection] = Connection):
@@ -230,8 +266,6 @@ class Pool:
         )
 
     def connection(self, machine: Machine) -> Connection:
-        import os
-
         if not machine.host_key:
             raise HostKeyMismatch("The machine has no confirmed host key yet; nothing was run.")
         with self._lock:
@@ -247,13 +281,26 @@ class Pool:
                 return current
             if current is not None:
                 current.close()
-            connection = self._connect(
-                address=machine.address, port=machine.port, user=machine.ssh_user,
-                key_type=machine.host_key_type, key_base64=machine.host_key,
-            )  # fmt: skip
-            self._connections[machine.pk] = connection
-            self._sessions.setdefault(machine.pk, threading.BoundedSemaphore(MAX_SESSIONS_PER_HOST))
-            return connection
+                del self._connections[machine.pk]
+            try:
+                connection = self._connect(
+                    address=machine.address, port=machine.port, user=machine.ssh_user,
+                    key_type=machine.host_key_type, key_base64=machine.host_key,
+                )  # fmt: skip
+            except HostKeyMismatch as error:
+                mismatch = error
+            else:
+                mismatch = None
+                self._connections[machine.pk] = connection
+                self._sessions.setdefault(
+                    machine.pk, threading.BoundedSemaphore(MAX_SESSIONS_PER_HOST)
+                )
+                return connection
+        # Outside the pool's lock: the handlers write to the database.
+        if mismatch.presented is not None:
+            for handler in key_mismatch_handlers:
+                handler(machine.pk, mismatch.presented)
+        raise mismatch
 
     def run(
         self, machine: Machine, argv: list[str], *, timeout: float = COMMAND_TIMEOUT

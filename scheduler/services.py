@@ -296,23 +296,19 @@ def instance_launch(*, instance_id: int, ssh_keys: list[str] | None = None) -> L
     instance = Instance.objects.select_related("machine").filter(pk=instance_id).first()
     if instance is None or instance.state != InstanceState.LAUNCHING:
         return LaunchOutcome(instance_id, instance.state if instance else "gone")
+    first_attempt = instance.launch_attempts == 0
     Instance.objects.filter(pk=instance_id).update(launch_attempts=instance.launch_attempts + 1)
     host = DockerHost(instance.machine)
     try:
-        if not host.image_present(instance.image):
-            instance_report_progress(instance=instance, progress=5, message="Pulling image")
-            host.pull(
-                instance.image,
-                progress_callback=lambda pct, msg: instance_report_progress(
-                    instance=instance, progress=5 + int(pct * 0.85), message=msg
-                ),
-            )
-        instance_report_progress(instance=instance, progress=92, message="Starting container")
         spec = container_spec_for(instance, ssh_keys=ssh_keys)
-        existing = _existing_container(host, instance.container_name)
+        # Only a retry can find a container an earlier attempt made (attempts are counted
+        # before `docker run`), so the first attempt skips that look-up.
+        existing = "" if first_attempt else _existing_container(host, instance.container_name)
         if existing:
             host.start(existing)  # a no-op when it is already running
-        container_id = existing or host.run(spec)
+            container_id = existing
+        else:
+            container_id = _run_pulling_if_needed(host, instance, spec)
     except (HostUnreachable, HostKeyMismatch):
         # Transient or operator-level: leave it launching; the task retries, and the
         # expiry sweep ends it if the machine never comes back.
@@ -343,6 +339,30 @@ def instance_launch(*, instance_id: int, ssh_keys: list[str] | None = None) -> L
             _remove_quietly(host, container_id, stop_only=current.state == InstanceState.STOPPED)
         return LaunchOutcome(instance_id, current.state, container_id)
     return LaunchOutcome(instance_id, moved.state, container_id)
+
+
+def _run_pulling_if_needed(host: DockerHost, instance: Instance, spec: ContainerSpec) -> str:
+    """Run with the image as it is; pull (with progress) only when the host lacks it."""
+    try:
+        return host.run(spec, pull=False)
+    except CommandFailed as error:
+        if "No such image" not in error.stderr and "not found" not in error.stderr:
+            raise
+    _remove_quietly(host, instance.container_name)
+    instance_report_progress(instance=instance, progress=5, message="Pulling image")
+    try:
+        host.pull(
+            instance.image,
+            progress_callback=lambda pct, msg: instance_report_progress(
+                instance=instance, progress=5 + int(pct * 0.85), message=msg
+            ),
+        )
+    except CommandFailed as error:
+        raise CommandFailed(
+            error.argv, error.exit_code, f"could not pull {instance.image}: {error.stderr}"
+        ) from error
+    instance_report_progress(instance=instance, progress=92, message="Starting container")
+    return host.run(spec, pull=False)
 
 
 def _existing_container(host: DockerHost, name: str) -> str:

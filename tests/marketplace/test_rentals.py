@@ -328,3 +328,15 @@ def test_charges_stop_while_the_machine_is_offline(
     contract.refresh_from_db()
     assert contract.gpu_clock_since is not None and contract.storage_clock_since is not None
     assert (contract.gpu_seconds, contract.storage_seconds) == frozen
+
+
+def test_an_image_that_cannot_be_pulled_fails_the_launch_cleanly(funded_team, machine):
+    client = key_client(funded_team)
+    # A registry on loopback that is not there: the pull fails without leaving the machine.
+    body = rent(client, machine, num_gpus=1, image="127.0.0.1:5999/no-such-image:1").json()
+    instance = Instance.objects.get(pk=body["id"])
+    assert instance.state == "failed"
+    assert "could not pull 127.0.0.1:5999/no-such-image:1" in instance.status_message
+    assert containers_named(instance.container_name) == []
+    assert not GpuAllocation.objects.filter(instance=instance, released_at=None).exists()
+    assert Offer.objects.get(machine=machine).num_gpus == 4
