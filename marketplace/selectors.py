@@ -24,3 +24,34 @@ def instance_connection(instance: Instance) -> dict[str, object]:
             f"http://{host}:{by_container[8888]}/lab?token={token}" if live else None
         )
     return details
+
+
+def team_hourly_burn(team_id: int) -> int:
+    """Micro-dollars an hour the team's live rentals cost (GPU time and storage)."""
+    from marketplace.models import Contract
+    from marketplace.services.rentals import storage_owed
+
+    burn = 0
+    live = Contract.objects.filter(team_id=team_id, settled_at=None).values_list(
+        "price_per_gpu_hour", "gpu_count", "storage_price_per_gb_month", "disk_gb"
+    )
+    for price, gpus, storage_price, disk in live:
+        burn += price * gpus + storage_owed(
+            price_per_gb_month=storage_price, disk_gb=disk, seconds=3600
+        )
+    return burn
+
+
+def low_balance_notice(team_id: int) -> str | None:
+    """A warning when credit would not cover another hour of the team's running rentals."""
+    from billing.money import format_usd
+    from billing.selectors import team_balance, team_low_balance
+
+    burn = team_hourly_burn(team_id)
+    if burn == 0 or not team_low_balance(team_id, burn):
+        return None
+    available = team_balance(team_id).available
+    return (
+        f"Low balance: {format_usd(available)} available, and extending your running rentals "
+        f"by an hour needs {format_usd(burn)}. Top up so you can extend them."
+    )

@@ -84,12 +84,16 @@ class ActiveTeamMiddleware:
 
 
 def team_context(request: HttpRequest) -> dict[str, object]:
-    """Template context: the active team and the teams to switch between."""
+    """Template context: the active team, the teams to switch between, a low-balance notice."""
+    from marketplace.selectors import low_balance_notice
+
     user = getattr(request, "user", None)
     if user is None or not user.is_authenticated:
         return {}
+    team = getattr(request, "team", None)
     return {
-        "active_team": getattr(request, "team", None),
+        "active_team": team,
+        "low_balance": low_balance_notice(team.pk) if team is not None else None,
         "active_membership": getattr(request, "membership", None),
         "my_memberships": Membership.objects.select_related("team")
         .filter(user=user)

@@ -340,3 +340,16 @@ def test_an_image_that_cannot_be_pulled_fails_the_launch_cleanly(funded_team, ma
     assert containers_named(instance.container_name) == []
     assert not GpuAllocation.objects.filter(instance=instance, released_at=None).exists()
     assert Offer.objects.get(machine=machine).num_gpus == 4
+
+
+def test_console_warns_when_credit_would_not_cover_another_hour(team, owner, machine, client):
+    fund(team, dollars=3)  # $0.50/GPU-hour × 2 GPUs for 2 hours holds $2 (+ storage)
+    rent(key_client(team), machine, num_gpus=2, duration_hours=2)
+    client.force_login(owner)
+    session = client.session
+    session["active_team_id"] = team.pk
+    session.save()
+    page = client.get("/instances/").content.decode()
+    assert 'id="low-balance"' in page and "Top up" in page
+    fund(team, dollars=50)
+    assert 'id="low-balance"' not in client.get("/instances/").content.decode()
