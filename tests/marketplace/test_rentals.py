@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from django.utils import timezone
@@ -353,3 +355,28 @@ def test_console_warns_when_credit_would_not_cover_another_hour(team, owner, mac
     assert 'id="low-balance"' in page and "Top up" in page
     fund(team, dollars=50)
     assert 'id="low-balance"' not in client.get("/instances/").content.decode()
+
+
+def test_ssh_mode_puts_the_team_keys_in_the_container_and_gives_an_ssh_line(funded_team, machine):
+    client = key_client(funded_team)
+    public_key = (Path(os.environ["PLATFORM_SSH_KEY_PATH"]).with_suffix(".pub")).read_text().strip()
+    added = client.post(
+        "/api/v1/ssh-keys/", {"name": "laptop", "public_key": public_key}, format="json"
+    )
+    assert added.status_code == 201, added.content
+    bad = client.post(
+        "/api/v1/ssh-keys/", {"name": "x", "public_key": "ssh-ed25519 not-base64!"}, format="json"
+    )
+    assert bad.status_code == 400 and "public_key" in bad.json()["error"]["fields"]
+    body = rent(
+        client, machine, num_gpus=1, launch_mode="ssh", entrypoint="", args=[], ports=[]
+    ).json()
+    assert body["state"] == "running", body["status_message"]
+    port = PortAllocation.objects.get(instance_id=body["id"], container_port=22).host_port
+    assert body["connection"]["ssh"] == f"ssh -p {port} root@{machine.address}"
+    run = client.post(
+        f"/api/v1/instances/{body['id']}/exec/",
+        {"command": "cat /root/.ssh/authorized_keys"},
+        format="json",
+    )
+    assert run.json()["output"].strip() == " ".join(public_key.split()[:3])
