@@ -91,6 +91,14 @@ def validate_ports(ports: list[tuple[int, int, str]]) -> None:
             raise InvalidContainerSpec("ports", f"protocol must be tcp or udp, not {protocol!r}")
 
 
+def registry_of(image: str) -> str:
+    """The registry host of an image reference (Docker Hub when the first part is no host)."""
+    first, _, rest = image.partition("/")
+    if rest and ("." in first or ":" in first or first == "localhost"):
+        return first
+    return "docker.io"
+
+
 @dataclass(frozen=True)
 class ContainerSpec:
     name: str
@@ -275,12 +283,33 @@ class DockerHost:
         return result.exit_code == 0
 
     def pull(
-        self, image: str, *, progress_callback: Callable[[int, str], None] | None = None
+        self,
+        image: str,
+        *,
+        progress_callback: Callable[[int, str], None] | None = None,
+        credentials: tuple[str, str] | None = None,
     ) -> None:
-        """Pull an image, reporting 0-100 as its layers complete."""
+        """Pull an image, reporting 0-100 as its layers complete.
+
+        With ``credentials`` (user, password) for a private registry, the login goes to a
+        throwaway Docker config directory that is removed afterwards, and the password
+        travels on stdin, never in an argv the host's other users could see.
+        """
         validate_image(image)
+        argv, stdin = ["docker", "pull", image], None
+        if credentials is not None:
+            user, password = credentials
+            if not user or any(c in user for c in "\0\n\r"):
+                raise InvalidContainerSpec("registry_username", "a user name on one line")
+            script = (
+                "dir=$(mktemp -d) && trap 'rm -rf \"$dir\"' EXIT && "
+                'docker --config "$dir" login --username "$1" --password-stdin "$2" >/dev/null '
+                '&& docker --config "$dir" pull "$3"'
+            )
+            argv = ["sh", "-c", script, "sh", user, registry_of(image), image]
+            stdin = password.encode()
         layers: dict[str, bool] = {}
-        for line in ssh.pool.stream(self.machine, ["docker", "pull", image], timeout=3600):
+        for line in ssh.pool.stream(self.machine, argv, timeout=3600, stdin=stdin):
             layer, _, status = line.partition(": ")
             if len(layer) == 12 and all(c in "0123456789abcdef" for c in layer):
                 layers[layer] = status.startswith(("Pull complete", "Already exists"))

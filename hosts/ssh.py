@@ -207,12 +207,21 @@ class Connection:
             channel.close()
         return CommandResult(code, stdout.decode(errors="replace"), stderr.decode(errors="replace"))
 
-    def stream(self, argv: list[str], *, timeout: float = COMMAND_TIMEOUT) -> Iterator[str]:
-        """Yield output lines (stdout and stderr) as they arrive, until the command exits."""
+    def stream(
+        self, argv: list[str], *, timeout: float = COMMAND_TIMEOUT, stdin: bytes | None = None
+    ) -> Iterator[str]:
+        """Yield output lines (stdout and stderr) as they arrive, until the command exits.
+
+        ``stdin`` is sent and closed first: the way to hand a secret to a command without it
+        showing in the remote process list.
+        """
         channel = self._open(timeout)
         channel.set_combine_stderr(True)
         try:
             channel.exec_command(shlex.join(argv))
+            if stdin is not None:
+                channel.sendall(stdin)
+                channel.shutdown_write()
             pending = ""
             last_lines: deque[str] = deque(maxlen=5)  # for the error message if it fails
             while chunk := channel.recv(65536):
@@ -319,11 +328,16 @@ class Pool:
         raise AssertionError("unreachable")
 
     def stream(
-        self, machine: Machine, argv: list[str], *, timeout: float = COMMAND_TIMEOUT
+        self,
+        machine: Machine,
+        argv: list[str],
+        *,
+        timeout: float = COMMAND_TIMEOUT,
+        stdin: bytes | None = None,
     ) -> Iterator[str]:
         connection = self.connection(machine)
         with self._sessions[machine.pk]:
-            yield from connection.stream(argv, timeout=timeout)
+            yield from connection.stream(argv, timeout=timeout, stdin=stdin)
 
     def forget(self, machine_id: int) -> None:
         with self._lock:

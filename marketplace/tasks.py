@@ -32,12 +32,14 @@ def invitations_expire() -> int:
     max_retries=8,
 )
 def rental_launch(self, instance_id: int) -> str:
-    instance = Instance.objects.filter(pk=instance_id).only("team_id").first()
+    instance = Instance.objects.filter(pk=instance_id).first()
     if instance is None:
         return "gone"
     try:
         outcome = scheduler.instance_launch(
-            instance_id=instance_id, ssh_keys=rentals.team_ssh_public_keys(instance.team_id)
+            instance_id=instance_id,
+            ssh_keys=rentals.team_ssh_public_keys(instance.team_id),
+            registry_credentials=rentals.registry_credentials(instance),
         )
     except HostKeyMismatch as error:
         scheduler.instance_transition(

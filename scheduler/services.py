@@ -286,7 +286,12 @@ class LaunchOutcome:
     container_id: str = ""
 
 
-def instance_launch(*, instance_id: int, ssh_keys: list[str] | None = None) -> LaunchOutcome:
+def instance_launch(
+    *,
+    instance_id: int,
+    ssh_keys: list[str] | None = None,
+    registry_credentials: tuple[str, str] | None = None,
+) -> LaunchOutcome:
     """Start the instance's container on its machine; idempotent.
 
     The container name is derived from the instance, so a second run of this (a re-delivered
@@ -308,7 +313,7 @@ def instance_launch(*, instance_id: int, ssh_keys: list[str] | None = None) -> L
             host.start(existing)  # a no-op when it is already running
             container_id = existing
         else:
-            container_id = _run_pulling_if_needed(host, instance, spec)
+            container_id = _run_pulling_if_needed(host, instance, spec, registry_credentials)
     except (HostUnreachable, HostKeyMismatch):
         # Transient or operator-level: leave it launching; the task retries, and the
         # expiry sweep ends it if the machine never comes back.
@@ -341,7 +346,12 @@ def instance_launch(*, instance_id: int, ssh_keys: list[str] | None = None) -> L
     return LaunchOutcome(instance_id, moved.state, container_id)
 
 
-def _run_pulling_if_needed(host: DockerHost, instance: Instance, spec: ContainerSpec) -> str:
+def _run_pulling_if_needed(
+    host: DockerHost,
+    instance: Instance,
+    spec: ContainerSpec,
+    credentials: tuple[str, str] | None = None,
+) -> str:
     """Run with the image as it is; pull (with progress) only when the host lacks it."""
     try:
         return host.run(spec, pull=False)
@@ -356,6 +366,7 @@ def _run_pulling_if_needed(host: DockerHost, instance: Instance, spec: Container
             progress_callback=lambda pct, msg: instance_report_progress(
                 instance=instance, progress=5 + int(pct * 0.85), message=msg
             ),
+            credentials=credentials,
         )
     except CommandFailed as error:
         raise CommandFailed(

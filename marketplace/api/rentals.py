@@ -190,6 +190,13 @@ class RentSerializer(serializers.Serializer):
     args = serializers.ListField(
         child=serializers.CharField(max_length=4096, allow_blank=True), default=list, max_length=64
     )
+    registry_username = serializers.CharField(
+        max_length=255, allow_blank=True, default="", help_text="For a private registry."
+    )
+    registry_password = serializers.CharField(
+        max_length=4096, allow_blank=True, default="", write_only=True,
+        help_text="Stored encrypted; used only to pull the image.",
+    )  # fmt: skip
 
     def validate(self, data):
         validate_launch(
@@ -265,6 +272,8 @@ class InstanceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScop
                 ports=data["ports"],
                 entrypoint=data["entrypoint"],
                 args=data["args"],
+                registry_username=data["registry_username"],
+                registry_password=data["registry_password"],
             ),
         )
         instance = self.get_queryset().get(pk=contract.instance_id)

@@ -24,6 +24,7 @@ from billing import services as billing
 from billing.money import MICRO_PER_DOLLAR, usage_owed
 from hosts.models import Machine
 from marketplace.models import Contract, Offer, SshKey, Team
+from marketplace.secrets_box import seal, unseal
 from scheduler.models import GpuAllocation, Instance, InstanceEvent, InstanceState, LaunchMode
 from scheduler.services import (
     JUPYTER_CONTAINER_PORT,
@@ -169,6 +170,8 @@ class RentalRequest:
     ports: list[int] | None = None
     entrypoint: str = ""
     args: list[str] | None = None
+    registry_username: str = ""
+    registry_password: str = ""
 
 
 def rental_create(*, team: Team, request: RentalRequest) -> Contract:
@@ -195,6 +198,7 @@ def rental_create(*, team: Team, request: RentalRequest) -> Contract:
             args=list(request.args or []),
             env=dict(request.env or {}),
             disk_gb=request.disk_gb,
+            registry_credential=_sealed_credential(request),
             jupyter_token=secrets.token_urlsafe(24)
             if request.launch_mode == LaunchMode.JUPYTER
             else "",
@@ -243,6 +247,26 @@ def rental_create(*, team: Team, request: RentalRequest) -> Contract:
         offer_refresh(machine_id=machine.pk)
         transaction.on_commit(lambda: _enqueue_launch(instance.pk))
     return contract
+
+
+def _sealed_credential(request: RentalRequest) -> dict[str, str]:
+    """A private registry login, the password encrypted at rest; {} for public images."""
+    if not request.registry_username and not request.registry_password:
+        return {}
+    if not request.registry_username or not request.registry_password:
+        raise ValidationError(
+            {"registry_username": "Give both the registry user name and password, or neither."}
+        )
+    return {"username": request.registry_username, "password": seal(request.registry_password)}
+
+
+def registry_credentials(instance: Instance) -> tuple[str, str] | None:
+    """The decrypted login for the instance's private registry, if it has one."""
+    stored = instance.registry_credential or {}
+    if not stored.get("username"):
+        return None
+    password = unseal(stored.get("password", ""))
+    return (stored["username"], password) if password is not None else None
 
 
 def _enqueue_launch(instance_id: int) -> None:

@@ -158,6 +158,8 @@ def rent(request: HttpRequest, machine_id: int) -> HttpResponse:
                 ports=ports,
                 entrypoint=data.get("entrypoint", "").strip(),
                 args=args,
+                registry_username=data.get("registry_username", "").strip(),
+                registry_password=data.get("registry_password", ""),
             ),
         )
     except Exception as error:  # domain errors (402/409) and validation alike become a message

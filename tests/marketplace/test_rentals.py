@@ -380,3 +380,21 @@ def test_ssh_mode_puts_the_team_keys_in_the_container_and_gives_an_ssh_line(fund
         format="json",
     )
     assert run.json()["output"].strip() == " ".join(public_key.split()[:3])
+
+
+def test_private_registry_login_is_stored_encrypted_and_used_for_the_pull(funded_team, machine):
+    client = key_client(funded_team)
+    secret = "s3cret-token-$(id)"
+    body = rent(
+        client, machine, num_gpus=1, image="127.0.0.1:5999/team/private:1",
+        registry_username="robot", registry_password=secret,
+    ).json()  # fmt: skip
+    instance = Instance.objects.get(pk=body["id"])
+    assert secret not in str(Instance.objects.filter(pk=instance.pk).values().get())
+    assert "registry_password" not in body and secret not in str(body)
+    # The login to the (absent) loopback registry fails; the message says so, not the secret.
+    assert instance.state == "failed"
+    assert "could not pull 127.0.0.1:5999/team/private:1" in instance.status_message
+    assert secret not in instance.status_message
+    half = rent(client, machine, num_gpus=1, registry_username="robot")
+    assert half.status_code == 400 and "registry_username" in half.json()["error"]["fields"]
