@@ -55,3 +55,15 @@ def low_balance_notice(team_id: int) -> str | None:
         f"Low balance: {format_usd(available)} available, and extending your running rentals "
         f"by an hour needs {format_usd(burn)}. Top up so you can extend them."
     )
+
+
+def instance_logs(instance: Instance, *, tail: int = 200) -> tuple[str, str]:
+    """(log text, note for the reader): the container's last ``tail`` lines, or why not."""
+    from hosts.runtime import CommandFailed, DockerHost, HostUnreachable
+
+    if not instance.container_id:
+        return "", "The container has not started yet."
+    try:
+        return DockerHost(instance.machine).logs(instance.container_id, tail=tail), ""
+    except (CommandFailed, HostUnreachable) as error:
+        return "", f"Could not read logs: {error}"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from django.db import transaction
 from django.http import Http404
 from django.utils import timezone
 from drf_spectacular.utils import OpenApiParameter, extend_schema
@@ -11,12 +10,11 @@ from rest_framework.decorators import action, api_view
 from rest_framework.response import Response
 
 from billing.money import MICRO_PER_DOLLAR
-from hosts.runtime import CommandFailed, DockerHost, HostUnreachable
 from marketplace import offer_query
 from marketplace.api.base import TeamScopedViewSet
 from marketplace.api.permissions import api_team
 from marketplace.models import Contract, Offer, SshKey
-from marketplace.selectors import instance_connection
+from marketplace.selectors import instance_connection, instance_logs
 from marketplace.services import rentals
 from marketplace.validation import validate_launch
 from scheduler import services as scheduler
@@ -281,31 +279,20 @@ class InstanceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScop
 
     def destroy(self, request, pk=None):
         instance = self.get_object()
-        _enqueue_on_commit("rental_destroy", instance.pk)
+        rentals.rental_destroy_request(instance=instance)
         return Response(InstanceSerializer(instance).data, status=status.HTTP_202_ACCEPTED)
 
     @extend_schema(request=None, responses={202: InstanceSerializer})
     @action(detail=True, methods=["post"])
     def stop(self, request, pk=None):
         instance = self.get_object()
-        if instance.state not in (
-            InstanceState.RUNNING,
-            InstanceState.EXITED,
-            InstanceState.LAUNCHING,
-        ):
-            raise scheduler.InvalidTransition(
-                f"An instance that is {instance.state} cannot be stopped."
-            )
-        _enqueue_on_commit("rental_stop", instance.pk)
+        rentals.rental_stop_request(instance=instance)
         return Response(InstanceSerializer(instance).data, status=status.HTTP_202_ACCEPTED)
 
     @extend_schema(request=None, responses={200: InstanceSerializer})
     @action(detail=True, methods=["post"])
     def start(self, request, pk=None):
-        instance = self.get_object()
-        if instance.contract.ends_at <= timezone.now():
-            raise scheduler.InvalidTransition("The rental period is over; extend it first.")
-        scheduler.instance_start(instance_id=instance.pk)
+        rentals.rental_start(instance=self.get_object())
         return Response(InstanceSerializer(self.get_object()).data)
 
     @extend_schema(request=ExtendSerializer, responses={200: InstanceSerializer})
@@ -325,13 +312,8 @@ class InstanceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScop
             tail = min(max(int(request.query_params.get("tail", 200)), 1), 5000)
         except ValueError:
             raise serializers.ValidationError({"tail": "A whole number of lines."}) from None
-        if not instance.container_id:
-            return Response({"logs": "", "message": "The container has not started yet."})
-        try:
-            text = DockerHost(instance.machine).logs(instance.container_id, tail=tail)
-        except (CommandFailed, HostUnreachable) as error:
-            return Response({"logs": "", "message": f"Could not read logs: {error}"})
-        return Response({"logs": text})
+        text, note = instance_logs(instance, tail=tail)
+        return Response({"logs": text, "message": note})
 
     @extend_schema(request=ExecSerializer, responses={200: dict})
     @action(detail=True, methods=["post"], url_path="exec")
@@ -339,19 +321,8 @@ class InstanceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScop
         instance = self.get_object()
         params = ExecSerializer(data=request.data)
         params.is_valid(raise_exception=True)
-        if instance.state != InstanceState.RUNNING:
-            raise scheduler.InvalidTransition("Commands run only in a running instance.")
-        result = DockerHost(instance.machine).exec(
-            instance.container_id, ["sh", "-c", params.validated_data["command"]]
-        )
+        result = rentals.rental_exec(instance=instance, command=params.validated_data["command"])
         return Response({"exit_code": result.exit_code, "output": result.stdout + result.stderr})
-
-
-def _enqueue_on_commit(task_name: str, instance_id: int) -> None:
-    from marketplace import tasks
-
-    task = getattr(tasks, task_name)
-    transaction.on_commit(lambda: task.delay(instance_id))
 
 
 class SshKeySerializer(serializers.ModelSerializer):

@@ -23,13 +23,16 @@ from django.utils import timezone
 from billing import services as billing
 from billing.money import MICRO_PER_DOLLAR, usage_owed
 from hosts.models import Machine
+from hosts.runtime import CommandResult, DockerHost
 from marketplace.models import Contract, Offer, SshKey, Team
 from marketplace.secrets_box import seal, unseal
 from scheduler.models import GpuAllocation, Instance, InstanceEvent, InstanceState, LaunchMode
 from scheduler.services import (
     JUPYTER_CONTAINER_PORT,
     SSH_CONTAINER_PORT,
+    InvalidTransition,
     allocation_create,
+    instance_start,
 )
 
 SECONDS_PER_MONTH = 30 * 24 * 3600
@@ -550,3 +553,38 @@ def ssh_key_add(*, team: Team, name: str, public_key: str) -> SshKey:
 
 def team_ssh_public_keys(team_id: int) -> list[str]:
     return list(SshKey.objects.filter(team_id=team_id).values_list("public_key", flat=True))
+
+
+# --- renter actions (one place for the console and the API) -------------------------------
+
+STOPPABLE = {InstanceState.RUNNING, InstanceState.EXITED, InstanceState.LAUNCHING}
+
+
+def rental_stop_request(*, instance: Instance) -> None:
+    """Queue a stop (after commit); the GPUs go back, storage is still charged."""
+    if instance.state not in STOPPABLE:
+        raise InvalidTransition(f"An instance that is {instance.state} cannot be stopped.")
+    from marketplace.tasks import rental_stop
+
+    transaction.on_commit(lambda: rental_stop.delay(instance.pk))
+
+
+def rental_destroy_request(*, instance: Instance) -> None:
+    """Queue removal of the container and its data, and the settlement (after commit)."""
+    from marketplace.tasks import rental_destroy
+
+    transaction.on_commit(lambda: rental_destroy.delay(instance.pk))
+
+
+def rental_start(*, instance: Instance) -> Instance:
+    """Start again with the same GPUs (409 if someone has them), within the rental period."""
+    if instance.contract.ends_at <= timezone.now():
+        raise InvalidTransition("The rental period is over; extend it first.")
+    return instance_start(instance_id=instance.pk)
+
+
+def rental_exec(*, instance: Instance, command: str) -> CommandResult:
+    """Run a shell command inside the renter's own running container."""
+    if instance.state != InstanceState.RUNNING:
+        raise InvalidTransition("Commands run only in a running instance.")
+    return DockerHost(instance.machine).exec(instance.container_id, ["sh", "-c", command])

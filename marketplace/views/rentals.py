@@ -12,8 +12,8 @@ from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from billing.money import format_usd
-from hosts.runtime import CommandFailed, DockerHost, HostUnreachable
-from marketplace import offer_query
+from hosts.runtime import CommandFailed, HostUnreachable
+from marketplace import offer_query, selectors
 from marketplace.models import Offer, Role, SshKey
 from marketplace.selectors import instance_connection
 from marketplace.services import rentals
@@ -228,31 +228,19 @@ def instance_action(request: HttpRequest, pk: int, action: str) -> HttpResponse:
     instance = team_object_or_404(
         request.team, Instance.objects.select_related("contract", "machine"), pk=pk
     )
-    from marketplace import tasks
-
     try:
         if action == "stop":
-            if instance.state not in (
-                InstanceState.RUNNING,
-                InstanceState.EXITED,
-                InstanceState.LAUNCHING,
-            ):
-                raise scheduler.InvalidTransition(
-                    f"An instance that is {instance.state} cannot be stopped."
-                )
-            tasks.rental_stop.delay(instance.pk)
+            rentals.rental_stop_request(instance=instance)
             messages.info(request, "Stopping. GPUs are released; storage is still charged.")
         elif action == "start":
-            if instance.contract.ends_at <= timezone.now():
-                raise scheduler.InvalidTransition("The rental period is over; extend it first.")
-            scheduler.instance_start(instance_id=instance.pk)
+            rentals.rental_start(instance=instance)
             messages.success(request, "Started.")
         elif action == "extend":
             hours = _number(request.POST.get("hours"), "hours", float)
             rentals.rental_extend(contract=instance.contract, hours=hours)
             messages.success(request, f"Extended by {hours:g} hours.")
         elif action == "destroy":
-            tasks.rental_destroy.delay(instance.pk)
+            rentals.rental_destroy_request(instance=instance)
             messages.info(
                 request, "Destroying: the container and its data are removed, and the hold settled."
             )
@@ -271,14 +259,7 @@ def instance_action(request: HttpRequest, pk: int, action: str) -> HttpResponse:
 @login_required
 def instance_logs(request: HttpRequest, pk: int) -> HttpResponse:
     instance = team_object_or_404(request.team, Instance.objects.select_related("machine"), pk=pk)
-    text, note = "", ""
-    if not instance.container_id:
-        note = "The container has not started yet."
-    else:
-        try:
-            text = DockerHost(instance.machine).logs(instance.container_id, tail=500)
-        except (CommandFailed, HostUnreachable) as error:
-            note = f"Could not read logs: {error}"
+    text, note = selectors.instance_logs(instance, tail=500)
     return render(request, "marketplace/_logs.html", {"logs": text, "note": note})
 
 
@@ -296,13 +277,9 @@ def instance_exec(request: HttpRequest, pk: int) -> HttpResponse:
             "marketplace/_exec.html",
             {"error": "The command is longer than 4096 characters."},
         )
-    if instance.state != InstanceState.RUNNING:
-        return render(
-            request, "marketplace/_exec.html", {"error": "Commands run only in a running instance."}
-        )
     try:
-        result = DockerHost(instance.machine).exec(instance.container_id, ["sh", "-c", command])
-    except (CommandFailed, HostUnreachable) as error:
+        result = rentals.rental_exec(instance=instance, command=command)
+    except (CommandFailed, HostUnreachable, scheduler.InvalidTransition) as error:
         return render(request, "marketplace/_exec.html", {"error": str(error)})
     return render(
         request,
