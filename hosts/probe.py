@@ -127,3 +127,58 @@ def probe(machine: Machine) -> ProbeResult:
         os_name=parse_os_release(os_release)[:120],
         problems=problems,
     )
+
+
+# --- Reading a container's limits back (the self-test) ----------------------------------------
+
+CGROUP_V2_FILES = ["/sys/fs/cgroup/cpu.max", "/sys/fs/cgroup/memory.max"]
+CGROUP_V1_FILES = [
+    "/sys/fs/cgroup/cpu/cpu.cfs_quota_us",
+    "/sys/fs/cgroup/cpu/cpu.cfs_period_us",
+    "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+]
+# cgroup v1 reports "no limit" as a huge page-aligned number rather than "max".
+_V1_UNLIMITED = 1 << 62
+
+
+@dataclass(frozen=True)
+class CgroupLimits:
+    cpus: float | None  # None: no CPU limit
+    memory_bytes: int | None  # None: no memory limit
+
+
+def parse_cgroup_v2(text: str) -> CgroupLimits:
+    """``cat cpu.max memory.max``: "<quota|max> <period>" then "<bytes|max>"."""
+    lines = text.split()
+    if len(lines) != 3:
+        raise ProbeError(f"cgroup v2 files not understood: {text[:80]!r}")
+    quota, period, memory = lines
+    if not period.isdigit() or not (quota == "max" or quota.isdigit()):
+        raise ProbeError(f"cpu.max not understood: {quota} {period}")
+    if not (memory == "max" or memory.isdigit()):
+        raise ProbeError(f"memory.max not understood: {memory!r}")
+    return CgroupLimits(
+        cpus=None if quota == "max" else int(quota) / int(period),
+        memory_bytes=None if memory == "max" else int(memory),
+    )
+
+
+def parse_cgroup_v1(text: str) -> CgroupLimits:
+    """``cat cpu.cfs_quota_us cpu.cfs_period_us memory.limit_in_bytes``."""
+    values = text.split()
+    if len(values) != 3 or not all(v.lstrip("-").isdigit() for v in values):
+        raise ProbeError(f"cgroup v1 files not understood: {text[:80]!r}")
+    quota, period, memory = (int(v) for v in values)
+    return CgroupLimits(
+        cpus=None if quota < 0 or period <= 0 else quota / period,
+        memory_bytes=None if memory >= _V1_UNLIMITED else memory,
+    )
+
+
+def parse_df_size_kb(text: str) -> int:
+    """``df -k PATH`` (busybox or GNU): the size column (1K-blocks) of the last line."""
+    lines = text.strip().splitlines()
+    fields = lines[-1].split() if len(lines) >= 2 else []
+    if len(fields) < 2 or not fields[1].isdigit():
+        raise ProbeError(f"df line not understood: {text[-80:]!r}")
+    return int(fields[1])

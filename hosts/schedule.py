@@ -11,4 +11,8 @@ BEAT_SCHEDULE: dict[str, dict] = {
         "schedule": timedelta(seconds=int(os.environ.get("HOST_HEARTBEAT_SECONDS", "30"))),
     },
     "host-reprobe": {"task": "hosts.tasks.reprobe_all", "schedule": timedelta(hours=6)},
+    "host-heartbeats-prune": {
+        "task": "hosts.tasks.heartbeats_prune",
+        "schedule": timedelta(hours=1),
+    },
 }

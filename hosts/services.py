@@ -13,18 +13,33 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
+from django.db.models import Count, ProtectedError, Q
 from django.utils import timezone
 
 from hosts import ssh
-from hosts.models import Gpu, HeartbeatSample, Machine, MachineEvent, MachineStatus
+from hosts.models import (
+    Gpu,
+    HeartbeatSample,
+    Machine,
+    MachineEvent,
+    MachineStatus,
+    MaintenanceWindow,
+)
 from hosts.probe import ProbeResult, probe
-from hosts.signals import gpu_missing, machine_changed, machine_status_changed
+from hosts.signals import (
+    gpu_missing,
+    machine_changed,
+    machine_host_key_mismatch,
+    machine_status_changed,
+)
 
 logger = logging.getLogger(__name__)
 
 MAX_PRICE_PER_GPU_HOUR = 1_000 * 1_000_000  # $1,000/GPU-hour: anything above is a typo
 MAX_STORAGE_PRICE = 100 * 1_000_000  # $100/GB-month
 RELIABILITY_WINDOW = timedelta(days=7)
+MAX_MAINTENANCE = timedelta(days=14)
+MAINTENANCE_HORIZON = timedelta(days=365)
 
 
 def heartbeat_seconds() -> int:
@@ -56,11 +71,24 @@ def _set_status(machine: Machine, new: str, reason: str) -> None:
         "reason": reason,
     }
     transaction.on_commit(lambda: machine_status_changed.send_robust(sender=Machine, **payload))
+    if new == MachineStatus.KEY_MISMATCH:
+        presented = machine.offered_key_fingerprint
+        transaction.on_commit(
+            lambda: machine_host_key_mismatch.send_robust(
+                sender=Machine,
+                machine_id=payload["machine_id"],
+                team_id=payload["team_id"],
+                presented=presented,
+            )
+        )
 
 
-def _changed(machine_id: int) -> None:
+def _changed(machine: Machine, what: str) -> None:
+    machine_id, team_id = machine.pk, machine.team_id
     transaction.on_commit(
-        lambda: machine_changed.send_robust(sender=Machine, machine_id=machine_id)
+        lambda: machine_changed.send_robust(
+            sender=Machine, machine_id=machine_id, team_id=team_id, what=what
+        )
     )
 
 
@@ -121,16 +149,60 @@ def machine_fetch_host_key(*, machine_id: int) -> Machine:
 
 @transaction.atomic
 def machine_confirm_host_key(*, machine_id: int, fingerprint: str) -> Machine:
-    """Pin the offered key, if the provider confirms the fingerprint they saw."""
+    """Pin the offered key, if the provider confirms the fingerprint they saw.
+
+    Only the key the machine itself presented (read without trusting it) can be pinned, and
+    only by repeating its fingerprint, so a provider never pins a key they were not shown.
+    After a key change this is also how a provider accepts the machine's new key.
+    """
     machine = Machine.objects.select_for_update().get(pk=machine_id)
     if not machine.offered_key or machine.offered_key_fingerprint != fingerprint.strip():
         raise ValidationError({"fingerprint": "This is not the fingerprint the machine presented."})
+    previous = machine.host_key_fingerprint
     machine.host_key_type, machine.host_key = machine.offered_key_type, machine.offered_key
     machine.host_key_fingerprint = machine.offered_key_fingerprint
-    machine.save(update_fields=["host_key_type", "host_key", "host_key_fingerprint"])
-    _event(machine, "key_pinned", f"Host key {fingerprint} confirmed and pinned")
+    machine.heartbeat_misses = 0
+    machine.save(
+        update_fields=["host_key_type", "host_key", "host_key_fingerprint", "heartbeat_misses"]
+    )
+    if previous and previous != machine.host_key_fingerprint:
+        _event(machine, "key_pinned", f"New host key {fingerprint} pinned (was {previous})")
+    else:
+        _event(machine, "key_pinned", f"Host key {fingerprint} confirmed and pinned")
     _set_status(machine, MachineStatus.PENDING, "Host key pinned; probing")
+    # The pool notices the new key itself (it is part of a connection's identity).
     return machine
+
+
+@transaction.atomic
+def machine_flag_key_mismatch(*, machine_id: int, presented: ssh.RemoteHostKey) -> None:
+    """Mark a machine whose host key changed; remember the new key for the provider to judge.
+
+    Registered with the SSH pool (hosts.apps), so the first command of any room that meets a
+    changed key flags the machine. The pinned key is kept: nothing runs until a person pins
+    a key again.
+    """
+    machine = Machine.objects.select_for_update().filter(pk=machine_id).first()
+    if machine is None or machine.host_key == presented.key_base64:
+        return
+    if machine.offered_key != presented.key_base64:
+        machine.offered_key_type, machine.offered_key = presented.key_type, presented.key_base64
+        machine.offered_key_fingerprint = presented.fingerprint
+        machine.save(update_fields=["offered_key_type", "offered_key", "offered_key_fingerprint"])
+    _set_status(
+        machine,
+        MachineStatus.KEY_MISMATCH,
+        f"The machine now presents {presented.fingerprint}, not the pinned "
+        f"{machine.host_key_fingerprint}; no command runs until a key is pinned again.",
+    )
+
+
+def flag_key_mismatch_handler(machine_id: int, presented: ssh.RemoteHostKey) -> None:
+    """The pool's hook: flagging must never hide the HostKeyMismatch the caller gets."""
+    try:
+        machine_flag_key_mismatch(machine_id=machine_id, presented=presented)
+    except Exception:
+        logger.exception("could not flag machine %s after a host key mismatch", machine_id)
 
 
 def machine_probe(*, machine_id: int) -> Machine:
@@ -196,7 +268,7 @@ def machine_apply_probe(*, machine_id: int, result: ProbeResult) -> Machine:
         _set_status(machine, MachineStatus.ONLINE, "Probe succeeded")
     machine.last_heartbeat_at = timezone.now()
     machine.save(update_fields=["last_heartbeat_at"])
-    _changed(machine.pk)
+    _changed(machine, "probe")
     return machine
 
 
@@ -238,8 +310,8 @@ def machine_set_terms(
     machine.min_gpus, machine.end_date, machine.location = min_gpus, end_date, location
     machine.port_range_start, machine.port_range_end = start, end
     machine.save()
-    _event(machine, "terms", "Listing terms updated")
-    _changed(machine.pk)
+    _event(machine, "terms", _terms_summary(machine))
+    _changed(machine, "terms")
     return machine
 
 
@@ -254,17 +326,23 @@ def machine_set_listed(*, machine_id: int, listed: bool) -> Machine:
     machine.listed = listed
     machine.save(update_fields=["listed"])
     _event(machine, "listing", "Listed" if listed else "Unlisted (running rentals continue)")
-    _changed(machine.pk)
+    _changed(machine, "listing")
     return machine
 
 
 def machine_heartbeat(*, machine_id: int) -> Machine:
-    """One heartbeat over the pooled connection; K misses in a row → offline, a success → online."""
+    """One heartbeat over the pooled connection: `true`, with a short timeout.
+
+    K misses in a row (HOST_HEARTBEAT_MISSES) turn an online machine offline; the next
+    answer turns it online again. Each attempt is recorded as a sample (with the GPUs rented
+    at that moment) for the reliability score and the utilization chart. The SSH round trip
+    happens before the transaction, so a dead machine never holds its row locked.
+    """
     machine = Machine.objects.get(pk=machine_id)
     started = time.monotonic()
     failure = None
     try:
-        ssh.run(machine, ["true"], timeout=10)
+        ssh.run(machine, ["true"], timeout=HEARTBEAT_COMMAND_TIMEOUT)
     except ssh.HostKeyMismatch as error:
         failure = ("key", str(error))
     except (ssh.HostUnreachable, ssh.CommandFailed) as error:
@@ -273,8 +351,13 @@ def machine_heartbeat(*, machine_id: int) -> Machine:
     latency = int((time.monotonic() - started) * 1000)
     with transaction.atomic():
         machine = Machine.objects.select_for_update().get(pk=machine_id)
+        total, rented = _gpus_in_use(machine)
         HeartbeatSample.objects.create(
-            machine=machine, ok=failure is None, latency_ms=latency if not failure else None
+            machine=machine,
+            ok=failure is None,
+            latency_ms=latency if not failure else None,
+            gpus_total=total,
+            gpus_rented=rented,
         )
         now = timezone.now()
         if failure is None:
@@ -285,7 +368,7 @@ def machine_heartbeat(*, machine_id: int) -> Machine:
         elif failure[0] == "key":
             _set_status(machine, MachineStatus.KEY_MISMATCH, failure[1])
         else:
-            machine.heartbeat_misses += 1
+            machine.heartbeat_misses = min(machine.heartbeat_misses + 1, 32767)
             if (
                 machine.heartbeat_misses >= heartbeat_misses_allowed()
                 and machine.status == MachineStatus.ONLINE
@@ -295,17 +378,178 @@ def machine_heartbeat(*, machine_id: int) -> Machine:
                     MachineStatus.OFFLINE,
                     f"{machine.heartbeat_misses} heartbeats missed: {failure[1]}",
                 )
-        machine.reliability = machine_reliability(machine)
+        machine.reliability = machine_reliability(machine, now=now)
         machine.save(update_fields=["heartbeat_misses", "last_heartbeat_at", "reliability"])
-        _changed(machine.pk)
+        _changed(machine, "heartbeat")
     return machine
 
 
+# A heartbeat is `true` on an open connection (milliseconds); one that takes this long is a
+# miss. With a dead connection the pool reconnects once, each connect bounded by
+# ssh.CONNECT_TIMEOUT.
+HEARTBEAT_COMMAND_TIMEOUT = 10.0
+
+
+def offline_bound_seconds() -> int:
+    """The longest a dead machine stays "online": K heartbeat periods plus the last attempt's
+    timeouts (a reconnect and its retry, each bounded by the connect timeout)."""
+    return int(heartbeat_seconds() * heartbeat_misses_allowed() + 2 * ssh.CONNECT_TIMEOUT)
+
+
+def _gpus_in_use(machine: Machine) -> tuple[int, int]:
+    from hosts.selectors import rented_gpu_ids
+
+    present = list(machine.gpus.filter(present=True).values_list("pk", flat=True))
+    rented = rented_gpu_ids([machine.pk])
+    return len(present), sum(1 for gpu_id in present if gpu_id in rented)
+
+
 def machine_reliability(machine: Machine, now: datetime | None = None) -> float:
-    """Answered heartbeats ÷ heartbeats sent over the last 7 days (1.0 before any were sent)."""
+    """Answered heartbeats ÷ heartbeats sent over the last 7 days (1.0 before any were sent).
+
+    Every attempt counts the same, so an hour offline costs the same wherever it falls in
+    the window, and the score recovers as old misses leave the window.
+    """
     since = (now or timezone.now()) - RELIABILITY_WINDOW
-    samples = HeartbeatSample.objects.filter(machine=machine, created_at__gte=since)
-    total = samples.count()
-    if total == 0:
+    counts = HeartbeatSample.objects.filter(machine=machine, created_at__gte=since).aggregate(
+        total=Count("pk"), ok=Count("pk", filter=Q(ok=True))
+    )
+    if not counts["total"]:
         return 1.0
-    return round(samples.filter(ok=True).count() / total, 4)
+    return round(counts["ok"] / counts["total"], 4)
+
+
+def heartbeats_prune(*, older_than: timedelta = RELIABILITY_WINDOW * 2) -> int:
+    """Delete samples that no score or chart reads any more; returns how many went."""
+    deleted, _ = HeartbeatSample.objects.filter(created_at__lt=timezone.now() - older_than).delete()
+    return deleted
+
+
+def _terms_summary(machine: Machine) -> str:
+    until = f", until {machine.end_date:%Y-%m-%d}" if machine.end_date else ""
+    return (
+        f"Terms: ${machine.price_per_gpu_hour / 1_000_000:.4g}/GPU-hour, "
+        f"${machine.storage_price_per_gb_month / 1_000_000:.4g}/GB-month storage, "
+        f"min {machine.min_gpus} GPU(s), region {machine.location or '—'}{until}"
+    )
+
+
+# --- Maintenance windows ------------------------------------------------------------------
+
+
+@transaction.atomic
+def maintenance_window_add(
+    *, machine_id: int, starts_at: datetime, ends_at: datetime, note: str = ""
+) -> MaintenanceWindow:
+    """Announce a maintenance window. No new rental may overlap one (the scheduler asks
+    ``hosts.selectors.maintenance_overlapping``); running rentals are not touched.
+
+    A machine's windows never overlap each other: the machine row is locked while checking,
+    so two concurrent adds cannot both pass.
+    """
+    machine = Machine.objects.select_for_update().get(pk=machine_id)
+    errors: dict[str, str] = {}
+    now = timezone.now()
+    if starts_at is None or timezone.is_naive(starts_at):
+        errors["starts_at"] = "A start date and time with a time zone."
+    if ends_at is None or timezone.is_naive(ends_at):
+        errors["ends_at"] = "An end date and time with a time zone."
+    if not errors:
+        if ends_at <= starts_at:
+            errors["ends_at"] = "The window must end after it starts."
+        elif ends_at <= now:
+            errors["ends_at"] = "The window is already over."
+        elif ends_at - starts_at > MAX_MAINTENANCE:
+            errors["ends_at"] = "A window lasts at most 14 days; unlist the machine instead."
+        elif starts_at > now + MAINTENANCE_HORIZON:
+            errors["starts_at"] = "At most a year ahead."
+    note = (note or "").strip()
+    if len(note) > 200:
+        errors["note"] = "At most 200 characters."
+    if not errors:
+        clash = MaintenanceWindow.objects.filter(
+            machine=machine, starts_at__lt=ends_at, ends_at__gt=starts_at
+        ).first()
+        if clash is not None:
+            errors["starts_at"] = f"It overlaps the window {clash}."
+    if errors:
+        raise ValidationError(errors)
+    window = MaintenanceWindow.objects.create(
+        machine=machine, starts_at=max(starts_at, now), ends_at=ends_at, note=note
+    )
+    _event(
+        machine,
+        "maintenance",
+        f"Maintenance {window.starts_at:%Y-%m-%d %H:%M}–{window.ends_at:%Y-%m-%d %H:%M} UTC"
+        + (f": {note}" if note else ""),
+    )
+    _changed(machine, "maintenance")
+    return window
+
+
+@transaction.atomic
+def maintenance_window_remove(*, machine_id: int, window_id: int) -> None:
+    """Cancel a window of this machine (a window id of another machine changes nothing)."""
+    machine = Machine.objects.select_for_update().get(pk=machine_id)
+    window = MaintenanceWindow.objects.filter(machine=machine, pk=window_id).first()
+    if window is None:
+        raise ValidationError({"window": "No such maintenance window on this machine."})
+    window.delete()
+    _event(machine, "maintenance", f"Maintenance {window} cancelled")
+    _changed(machine, "maintenance")
+
+
+# --- Removal --------------------------------------------------------------------------------
+
+
+def machine_remove(*, machine_id: int) -> None:
+    """Remove a machine that has never been rented (rentals keep their history, so a machine
+    with any on record can only be unlisted). Its pooled connection is closed after commit."""
+    with transaction.atomic():
+        machine = Machine.objects.select_for_update().get(pk=machine_id)
+        try:
+            with transaction.atomic():
+                machine.delete()
+        except ProtectedError:
+            raise ValidationError(
+                {"machine": "It has rentals on record, so it stays; unlist it instead."}
+            ) from None
+        transaction.on_commit(lambda: ssh.pool.forget(machine_id))
+
+
+# --- Self-test ------------------------------------------------------------------------------
+
+
+def machine_self_test(*, machine_id: int, labels: dict[str, str] | None = None) -> Machine:
+    """Probe, then run a small container with known limits and read them back from inside.
+
+    Checks, each recorded with its detail: the probe; the image (pulled if missing); the
+    container starts; the CPU and memory limits seen in its cgroup (v1 or v2) and its
+    /dev/shm size match what was asked; an environment variable arrives; the GPUs are pinned
+    (free GPUs only: a rented GPU is never handed to the test). The container is always
+    removed. Nothing here holds a transaction while SSH runs.
+    """
+    from hosts.selftest import run_self_test
+
+    checks = run_self_test(machine_id=machine_id, labels=labels or {})
+    return _record_self_test(machine_id=machine_id, checks=checks)
+
+
+@transaction.atomic
+def _record_self_test(*, machine_id: int, checks: list[dict]) -> Machine:
+    machine = Machine.objects.select_for_update().get(pk=machine_id)
+    passed = all(check["ok"] for check in checks)
+    machine.self_test_at = timezone.now()
+    machine.self_test_passed = passed
+    machine.self_test_report = checks
+    machine.save(update_fields=["self_test_at", "self_test_passed", "self_test_report"])
+    failed = [check["name"] for check in checks if not check["ok"]]
+    _event(
+        machine,
+        "self_test",
+        "Self-test passed: " + ", ".join(c["name"] for c in checks)
+        if passed
+        else f"Self-test failed: {', '.join(failed)}",
+    )
+    _changed(machine, "self_test")
+    return machine

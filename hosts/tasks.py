@@ -1,4 +1,4 @@
-"""Thin tasks over hosts.services: take ids, reload, call the service."""
+"""Thin tasks over hosts.services: take ids, reload, return early if gone, call the service."""
 
 from __future__ import annotations
 
@@ -31,14 +31,25 @@ def machine_probe(machine_id: int) -> str:
         return "failed"
 
 
+@shared_task(name="hosts.tasks.machine_self_test")
+def machine_self_test(machine_id: int) -> str:
+    if not Machine.objects.filter(pk=machine_id).exclude(host_key="").exists():
+        return "nothing to do"
+    machine = services.machine_self_test(machine_id=machine_id)
+    return "passed" if machine.self_test_passed else "failed"
+
+
 @shared_task(name="hosts.tasks.heartbeats")
 def heartbeats() -> int:
-    """Fan out one heartbeat per watched machine."""
-    watched = Machine.objects.filter(
-        status__in=[MachineStatus.ONLINE, MachineStatus.OFFLINE, MachineStatus.KEY_MISMATCH]
-    ).values_list("pk", flat=True)
+    """Fan out one heartbeat per watched machine. A heartbeat still queued when the next
+    round starts is dropped (``expires``), so a slow worker never piles them up."""
+    watched = list(
+        Machine.objects.filter(
+            status__in=[MachineStatus.ONLINE, MachineStatus.OFFLINE, MachineStatus.KEY_MISMATCH]
+        ).values_list("pk", flat=True)
+    )
     for machine_id in watched:
-        heartbeat.delay(machine_id)
+        heartbeat.apply_async((machine_id,), expires=services.heartbeat_seconds())
     return len(watched)
 
 
@@ -55,3 +66,8 @@ def reprobe_all() -> int:
     for machine_id in ids:
         machine_probe.delay(machine_id)
     return len(ids)
+
+
+@shared_task(name="hosts.tasks.heartbeats_prune", ignore_result=True)
+def heartbeats_prune() -> int:
+    return services.heartbeats_prune()

@@ -282,3 +282,8 @@ STRIPE_WEBHOOK_TOLERANCE = int(os.environ.get("STRIPE_WEBHOOK_TOLERANCE", "300")
 # --- Hosts settings ---
 HOST_HEARTBEAT_SECONDS = int(os.environ.get("HOST_HEARTBEAT_SECONDS", "30"))
 HOST_HEARTBEAT_MISSES = int(os.environ.get("HOST_HEARTBEAT_MISSES", "3"))
+# Image of the self-test container: small, with sh, sleep, cat, df and env. Simulated
+# hosts have gpumkt/busybox (made without a registry); real machines pull busybox.
+HOST_SELFTEST_IMAGE = os.environ.get(
+    "HOST_SELFTEST_IMAGE", "gpumkt/busybox:latest" if DEBUG else "busybox:1.36"
+)

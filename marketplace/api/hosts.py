@@ -10,7 +10,7 @@ from rest_framework.response import Response
 from rest_framework.routers import SimpleRouter
 
 from hosts import services, tasks
-from hosts.models import Gpu, Machine
+from hosts.models import Gpu, Machine, MachineEvent, MaintenanceWindow
 from marketplace.api.base import TeamScopedViewSet
 from marketplace.models import Role
 
@@ -33,6 +33,7 @@ class MachineSerializer(serializers.ModelSerializer):
             "storage_price_per_gb_month", "min_gpus", "end_date", "location", "cpu_cores", "ram_mb",
             "disk_free_gb", "docker_version", "nvidia_runtime", "driver_version", "cuda_version",
             "os_name", "port_range_start", "port_range_end", "reliability", "last_heartbeat_at",
+            "verified", "probed_at", "self_test_at", "self_test_passed", "self_test_report",
             "gpus", "unit", "created_at",
         ]  # fmt: skip
         read_only_fields = fields
@@ -42,7 +43,23 @@ class MachineSerializer(serializers.ModelSerializer):
             "cpus": machine.unit_cpus,
             "memory_mb": machine.unit_memory_mb,
             "disk_gb": machine.unit_disk_gb,
+            "shm_mb": machine.unit_shm_mb,
         }
+
+
+class MachineEventSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = MachineEvent
+        fields = ["id", "kind", "message", "created_at"]
+        read_only_fields = fields
+
+
+class MaintenanceWindowSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = MaintenanceWindow
+        fields = ["id", "starts_at", "ends_at", "note"]
+        read_only_fields = ["id"]
+        extra_kwargs = {"note": {"required": False, "default": ""}}
 
 
 class MachineRegisterSerializer(serializers.Serializer):
@@ -123,6 +140,66 @@ class MachineViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScope
         params.is_valid(raise_exception=True)
         services.machine_set_listed(machine_id=machine.pk, listed=params.validated_data["listed"])
         return Response(MachineSerializer(self.get_object()).data)
+
+    @extend_schema(request=None, responses={202: MachineSerializer})
+    @action(detail=True, methods=["post"])
+    def reconnect(self, request, pk=None):
+        """Read the host key the machine presents again (after a key change, say)."""
+        machine = self.get_object()
+        transaction.on_commit(lambda: tasks.machine_connect.delay(machine.pk))
+        return Response(MachineSerializer(machine).data, status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(request=None, responses={202: MachineSerializer})
+    @action(detail=True, methods=["post"], url_path="self-test")
+    def self_test(self, request, pk=None):
+        """Probe, run a test container and check its limits; the result lands on the machine
+        (``self_test_passed``, ``self_test_report``)."""
+        machine = self.get_object()
+        transaction.on_commit(lambda: tasks.machine_self_test.delay(machine.pk))
+        return Response(MachineSerializer(machine).data, status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(request=None, responses=MachineEventSerializer(many=True))
+    @action(detail=True, methods=["get"])
+    def events(self, request, pk=None):
+        machine = self.get_object()
+        page = self.paginate_queryset(machine.events.all())
+        return self.get_paginated_response(MachineEventSerializer(page, many=True).data)
+
+    @extend_schema(methods=["get"], request=None, responses=MaintenanceWindowSerializer(many=True))
+    @extend_schema(
+        methods=["post"],
+        request=MaintenanceWindowSerializer,
+        responses={201: MaintenanceWindowSerializer},
+    )
+    @action(detail=True, methods=["get", "post"])
+    def maintenance(self, request, pk=None):
+        """Maintenance windows: no new rental may overlap one."""
+        machine = self.get_object()
+        if request.method == "GET":
+            windows = machine.maintenance_windows.all()
+            return Response(MaintenanceWindowSerializer(windows, many=True).data)
+        params = MaintenanceWindowSerializer(data=request.data)
+        params.is_valid(raise_exception=True)
+        window = services.maintenance_window_add(machine_id=machine.pk, **params.validated_data)
+        return Response(MaintenanceWindowSerializer(window).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=None, responses={204: None})
+    @action(
+        detail=True,
+        methods=["delete"],
+        url_path=r"maintenance/(?P<window_id>[0-9]+)",
+        url_name="maintenance-cancel",
+    )
+    def maintenance_cancel(self, request, pk=None, window_id=None):
+        machine = self.get_object()
+        services.maintenance_window_remove(machine_id=machine.pk, window_id=int(window_id))
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+    def destroy(self, request, pk=None):
+        """Remove a machine that was never rented (otherwise 400: unlist it instead)."""
+        machine = self.get_object()
+        services.machine_remove(machine_id=machine.pk)
+        return Response(status=status.HTTP_204_NO_CONTENT)
 
 
 router = SimpleRouter()

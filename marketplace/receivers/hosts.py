@@ -22,8 +22,12 @@ def on_machine_status_changed(sender, *, machine_id, team_id, old, new, reason, 
 
 
 @receiver(machine_changed, dispatch_uid="marketplace.machine_changed")
-def on_machine_changed(sender, *, machine_id, **kwargs):
+def on_machine_changed(sender, *, machine_id, team_id=None, what="", **kwargs):
     offer_refresh(machine_id=machine_id)
+    # Heartbeats change only the reliability figure, every few seconds per machine: not
+    # worth re-rendering every open console for.
+    if team_id is not None and what != "heartbeat":
+        publish_team_event(team_id, "machine.changed", {"id": machine_id, "what": what})
 
 
 def rented_gpus(machine_ids: list[int]) -> dict[int, str]:

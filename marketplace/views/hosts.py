@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from datetime import datetime, time
+from collections.abc import Callable
+from datetime import UTC, datetime, time
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
@@ -18,8 +19,8 @@ from billing.errors import InvalidAmount
 from billing.money import parse_usd
 from hosts import services, tasks
 from hosts.keys import platform_public_key
-from hosts.models import Machine
-from hosts.selectors import gpu_occupancy, heartbeat_series
+from hosts.models import Machine, MachineStatus
+from hosts.selectors import HourPoint, gpu_occupancy, hourly_history
 from marketplace.models import Role
 from marketplace.tenancy import team_object_or_404, team_objects
 
@@ -42,13 +43,24 @@ def machines(request: HttpRequest) -> HttpResponse:
     found = list(team_objects(request.team, Machine.objects.all()))
     grid = gpu_occupancy(found)
     rows = [(m, grid[m.pk]) for m in found]
+    gpus = sum(len(cells) for cells in grid.values())
+    rented = sum(state == "rented" for cells in grid.values() for _, state in cells)
     totals = {
         "machines": len(found),
-        "online": sum(m.status == "online" for m in found),
-        "gpus": sum(len(cells) for cells in grid.values()),
-        "rented": sum(state == "rented" for cells in grid.values() for _, state in cells),
+        "online": sum(m.status == MachineStatus.ONLINE for m in found),
+        "attention": sum(
+            m.status in (MachineStatus.OFFLINE, MachineStatus.KEY_MISMATCH, MachineStatus.ERROR)
+            for m in found
+        ),
+        "gpus": gpus,
+        "rented": rented,
+        "utilization": rented / gpus if gpus else 0.0,
     }
-    return render(request, "hosts/machines.html", {"rows": rows, "totals": totals})
+    return render(
+        request,
+        "hosts/machines.html",
+        {"rows": rows, "totals": totals, "can_admin": request.membership.allows(Role.ADMIN)},
+    )
 
 
 @login_required
@@ -84,37 +96,52 @@ def machine_add(request: HttpRequest) -> HttpResponse:
 def machine_detail(request: HttpRequest, pk: int) -> HttpResponse:
     machine = team_object_or_404(request.team, Machine.objects.all(), pk=pk)
     cells = gpu_occupancy([machine])[machine.pk]
-    series = heartbeat_series(machine)
+    history = hourly_history(machine)
+    now = timezone.now()
     context = {
         "machine": machine,
         "cells": cells,
+        "rented": sum(state == "rented" for _, state in cells),
         "events": machine.events.all()[:40],
-        "series": series,
-        "chart": _uptime_chart(series),
-        "windows": machine.maintenance_windows.filter(ends_at__gt=timezone.now()),
+        "uptime_chart": _bar_chart(history, lambda p: p.answered, bad_below=0.99),
+        "utilization_chart": _bar_chart(history, lambda p: p.utilization),
+        "windows": machine.maintenance_windows.filter(ends_at__gt=now),
+        "in_maintenance": machine.maintenance_windows.filter(
+            starts_at__lte=now, ends_at__gt=now
+        ).exists(),
         "public_key": platform_public_key(),
         "can_admin": request.membership.allows(Role.ADMIN),
         "price": machine.price_per_gpu_hour / 1_000_000,
         "storage_price": machine.storage_price_per_gb_month / 1_000_000,
+        "heartbeat_seconds": services.heartbeat_seconds(),
+        "heartbeat_misses": services.heartbeat_misses_allowed(),
+        "offline_bound": services.offline_bound_seconds(),
+        "reliability_days": services.RELIABILITY_WINDOW.days,
     }
     return render(request, "hosts/machine_detail.html", context)
 
 
-def _uptime_chart(series: list[tuple[str, float, int]]) -> dict[str, object]:
-    """Bars of the share of heartbeats answered per hour, as SVG coordinates."""
-    width, height = 560, 120
-    if not series:
-        return {"bars": [], "width": width, "height": height}
-    step = width / len(series)
+def _bar_chart(
+    points: list[HourPoint], value: Callable[[HourPoint], float], *, bad_below: float = -1.0
+) -> dict[str, object]:
+    """One bar per hour of ``value(point)`` (0..1), as SVG coordinates with 0/50/100% lines."""
+    width, height, left, bottom = 560, 130, 34, 16
+    plot_h = height - bottom - 6
+    grid = [{"y": round(6 + plot_h * (1 - f), 1), "label": f"{int(f * 100)}%"} for f in (0, 0.5, 1)]
+    if not points:
+        return {"bars": [], "width": width, "height": height, "grid": grid, "left": left}
+    step = (width - left) / len(points)
     bars = []
-    for i, (label, share, total) in enumerate(series):
-        bar_height = max(share * (height - 20), 2)
+    for i, point in enumerate(points):
+        share = min(max(value(point), 0.0), 1.0)
+        bar_h = max(share * plot_h, 1.5)
         bars.append({
-            "x": round(i * step + 2, 1), "y": round(height - 16 - bar_height, 1), "w": round(max(step - 4, 2), 1),
-            "h": round(bar_height, 1), "label": label, "share": round(share * 100), "total": total,
-            "bad": share < 0.99, "show_label": i % max(len(series) // 6, 1) == 0,
+            "x": round(left + i * step + 1, 1), "y": round(6 + plot_h - bar_h, 1),
+            "w": round(max(step - 2, 1.5), 1), "h": round(bar_h, 1), "label": point.label,
+            "share": round(share * 100), "samples": point.samples, "gpus": point.gpus,
+            "bad": share < bad_below, "show_label": i % max(len(points) // 6, 1) == 0,
         })  # fmt: skip
-    return {"bars": bars, "width": width, "height": height}
+    return {"bars": bars, "width": width, "height": height, "grid": grid, "left": left}
 
 
 @login_required
@@ -130,11 +157,33 @@ def machine_action(request: HttpRequest, pk: int, action: str) -> HttpResponse:
             transaction.on_commit(lambda: tasks.machine_probe.delay(machine.pk))
             messages.success(request, "Host key pinned. Probing the machine…")
         elif action == "reconnect":
-            tasks.machine_connect.delay(machine.pk)
+            transaction.on_commit(lambda: tasks.machine_connect.delay(machine.pk))
             messages.info(request, "Reading the host key again.")
         elif action == "probe":
-            tasks.machine_probe.delay(machine.pk)
-            messages.info(request, "Probing…")
+            transaction.on_commit(lambda: tasks.machine_probe.delay(machine.pk))
+            messages.info(request, "Probing… the figures below update when it is done.")
+        elif action == "self-test":
+            transaction.on_commit(lambda: tasks.machine_self_test.delay(machine.pk))
+            messages.info(request, "Self-test started: probe, test container, limits.")
+        elif action == "maintenance":
+            services.maintenance_window_add(
+                machine_id=machine.pk,
+                starts_at=_moment(request.POST.get("starts_at", ""), "starts_at"),
+                ends_at=_moment(request.POST.get("ends_at", ""), "ends_at"),
+                note=request.POST.get("note", ""),
+            )
+            messages.success(request, "Maintenance window added: no new rental will overlap it.")
+        elif action == "maintenance-cancel":
+            try:
+                window_id = int(request.POST.get("window", ""))
+            except ValueError:
+                raise ValidationError({"window": "No such maintenance window."}) from None
+            services.maintenance_window_remove(machine_id=machine.pk, window_id=window_id)
+            messages.success(request, "Maintenance window cancelled.")
+        elif action == "remove":
+            services.machine_remove(machine_id=machine.pk)
+            messages.success(request, f"{machine.name} removed.")
+            return redirect("machines")
         elif action == "terms":
             services.machine_set_terms(
                 machine_id=machine.pk,
@@ -166,6 +215,15 @@ def machine_action(request: HttpRequest, pk: int, action: str) -> HttpResponse:
     except ValueError:
         messages.error(request, "Minimum GPUs must be a whole number.")
     return redirect("machine-detail", pk=machine.pk)
+
+
+def _moment(text: str, field: str) -> datetime:
+    """A ``datetime-local`` input (the browser's local time is taken as UTC, and said so)."""
+    try:
+        moment = datetime.strptime(text.strip(), "%Y-%m-%dT%H:%M")
+    except ValueError:
+        raise ValidationError({field: "Use a date and time like 2027-06-30 22:00."}) from None
+    return moment.replace(tzinfo=UTC)
 
 
 def _end_date(text: str) -> datetime | None:
