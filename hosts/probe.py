@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from hosts import ssh
+from hosts.runtime import GPU_UUID
 
 if TYPE_CHECKING:
     from hosts.models import Machine
@@ -61,7 +62,7 @@ def parse_gpu_csv(text: str) -> list[ProbedGpu]:
         index, uuid, name, memory, driver = parts
         if not index.isdigit() or not memory.isdigit():
             raise ProbeError(f"nvidia-smi line {number} is not index/memory numbers: {line[:80]!r}")
-        if not re.match(r"^(GPU|MIG)-[0-9A-Za-z-]{8,80}$", uuid):
+        if not GPU_UUID.fullmatch(uuid):
             raise ProbeError(f"nvidia-smi line {number} has no GPU UUID: {uuid[:40]!r}")
         gpus.append(ProbedGpu(int(index), uuid, name[:120], int(memory), driver[:40]))
     return gpus

@@ -29,6 +29,9 @@ __all__ = [
 
 PLATFORM_LABEL = "gpumkt.platform"
 MACHINE_LABEL = "gpumkt.machine"
+# Docker can cap a container's writable layer only on overlay2 over xfs with project quotas
+# (--storage-opt size=…), which most hosts lack; the disk share is recorded, not enforced.
+DISK_LABEL = "gpumkt.disk_gb"
 
 # Docker's reference grammar: [registry[:port]/]path[:tag][@digest], lower-case path.
 _COMPONENT = r"[a-z0-9]+(?:(?:\.|_|__|-+)[a-z0-9]+)*"
@@ -39,7 +42,10 @@ _IMAGE = re.compile(
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 _LABEL_KEY = re.compile(r"^[a-z0-9][a-z0-9._-]{0,127}$")
 _NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,127}$")
-_GPU_UUID = re.compile(r"^(GPU|MIG)-[0-9A-Za-z-]{8,80}$")
+_UUID = r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
+# As nvidia-smi prints them: GPU-<uuid>, MIG-<uuid>, or the older MIG-GPU-<uuid>/<gi>/<ci>.
+GPU_UUID = re.compile(rf"(?:GPU|MIG)-{_UUID}|MIG-GPU-{_UUID}/[0-9]{{1,3}}/[0-9]{{1,3}}")
+_GPU_UUID = GPU_UUID
 _CONTAINER_REF = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,127}$")
 PROGRAM_NAME = re.compile(r"^[A-Za-z0-9_./+][A-Za-z0-9_./+-]{0,254}$")
 
@@ -56,20 +62,35 @@ def _no_control(value: str, name: str, *, newlines: bool = False) -> None:
         raise InvalidContainerSpec(name, "must not contain NUL or line breaks")
 
 
+def _text(value: object, name: str) -> str:
+    if not isinstance(value, str):
+        raise InvalidContainerSpec(name, f"must be text, not {type(value).__name__}")
+    return value
+
+
+def _whole_number(value: object, name: str, low: int, high: int, unit: str = "") -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise InvalidContainerSpec(name, f"must be a whole number from {low} to {high}{unit}")
+    return value
+
+
 def validate_image(image: str) -> None:
+    _text(image, "image")
     if not image or len(image) > 255:
         raise InvalidContainerSpec("image", "give an image name of at most 255 characters")
-    if not _IMAGE.match(image):
+    if not _IMAGE.fullmatch(image):
         raise InvalidContainerSpec(
             "image", f"'{image[:60]}' is not a Docker image name like 'pytorch/pytorch:2.3.0'"
         )
 
 
 def validate_env(env: dict[str, str]) -> None:
+    if not isinstance(env, dict):
+        raise InvalidContainerSpec("env", "must be a mapping of names to values")
     if len(env) > 200:
         raise InvalidContainerSpec("env", "at most 200 variables")
     for key, value in env.items():
-        if not _ENV_KEY.match(key):
+        if not isinstance(key, str) or not _ENV_KEY.fullmatch(key):
             raise InvalidContainerSpec(
                 "env", f"'{key[:40]}' is not a variable name (letters, digits, _)"
             )
@@ -83,7 +104,12 @@ def validate_env(env: dict[str, str]) -> None:
 def validate_ports(ports: list[tuple[int, int, str]]) -> None:
     if len(ports) > 32:
         raise InvalidContainerSpec("ports", "at most 32 ports")
-    for container_port, host_port, protocol in ports:
+    for entry in ports:
+        if not isinstance(entry, tuple | list) or len(entry) != 3:
+            raise InvalidContainerSpec(
+                "ports", f"{entry!r} is not (container port, host port, protocol)"
+            )
+        container_port, host_port, protocol = entry
         for value in (container_port, host_port):
             if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 65535:
                 raise InvalidContainerSpec("ports", f"{value!r} is not a port number (1-65535)")
@@ -113,29 +139,47 @@ class ContainerSpec:
     entrypoint: str | None = None
     args: list[str] = field(default_factory=list)
 
+    disk_gb: int | None = None  # the units' disk share, recorded as a label
+
     def __post_init__(self) -> None:
-        if not _NAME.match(self.name):
+        if not _NAME.fullmatch(_text(self.name, "name")):
             raise InvalidContainerSpec("name", "letters, digits, '_', '.', '-' only")
         validate_image(self.image)
         validate_env(self.env)
+        if not isinstance(self.ports, list | tuple):
+            raise InvalidContainerSpec("ports", "must be a list of (container, host, protocol)")
         validate_ports(list(self.ports))
-        if not (0 < self.cpus <= 1024):
-            raise InvalidContainerSpec("cpus", "must be between 0 and 1024")
-        if not (6 <= self.memory_mb <= 64 * 1024 * 1024):
-            raise InvalidContainerSpec("memory_mb", "must be at least 6 MB")
-        if not (1 <= self.shm_mb <= self.memory_mb):
-            raise InvalidContainerSpec("shm_mb", "must be between 1 MB and the memory limit")
+        if (
+            not isinstance(self.cpus, int | float)
+            or isinstance(self.cpus, bool)
+            or not (0 < self.cpus <= 1024)
+        ):
+            raise InvalidContainerSpec("cpus", "must be a number between 0 and 1024")
+        _whole_number(self.memory_mb, "memory_mb", 6, 64 * 1024 * 1024, " MB")
+        _whole_number(self.shm_mb, "shm_mb", 1, self.memory_mb, " MB (the memory limit)")
+        if self.disk_gb is not None:
+            _whole_number(self.disk_gb, "disk_gb", 1, 1_000_000, " GB")
+        if not isinstance(self.labels, dict):
+            raise InvalidContainerSpec("labels", "must be a mapping of keys to values")
         for key, value in self.labels.items():
-            if not _LABEL_KEY.match(key):
-                raise InvalidContainerSpec("labels", f"'{key[:40]}' is not a label key")
+            if not isinstance(key, str) or not _LABEL_KEY.fullmatch(key):
+                raise InvalidContainerSpec("labels", f"'{str(key)[:40]}' is not a label key")
+            if len(_text(value, "labels")) > 1024:
+                raise InvalidContainerSpec("labels", f"{key}'s value is over 1024 characters")
             _no_control(value, "labels")
+        if not isinstance(self.gpu_uuids, list | tuple):
+            raise InvalidContainerSpec("gpu_uuids", "must be a list of GPU UUIDs")
         for uuid in self.gpu_uuids:
-            if not _GPU_UUID.match(uuid):
-                raise InvalidContainerSpec("gpu_uuids", f"'{uuid[:40]}' is not a GPU UUID")
-        if self.entrypoint is not None and not PROGRAM_NAME.match(self.entrypoint):
+            if not isinstance(uuid, str) or not _GPU_UUID.fullmatch(uuid):
+                raise InvalidContainerSpec("gpu_uuids", f"'{str(uuid)[:40]}' is not a GPU UUID")
+        if self.entrypoint is not None and not PROGRAM_NAME.fullmatch(
+            _text(self.entrypoint, "entrypoint")
+        ):
             raise InvalidContainerSpec(
                 "entrypoint", "a program name or path (letters, digits, / . _ + -), not an option"
             )
+        if not isinstance(self.args, list | tuple):
+            raise InvalidContainerSpec("args", "must be a list of arguments")
         if len(self.args) > 64:
             raise InvalidContainerSpec("args", "at most 64 arguments")
         for arg in self.args:
@@ -150,6 +194,8 @@ def docker_run_argv(spec: ContainerSpec, *, machine_id: int, nvidia_runtime: boo
     """The exact ``docker run`` argv for a spec. Pure; every value is one argv element."""
     argv = ["docker", "run", "--detach", "--name", spec.name, "--restart", "no"]
     labels = {**spec.labels, PLATFORM_LABEL: "1", MACHINE_LABEL: str(machine_id)}
+    if spec.disk_gb is not None:
+        labels[DISK_LABEL] = str(spec.disk_gb)
     for key in sorted(labels):
         argv += ["--label", f"{key}={labels[key]}"]
     argv += [
@@ -194,7 +240,7 @@ class ContainerState:
 
 
 def _container_ref(ref: str) -> str:
-    if not _CONTAINER_REF.match(ref or ""):
+    if not _CONTAINER_REF.fullmatch(ref or ""):
         raise InvalidContainerSpec("container", f"'{str(ref)[:40]}' is not a container id or name")
     return ref
 

@@ -37,7 +37,7 @@ def test_argv_is_exactly_the_expected_one():
     argv = docker_run_argv(
         spec(
             labels={"gpumkt.instance": "u-1"}, env={"A": "1"}, ports=[(22, 20001, "tcp")],
-            gpu_uuids=["GPU-aaaaaaaa-1111", "GPU-bbbbbbbb-2222"], entrypoint="/bin/sh", args=["-c", "echo hi"],
+            gpu_uuids=["GPU-aaaaaaaa-1111-2222-3333-444444444444", "GPU-bbbbbbbb-2222-3333-4444-555555555555"], entrypoint="/bin/sh", args=["-c", "echo hi"],
         ),
         machine_id=7,
         nvidia_runtime=True,
@@ -47,7 +47,7 @@ def test_argv_is_exactly_the_expected_one():
         "--label", "gpumkt.instance=u-1", "--label", "gpumkt.machine=7", "--label", "gpumkt.platform=1",
         "--cpus", "4", "--memory", "8192m", "--memory-reservation", "6553m", "--shm-size", "4096m",
         "--security-opt", "no-new-privileges", "--pids-limit", "4096",
-        "--gpus", '"device=GPU-aaaaaaaa-1111,GPU-bbbbbbbb-2222"',
+        "--gpus", '"device=GPU-aaaaaaaa-1111-2222-3333-444444444444,GPU-bbbbbbbb-2222-3333-4444-555555555555"',
         "--env", "A=1", "--publish", "20001:22/tcp", "--entrypoint", "/bin/sh",
         "pytorch/pytorch:2.3.0", "-c", "echo hi",
     ]  # fmt: skip
@@ -55,23 +55,28 @@ def test_argv_is_exactly_the_expected_one():
 
 def test_without_the_nvidia_runtime_gpus_go_in_nvidia_visible_devices():
     argv = docker_run_argv(
-        spec(gpu_uuids=["GPU-aaaaaaaa-1111"]), machine_id=1, nvidia_runtime=False
+        spec(gpu_uuids=["GPU-aaaaaaaa-1111-2222-3333-444444444444"]),
+        machine_id=1,
+        nvidia_runtime=False,
     )
     assert "--gpus" not in argv
-    assert argv[argv.index("NVIDIA_VISIBLE_DEVICES=GPU-aaaaaaaa-1111") - 1] == "--env"
+    assert (
+        argv[argv.index("NVIDIA_VISIBLE_DEVICES=GPU-aaaaaaaa-1111-2222-3333-444444444444") - 1]
+        == "--env"
+    )
 
 
 def test_renter_nvidia_variables_are_dropped():
     argv = docker_run_argv(
         spec(
             env={"NVIDIA_VISIBLE_DEVICES": "all", "nvidia_driver_capabilities": "all", "OK": "1"},
-            gpu_uuids=["GPU-aaaaaaaa-1111"],
+            gpu_uuids=["GPU-aaaaaaaa-1111-2222-3333-444444444444"],
         ),
         machine_id=1,
         nvidia_runtime=False,
     )
     envs = [argv[i + 1] for i, a in enumerate(argv) if a == "--env"]
-    assert envs == ["NVIDIA_VISIBLE_DEVICES=GPU-aaaaaaaa-1111", "OK=1"]
+    assert envs == ["NVIDIA_VISIBLE_DEVICES=GPU-aaaaaaaa-1111-2222-3333-444444444444", "OK=1"]
 
 
 @pytest.mark.parametrize("value", NASTY)
@@ -127,7 +132,17 @@ def test_bad_label_keys_are_rejected(label):
     assert caught.value.field == "labels"
 
 
-@pytest.mark.parametrize("uuid", ["all", "0", "GPU-x; rm", "--privileged"])
+@pytest.mark.parametrize(
+    "uuid",
+    [
+        "all",
+        "0",
+        "GPU-x; rm",
+        "--privileged",
+        "GPU-aaaaaaaa-1111",
+        "GPU-aaaaaaaa-1111-2222-3333-44444444444g",
+    ],
+)
 def test_gpu_uuids_must_be_uuids(uuid):
     with pytest.raises(InvalidContainerSpec) as caught:
         spec(gpu_uuids=[uuid])
@@ -155,3 +170,99 @@ def test_args_can_never_become_docker_options():
         "/:/h",
     ]  # after the image: the container's argv
     assert "--privileged" not in argv[:image_at]
+
+
+# Every field of a spec, fed the same hostile values: each is either rejected naming that
+# field, or reaches the argv as exactly one element, in its place, never as a docker option.
+HOSTILE = [*NASTY, "ok\n", "\nok", "-v /:/h", "--network=host", "/var/run/docker.sock", "\0"]
+STRICT_TEXT_FIELDS = ["name", "image", "entrypoint"]
+
+
+@pytest.mark.parametrize("value", HOSTILE)
+@pytest.mark.parametrize("field", STRICT_TEXT_FIELDS)
+def test_hostile_text_in_strict_fields_is_rejected(field, value):
+    if field == "entrypoint" and value == "/var/run/docker.sock":
+        # A path inside the container (the socket is never mounted): a valid program path,
+        # and it stays the one element after --entrypoint.
+        argv = docker_run_argv(spec(entrypoint=value), machine_id=1, nvidia_runtime=False)
+        assert argv[argv.index("--entrypoint") + 1] == value
+        return
+    with pytest.raises(InvalidContainerSpec) as caught:
+        spec(**{field: value})
+    assert caught.value.field == field
+
+
+@pytest.mark.parametrize("value", HOSTILE)
+def test_hostile_label_values_are_one_element_or_rejected(value):
+    try:
+        made = spec(labels={"gpumkt.note": value})
+    except InvalidContainerSpec as error:
+        assert error.field == "labels"
+        assert any(c in value for c in "\n\r\0")  # only line breaks and NUL are refused
+        return
+    argv = docker_run_argv(made, machine_id=1, nvidia_runtime=True)
+    assert argv[argv.index(f"gpumkt.note={value}") - 1] == "--label"
+    assert shlex.split(shlex.join(argv)) == argv
+
+
+@pytest.mark.parametrize("value", HOSTILE)
+def test_hostile_env_keys_gpu_uuids_and_label_keys_are_rejected(value):
+    for field, overrides in [
+        ("env", {"env": {value: "1"}}),
+        ("gpu_uuids", {"gpu_uuids": [value]}),
+        ("gpu_uuids", {"gpu_uuids": ["GPU-aaaaaaaa-1111-2222-3333-444444444444" + value]}),
+        ("labels", {"labels": {value: "1"}}),
+        ("ports", {"ports": [(22, 20000, value)]}),
+    ]:
+        with pytest.raises(InvalidContainerSpec) as caught:
+            spec(**overrides)
+        assert caught.value.field == field, (field, value)
+
+
+@pytest.mark.parametrize("value", HOSTILE)
+def test_hostile_env_values_and_args_stay_exactly_one_element(value):
+    if "\0" in value:
+        with pytest.raises(InvalidContainerSpec):
+            spec(env={"V": value})
+        return
+    argv = docker_run_argv(
+        spec(env={"V": value}, args=[value, "x"]), machine_id=1, nvidia_runtime=False
+    )
+    image_at = argv.index("pytorch/pytorch:2.3.0")
+    assert argv[image_at + 1 :] == [value, "x"]
+    assert argv[argv.index(f"V={value}") - 1] == "--env"
+    assert shlex.split(shlex.join(argv)) == argv
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("cpus", "4; reboot"), ("cpus", True), ("cpus", float("nan")), ("cpus", -1),
+        ("memory_mb", "8192m"), ("memory_mb", 8192.5), ("memory_mb", True),
+        ("shm_mb", "64m"), ("shm_mb", None),
+        ("disk_gb", "10 --privileged"), ("disk_gb", 0),
+        ("name", 42), ("image", None), ("entrypoint", ["sh"]),
+        ("env", [("A", "1")]), ("env", {"A": 1}), ("labels", {"a": 1}), ("labels", "a=b"),
+        ("ports", [(22, 20000)]), ("ports", "22:20000"), ("ports", [(True, 20000, "tcp")]),
+        ("gpu_uuids", "GPU-aaaaaaaa-1111-2222-3333-444444444444"), ("gpu_uuids", [None]),
+        ("args", "--privileged"), ("args", [1]),
+    ],
+)  # fmt: skip
+def test_values_of_the_wrong_kind_are_rejected_naming_the_field(field, value):
+    with pytest.raises(InvalidContainerSpec) as caught:
+        spec(**{field: value})
+    assert caught.value.field == field
+
+
+def test_disk_share_is_recorded_as_a_label():
+    argv = docker_run_argv(spec(disk_gb=90), machine_id=3, nvidia_runtime=False)
+    assert argv[argv.index("gpumkt.disk_gb=90") - 1] == "--label"
+
+
+def test_renter_labels_cannot_impersonate_the_platform_labels():
+    argv = docker_run_argv(
+        spec(labels={"gpumkt.machine": "99", "gpumkt.platform": "0"}), machine_id=3,
+        nvidia_runtime=False,
+    )  # fmt: skip
+    labels = [argv[i + 1] for i, a in enumerate(argv) if a == "--label"]
+    assert labels == ["gpumkt.machine=3", "gpumkt.platform=1"]
