@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from django.db import transaction
-
 from hosts import services, ssh
 from hosts.models import Machine
 
@@ -16,38 +14,52 @@ DEMO_REGIONS = ["US", "EU", "CA"]
 
 
 def demo_step(users: dict, simhosts: list[dict]) -> str:
+    """Register each simulated host (from hosts.json) as a machine of the provider's personal
+    team: read its key, pin it when it is the one hosts.json names (the run command made
+    these hosts, so it vouches for their keys), probe, price and list. Safe to run again:
+    existing machines are refreshed, a host whose key changed is re-pinned."""
     provider = users["provider"]
     team_id = provider.memberships.get(team__personal=True).team_id
-    listed = []
+    listed, problems = [], []
     for number, host in enumerate(simhosts):
-        machine = Machine.objects.filter(address=host["address"], port=host["port"]).first()
-        if machine is None:
-            machine = services.machine_register(
-                team_id=team_id, name=host["name"], address=host["address"], port=host["port"],
-                ssh_user=host["user"],
-            )  # fmt: skip
         try:
-            machine = services.machine_fetch_host_key(machine_id=machine.pk)
-            if machine.offered_key_fingerprint == host["fingerprint"]:
-                if machine.host_key != machine.offered_key:
-                    with transaction.atomic():
-                        Machine.objects.filter(pk=machine.pk).update(host_key="")
-                    services.machine_confirm_host_key(
-                        machine_id=machine.pk, fingerprint=host["fingerprint"]
-                    )
-                services.machine_probe(machine_id=machine.pk)
-                machine = services.machine_set_terms(
-                    machine_id=machine.pk,
-                    price_per_gpu_hour=DEMO_PRICES.get(host["gpus"][0]["name"], 500_000),
-                    storage_price_per_gb_month=100_000,
-                    min_gpus=1,
-                    end_date=None,
-                    location=DEMO_REGIONS[number % len(DEMO_REGIONS)],
-                    port_range_start=host["port_range"][0],
-                    port_range_end=host["port_range"][1],
-                )
-                services.machine_set_listed(machine_id=machine.pk, listed=True)
-                listed.append(machine.name)
+            listed.append(_demo_machine(team_id, number, host))
         except (ssh.HostError, ValueError) as error:
-            return f"demo machines: could not reach {host['name']}: {error}"
-    return f"demo machines listed: {', '.join(listed)}" if listed else ""
+            problems.append(f"{host['name']}: {error}")
+    lines = []
+    if listed:
+        lines.append(f"demo machines listed: {', '.join(listed)}")
+    if problems:
+        lines.append("demo machines not ready: " + "; ".join(problems))
+    return "\n".join(lines)
+
+
+def _demo_machine(team_id: int, number: int, host: dict) -> str:
+    machine = Machine.objects.filter(address=host["address"], port=host["port"]).first()
+    if machine is None:
+        machine = services.machine_register(
+            team_id=team_id, name=host["name"], address=host["address"], port=host["port"],
+            ssh_user=host["user"],
+        )  # fmt: skip
+    machine = services.machine_fetch_host_key(machine_id=machine.pk)
+    if machine.offered_key_fingerprint != host["fingerprint"]:
+        raise ValueError(
+            f"presents {machine.offered_key_fingerprint or 'no key'}, "
+            f"hosts.json says {host['fingerprint']}"
+        )
+    if machine.host_key != machine.offered_key:
+        services.machine_confirm_host_key(machine_id=machine.pk, fingerprint=host["fingerprint"])
+    services.machine_probe(machine_id=machine.pk)
+    services.machine_set_terms(
+        machine_id=machine.pk,
+        price_per_gpu_hour=DEMO_PRICES.get(host["gpus"][0]["name"], 500_000),
+        storage_price_per_gb_month=100_000,
+        min_gpus=1,
+        end_date=None,
+        location=DEMO_REGIONS[number % len(DEMO_REGIONS)],
+        port_range_start=host["port_range"][0],
+        port_range_end=host["port_range"][1],
+    )
+    services.machine_set_listed(machine_id=machine.pk, listed=True)
+    services.machine_heartbeat(machine_id=machine.pk)  # a first point for reliability
+    return machine.name

@@ -164,3 +164,18 @@ def test_terms_are_validated(team, sim_host_factory):
         "min_gpus",
     }
     assert Machine.objects.get(pk=machine.pk).price_per_gpu_hour == 0
+
+
+def test_demo_step_lists_the_simulated_hosts_and_can_run_again(sim_host_factory, db):
+    from hosts.demo import demo_step
+    from tests.factories import UserFactory
+
+    host = sim_host_factory(gpus=2, gpu_name="NVIDIA GeForce RTX 3090", memory_mib=24576)
+    provider = UserFactory(username="provider")
+    message = demo_step({"provider": provider}, [host.to_dict()])
+    assert message == f"demo machines listed: {host.spec.name}"
+    machine = Machine.objects.get(address=host.address, port=host.port)
+    assert machine.team.memberships.filter(user=provider).exists()
+    assert machine.listed and machine.price_per_gpu_hour == 230_000 and machine.gpu_count == 2
+    assert demo_step({"provider": provider}, [host.to_dict()]) == message  # idempotent
+    assert Machine.objects.filter(address=host.address).count() == 1

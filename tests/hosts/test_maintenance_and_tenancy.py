@@ -152,3 +152,19 @@ def test_maintenance_and_events_through_the_api(team, owner, sim_host):
     assert read_only.delete(f"/api/v1/machines/{machine.pk}/").status_code == 403
     assert api.delete(f"/api/v1/machines/{machine.pk}/").status_code == 204
     assert not Machine.objects.filter(pk=machine.pk).exists()
+
+
+def test_operators_see_machines_in_the_admin_and_mark_them_verified(client, team, sim_host):
+    from tests.factories import UserFactory
+
+    machine = online_machine(team, sim_host)
+    operator = UserFactory(username="operator", is_staff=True, is_superuser=True)
+    client.force_login(operator)
+    assert machine.name in client.get("/admin/hosts/machine/").content.decode()
+    assert client.get(f"/admin/hosts/machine/{machine.pk}/change/").status_code == 200
+    assert client.get("/admin/hosts/machineevent/").status_code == 200
+    client.post(
+        "/admin/hosts/machine/",
+        {"action": "mark_verified", "_selected_action": [machine.pk]},
+    )
+    assert Machine.objects.get(pk=machine.pk).verified is True
