@@ -97,6 +97,16 @@ class UsageKind(models.TextChoices):
     STORAGE = "storage", "Storage"
 
 
+class ChargeUsage(models.TextChoices):
+    """What a capture transfer charges for: one usage kind, or both at once (the metering
+    sweep posts one capture per hold covering GPU time and storage; ``storage_amount`` says
+    how much of it is storage)."""
+
+    GPU = "gpu", "GPU time"
+    STORAGE = "storage", "Storage"
+    GPU_AND_STORAGE = "gpu+storage", "GPU time + storage"
+
+
 class ImmutableQuerySet(models.QuerySet):
     """Ledger rows are added, never edited: no bulk update or delete through the ORM."""
 
@@ -148,7 +158,11 @@ class Transfer(ImmutableModel):
     hold = models.ForeignKey(
         "billing.Hold", on_delete=models.PROTECT, null=True, blank=True, related_name="transfers"
     )
-    usage_kind = models.CharField(max_length=16, choices=UsageKind.choices, blank=True)
+    usage_kind = models.CharField(max_length=16, choices=ChargeUsage.choices, blank=True)
+    storage_amount = models.BigIntegerField(
+        default=0,
+        help_text="The storage part of a GPU time + storage capture (the rest is GPU time).",
+    )
     machine_reference = models.CharField(max_length=120, blank=True)
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL,
@@ -166,6 +180,10 @@ class Transfer(ImmutableModel):
             models.CheckConstraint(condition=Q(amount__gt=0), name="billing_transfer_amount_pos"),
             models.CheckConstraint(
                 condition=Q(fee__gte=0) & Q(fee__lte=F("amount")), name="billing_transfer_fee_range"
+            ),
+            models.CheckConstraint(
+                condition=Q(storage_amount__gte=0) & Q(storage_amount__lte=F("amount")),
+                name="billing_transfer_storage_range",
             ),
         ]
         indexes = [models.Index(fields=["reference"], name="billing_transfer_reference")]

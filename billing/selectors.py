@@ -12,11 +12,11 @@ from dataclasses import dataclass
 from datetime import date, datetime, time, timedelta
 from typing import NamedTuple
 
-from django.db.models import Count, F, Max, Min, QuerySet, Sum
+from django.db.models import Case, Count, F, Max, Min, QuerySet, Sum, Value, When
 from django.db.models.functions import TruncDate, TruncMonth
 from django.utils import timezone
 
-from billing.models import Account, AccountKind, Entry, TransferKind, UsageKind
+from billing.models import Account, AccountKind, ChargeUsage, Entry, TransferKind, UsageKind
 
 
 class Balance(NamedTuple):
@@ -197,32 +197,57 @@ def month_bounds(month: date) -> tuple[datetime, datetime]:
     return day_start(first), day_start(following)
 
 
+def _usage_parts() -> dict[str, Case]:
+    """The part of a capture (via its held-account leg) charged for each usage kind: a
+    single-kind capture is all that kind; a GPU time + storage capture splits by its
+    ``storage_amount``; a capture without a kind is "other" ("")."""
+    amount, storage = F("transfer__amount"), F("transfer__storage_amount")
+    both = ChargeUsage.GPU_AND_STORAGE
+    return {
+        UsageKind.GPU: Case(
+            When(transfer__usage_kind=UsageKind.GPU, then=amount),
+            When(transfer__usage_kind=both, then=amount - storage),
+            default=Value(0),
+        ),
+        UsageKind.STORAGE: Case(
+            When(transfer__usage_kind=UsageKind.STORAGE, then=amount),
+            When(transfer__usage_kind=both, then=storage),
+            default=Value(0),
+        ),
+        "": Case(When(transfer__usage_kind="", then=amount), default=Value(0)),
+    }
+
+
 def invoice_for_month(entries: QuerySet[Entry], month: date) -> Invoice:
     """One line per rental reference per usage kind for the calendar month."""
     start, end = month_bounds(month)
     in_month = entries.filter(created_at__gte=start, created_at__lt=end)
-    rows = (
-        _charges(in_month)
-        .values("transfer__reference", "transfer__usage_kind")
-        .annotate(
-            total=Sum("amount"),
-            charges=Count("id"),
-            first_at=Min("created_at"),
-            last_at=Max("created_at"),
+    lines = []
+    for usage_kind, part in _usage_parts().items():
+        rows = (
+            _charges(in_month)
+            .annotate(part=part)
+            .filter(part__gt=0)
+            .values("transfer__reference")
+            .annotate(
+                total=Sum("part"),
+                charges=Count("id"),
+                first_at=Min("created_at"),
+                last_at=Max("created_at"),
+            )
         )
-        .order_by("transfer__reference", "transfer__usage_kind")
-    )
-    lines = [
-        InvoiceLine(
-            reference=row["transfer__reference"],
-            usage_kind=row["transfer__usage_kind"],
-            amount=-row["total"],
-            charges=row["charges"],
-            first_at=row["first_at"],
-            last_at=row["last_at"],
-        )
-        for row in rows
-    ]
+        lines += [
+            InvoiceLine(
+                reference=row["transfer__reference"],
+                usage_kind=usage_kind,
+                amount=row["total"],
+                charges=row["charges"],
+                first_at=row["first_at"],
+                last_at=row["last_at"],
+            )
+            for row in rows
+        ]
+    lines.sort(key=lambda line: (line.reference, line.usage_kind))
     credit = (
         in_month.filter(
             account_kind=AccountKind.AVAILABLE,

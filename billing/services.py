@@ -48,6 +48,7 @@ from billing.models import (
     SOURCE_ACCOUNT_KINDS,
     Account,
     AccountKind,
+    ChargeUsage,
     Entry,
     Hold,
     HoldStatus,
@@ -69,7 +70,7 @@ AccountKey = tuple[int | None, str]
 USAGE_KINDS = frozenset(UsageKind.values)
 # Holds settled per transaction by the metering sweep: big enough to amortise round trips,
 # small enough that row locks are held for a fraction of a second.
-SETTLE_BATCH_SIZE = 2000
+SETTLE_BATCH_SIZE = 5000
 
 
 class UsageOwed(NamedTuple):
@@ -145,13 +146,37 @@ def _lock_accounts(keys: Iterable[AccountKey]) -> dict[AccountKey, Account]:
     return found
 
 
+@dataclass(slots=True)
+class _NewTransfer:
+    """The columns of a Transfer about to be written in bulk: building thousands of model
+    instances costs more than writing them. ``_write`` gives it its ``pk``."""
+
+    kind: str
+    idempotency_key: str
+    team_id: int | None
+    reference: str
+    amount: int
+    fee: int = 0
+    storage_amount: int = 0
+    hold_id: int | None = None
+    usage_kind: str = ""
+    machine_reference: str = ""
+    description: str = ""
+    created_by_id: int | None = None
+    created_at: object = None
+    pk: int | None = None
+
+    def as_model(self) -> Transfer:
+        return Transfer(**{name: getattr(self, name) for name, _ in _TRANSFER_COLUMNS})
+
+
 @dataclass
 class _Posting:
-    transfer: Transfer
+    transfer: Transfer | _NewTransfer
     legs: list[tuple[Account, int]] = field(default_factory=list)
 
 
-def _write(postings: list[_Posting]) -> list[Transfer]:
+def _write(postings: list[_Posting]) -> list[Transfer | _NewTransfer]:
     """Check and write transfers, their entries and the new balances of locked accounts.
 
     Invariant: every transfer's entries sum to zero and no non-source account ends below zero;
@@ -183,7 +208,10 @@ def _write(postings: list[_Posting]) -> list[Transfer]:
     if connection.vendor == "postgresql" and len(transfers) > 1:
         _insert_transfers_and_entries_pg(transfers, entry_rows)
     else:
-        Transfer.objects.bulk_create(transfers)
+        models = [t.as_model() if isinstance(t, _NewTransfer) else t for t in transfers]
+        Transfer.objects.bulk_create(models)
+        for transfer, model in zip(transfers, models, strict=True):
+            transfer.pk = model.pk
         Entry.objects.bulk_create(
             [
                 Entry(
@@ -206,7 +234,8 @@ def _write(postings: list[_Posting]) -> list[Transfer]:
 
 _TRANSFER_COLUMNS = [
     ("kind", "text"), ("idempotency_key", "text"), ("team_id", "int8"), ("reference", "text"),
-    ("description", "text"), ("amount", "int8"), ("fee", "int8"), ("hold_id", "int8"),
+    ("description", "text"), ("amount", "int8"), ("fee", "int8"), ("storage_amount", "int8"),
+    ("hold_id", "int8"),
     ("usage_kind", "text"), ("machine_reference", "text"), ("created_by_id", "int8"),
     ("created_at", "timestamptz"),
 ]  # fmt: skip
@@ -243,7 +272,8 @@ def _insert_transfers_and_entries_pg(transfers: list[Transfer], entry_rows: list
         ids = [row[0] for row in cursor.fetchall()]
     for pk, transfer in zip(ids, transfers, strict=True):
         transfer.pk = pk
-        transfer._state.adding = False
+        if isinstance(transfer, Transfer):
+            transfer._state.adding = False
     _copy_rows(
         "billing_transfer",
         [("id", "int8"), *_TRANSFER_COLUMNS],
@@ -279,7 +309,13 @@ def _bulk_set(model, fields: list[str], objects: list) -> None:
     if connection.vendor != "postgresql" or any(
         f.get_internal_type() != "BigIntegerField" for f in model_fields
     ):
-        model._base_manager.bulk_update(objects, fields, batch_size=500)
+        instances = [
+            obj
+            if isinstance(obj, model)
+            else model(pk=obj.pk, **{f: getattr(obj, f) for f in fields})
+            for obj in objects
+        ]
+        model._base_manager.bulk_update(instances, fields, batch_size=500)
         return
     quote = connection.ops.quote_name
     table = quote(model._meta.db_table)
@@ -561,6 +597,7 @@ def _capture_posting(
         reference=hold.reference,
         amount=delta,
         fee=fee,
+        storage_amount=delta if kind == UsageKind.STORAGE else 0,
         hold_id=hold.pk,
         usage_kind=kind,
         machine_reference=hold.machine_reference,
@@ -637,50 +674,115 @@ def holds_settle_usage(items: Iterable[UsageOwed]) -> int:
     return total
 
 
+_SWEPT_HOLD_COLUMNS = (
+    "id", "team_id", "provider_team_id", "reference", "machine_reference", "amount",
+    "captured_gpu", "captured_storage", "released",
+)  # fmt: skip
+
+
+def _lock_open_holds(hold_ids: list[int]) -> list[tuple]:
+    """Lock the open holds among ``hold_ids`` in primary-key order; rows of
+    ``_SWEPT_HOLD_COLUMNS``. On PostgreSQL the ids go as one array parameter (an IN list of
+    thousands of parameters costs more to build than the query costs to run)."""
+    if connection.vendor != "postgresql":
+        return list(
+            Hold.objects.select_for_update()
+            .filter(pk__in=hold_ids, status=HoldStatus.OPEN)
+            .order_by("pk")
+            .values_list(*_SWEPT_HOLD_COLUMNS)
+        )
+    # Column names are the constants above; values are parameters.
+    sql = (
+        f"SELECT {', '.join(_SWEPT_HOLD_COLUMNS)} FROM billing_hold"  # noqa: S608
+        " WHERE id = ANY(%s::bigint[]) AND status = %s ORDER BY id FOR UPDATE"
+    )
+    connection.ensure_connection()
+    with psycopg.Cursor(connection.connection) as cursor:
+        cursor.execute(sql, [hold_ids, HoldStatus.OPEN.value])
+        return cursor.fetchall()
+
+
+class _SweptHold:
+    """What the sweep reads and changes of a locked hold (no model instance per hold)."""
+
+    __slots__ = ("pk", "captured_gpu", "captured_storage")
+
+    def __init__(self, pk: int, captured_gpu: int, captured_storage: int) -> None:
+        self.pk, self.captured_gpu, self.captured_storage = pk, captured_gpu, captured_storage
+
+
 @transaction.atomic
 def _settle_batch(hold_ids: list[int], owed: dict[int, dict[str, int]]) -> int:
-    holds = list(
-        Hold.objects.select_for_update()
-        .filter(pk__in=hold_ids, status=HoldStatus.OPEN)
-        .order_by("pk")
-        .only(
-            "id",
-            "team_id",
-            "provider_team_id",
-            "reference",
-            "machine_reference",
-            "amount",
-            "captured_gpu",
-            "captured_storage",
-            "released",
-            "status",
-        )  # fmt: skip
-    )
+    """One transaction: lock the batch's open holds, then the accounts; post one capture per
+    hold that owes anything, covering both kinds (``storage_amount`` is the storage part)."""
+    rows = _lock_open_holds(hold_ids)
     percent = platform_fee_percent()
-    plans: list[tuple[Hold, str, int, int, int]] = []
-    changed: dict[int, Hold] = {}
-    for hold in holds:
-        for kind in (UsageKind.GPU, UsageKind.STORAGE):
-            owed_total = owed[hold.pk].get(kind)
-            if owed_total is None:
-                continue
-            delta, fee = _capture_amounts(hold, kind, owed_total, percent)
-            if delta:
-                _apply_capture(hold, kind, delta)
-                plans.append((hold, kind, delta, fee, hold.captured_for(kind)))
-                changed[hold.pk] = hold
+    # (hold row, GPU captured now, storage captured now, fee, new cumulative GPU, storage)
+    plans: list[tuple[tuple, int, int, int, int, int]] = []
+    for row in rows:
+        pk, _, _, _, _, amount, gpu, storage, released = row
+        wanted = owed[pk]
+        # As _capture_amounts, GPU first: each kind captures the difference of cumulative
+        # totals, capped at what the hold still holds.
+        remaining = amount - gpu - storage - released
+        gpu_delta = max(0, min(wanted.get(UsageKind.GPU, 0) - gpu, remaining))
+        storage_delta = max(
+            0, min(wanted.get(UsageKind.STORAGE, 0) - storage, remaining - gpu_delta)
+        )
+        delta = gpu_delta + storage_delta
+        if delta:
+            # The fee is differenced on the hold's cumulative captures: no rounding drift.
+            before = gpu + storage
+            fee = percent_of(before + delta, percent) - percent_of(before, percent)
+            plans.append(
+                (row, gpu_delta, storage_delta, fee, gpu + gpu_delta, storage + storage_delta)
+            )
     if not plans:
         return 0
-    accounts = _lock_accounts(_capture_account_keys(changed.values()))
+    keys: set[AccountKey] = {(None, AccountKind.PLATFORM_REVENUE)}
+    for row, *_ in plans:
+        keys.add((row[1], AccountKind.HELD))
+        keys.add((row[2], AccountKind.EARNINGS))
+    accounts = _lock_accounts(keys)
+    revenue = accounts[(None, AccountKind.PLATFORM_REVENUE)]
     now = timezone.now()
-    postings = [
-        _capture_posting(hold, kind, delta, fee, cumulative, accounts, now)
-        for hold, kind, delta, fee, cumulative in plans
-    ]
-    _bulk_set(Hold, ["captured_gpu", "captured_storage"], list(changed.values()))
+    postings = []
+    changed = []
+    for row, gpu_delta, storage_delta, fee, gpu_total, storage_total in plans:
+        pk, team_id, provider_id, reference, machine = row[:5]
+        delta = gpu_delta + storage_delta
+        if not storage_delta:
+            usage, key = ChargeUsage.GPU, f"capture:{pk}:gpu:{gpu_total}"
+        elif not gpu_delta:
+            usage, key = ChargeUsage.STORAGE, f"capture:{pk}:storage:{storage_total}"
+        else:
+            usage = ChargeUsage.GPU_AND_STORAGE
+            key = f"capture:{pk}:gpu:{gpu_total}:storage:{storage_total}"
+        transfer = _NewTransfer(
+            kind=TransferKind.CAPTURE,
+            # Cumulative captures only grow, so the new totals name this capture uniquely.
+            idempotency_key=key,
+            team_id=team_id,
+            reference=reference,
+            amount=delta,
+            fee=fee,
+            storage_amount=storage_delta,
+            hold_id=pk,
+            usage_kind=usage,
+            machine_reference=machine,
+            created_at=now,
+        )
+        legs = [
+            (accounts[(team_id, AccountKind.HELD)], -delta),
+            (accounts[(provider_id, AccountKind.EARNINGS)], delta - fee),
+            (revenue, fee),
+        ]
+        postings.append(_Posting(transfer, legs))
+        changed.append(_SweptHold(pk, gpu_total, storage_total))
+    _bulk_set(Hold, ["captured_gpu", "captured_storage"], changed)
     _write(postings)
-    _notify({h.team_id for h in changed.values()} | {h.provider_team_id for h in changed.values()})
-    return sum(plan[2] for plan in plans)
+    _notify({row[1] for row, *_ in plans} | {row[2] for row, *_ in plans})
+    return sum(plan[1] + plan[2] for plan in plans)
 
 
 @transaction.atomic
