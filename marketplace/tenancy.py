@@ -14,6 +14,7 @@ from django.db.models import Model, QuerySet
 from django.http import Http404, HttpRequest
 
 from marketplace.models import Membership, Role, Team
+from marketplace.services.tenancy import personal_team_ensure
 
 if TYPE_CHECKING:
     from marketplace.models import User
@@ -63,6 +64,17 @@ def role_allows(request: HttpRequest, needed: Role) -> bool:
     return membership is not None and membership.allows(needed)
 
 
+def acting_membership(user: User, team_id: int | None) -> Membership:
+    """The membership a signed-in user acts with. A user who belongs to no team at all (made
+    before every account got a personal team, or whose rows were edited by hand) gets their
+    personal team now, so a console page never meets a request without a team."""
+    membership = membership_for(user=user, team_id=team_id)
+    if membership is None:
+        personal_team_ensure(user=user)
+        membership = membership_for(user=user, team_id=None)
+    return membership
+
+
 class ActiveTeamMiddleware:
     """Puts the console's active team and the user's membership on the request."""
 
@@ -74,12 +86,9 @@ class ActiveTeamMiddleware:
         request.membership = None
         user = getattr(request, "user", None)
         if user is not None and user.is_authenticated:
-            membership = membership_for(
-                user=user, team_id=request.session.get(ACTIVE_TEAM_SESSION_KEY)
-            )
-            if membership is not None:
-                request.team = membership.team
-                request.membership = membership
+            membership = acting_membership(user, request.session.get(ACTIVE_TEAM_SESSION_KEY))
+            request.team = membership.team
+            request.membership = membership
         return self.get_response(request)
 
 

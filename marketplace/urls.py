@@ -45,6 +45,7 @@ urlpatterns = [
     path("team/switch/", views.team_switch, name="team-switch"),
     path("team/new/", views.team_create, name="team-create"),
     path("team/invitations/", views.invitation_create, name="invitation-create"),
+    path("team/invitations/<int:pk>/revoke/", views.invitation_revoke, name="invitation-revoke"),
     path("team/members/<int:pk>/", views.member_update, name="member-update"),
     path("team/api-keys/", views.api_keys, name="api-keys"),
     path("team/api-keys/<int:pk>/revoke/", views.api_key_revoke, name="api-key-revoke"),
@@ -53,4 +54,11 @@ urlpatterns = [
     path("", include(hosts_views.urlpatterns)),
     path("", include(billing_views.urlpatterns)),
     path("api/v1/", include(api_v1)),
+    re_path(r"^api(/.*)?$", api_not_found),  # /api/, /api/v2/…: the API's 404, not a page
 ]
+
+# Under /api/ every error answers in the API's error shape, even those DRF never sees.
+handler400 = "marketplace.api.errors.bad_request"
+handler403 = "marketplace.api.errors.permission_denied"
+handler404 = "marketplace.api.errors.page_not_found"
+handler500 = "marketplace.api.errors.server_error"

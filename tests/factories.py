@@ -15,11 +15,10 @@ class UserFactory(factory.django.DjangoModelFactory):
     password = factory.PostGenerationMethodCall("set_password", "pw-for-tests-123")
 
     @factory.post_generation
-    def personal_team(self, create, extracted, **kwargs):
+    def save_password(self, create, extracted, **kwargs):
+        # The personal team comes from the user_created receiver, as for every user.
         if create:
             self.save()
-            team = Team.objects.create(name=f"{self.username}'s team", personal=True)
-            Membership.objects.create(team=team, user=self, role=Role.OWNER)
 
 
 class TeamFactory(factory.django.DjangoModelFactory):

@@ -9,12 +9,20 @@ import DRF or this module.
 
 from __future__ import annotations
 
+import logging
+import sys
+
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import ValidationError as DjangoValidationError
-from django.http import Http404, JsonResponse
+from django.core.signals import got_request_exception
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.views import defaults
 from rest_framework import exceptions, status
 from rest_framework.response import Response
-from rest_framework.views import exception_handler
+from rest_framework.views import exception_handler, set_rollback
+
+API_PREFIX = "/api/"
+logger = logging.getLogger("django.request")
 
 
 def error_body(code: str, message: str, fields: dict | None = None) -> dict:
@@ -51,7 +59,7 @@ def api_exception_handler(exc, context):
 
     response = exception_handler(exc, context)
     if response is None:
-        return None
+        return _server_error(exc, context)
     if isinstance(exc, exceptions.ValidationError):
         fields = _fields(exc.detail)
         if fields:
@@ -67,8 +75,66 @@ def api_exception_handler(exc, context):
     return response
 
 
+def _server_error(exc: Exception, context) -> Response:
+    """An unexpected exception: logged with its traceback (as Django logs a 500), answered in
+    the error shape with nothing of the exception in it."""
+    request = context.get("request")
+    django_request = getattr(request, "_request", request)
+    set_rollback()
+    logger.error(
+        "Internal Server Error: %s",
+        getattr(django_request, "path", "?"),
+        exc_info=(type(exc), exc, exc.__traceback__),
+        extra={"status_code": 500, "request": django_request},
+    )
+    # Django's own handler sends this signal for an uncaught exception; the test client uses it
+    # to re-raise the exception in the test, so a bug shows its traceback there as before.
+    if sys.exc_info()[1] is exc:
+        got_request_exception.send(sender=None, request=django_request)
+    return Response(server_error_body(), status=status.HTTP_500_INTERNAL_SERVER_ERROR)
+
+
+def server_error_body() -> dict:
+    return error_body(
+        "server_error", "Something went wrong on our side; it was logged. Please try again."
+    )
+
+
 def api_not_found(request, exception=None):
     return JsonResponse(
         error_body("not_found", f"No API endpoint at {request.path}."),
         status=status.HTTP_404_NOT_FOUND,
     )
+
+
+# Project-wide handlers (``marketplace.urls``): under /api/ the error shape, elsewhere Django's
+# pages. They catch what DRF never sees: errors in middleware, non-DRF views, unknown URLs.
+
+
+def _is_api(request: HttpRequest) -> bool:
+    return request.path.startswith(API_PREFIX)
+
+
+def bad_request(request: HttpRequest, exception=None) -> HttpResponse:
+    if _is_api(request):
+        return JsonResponse(error_body("bad_request", "The request is malformed."), status=400)
+    return defaults.bad_request(request, exception)
+
+
+def permission_denied(request: HttpRequest, exception=None) -> HttpResponse:
+    if _is_api(request):
+        message = str(exception) if exception and str(exception) else "Permission denied."
+        return JsonResponse(error_body("permission_denied", message), status=403)
+    return defaults.permission_denied(request, exception)
+
+
+def page_not_found(request: HttpRequest, exception=None) -> HttpResponse:
+    if _is_api(request):
+        return api_not_found(request)
+    return defaults.page_not_found(request, exception)
+
+
+def server_error(request: HttpRequest) -> HttpResponse:
+    if _is_api(request):
+        return JsonResponse(server_error_body(), status=500)
+    return defaults.server_error(request)

@@ -12,7 +12,7 @@ from rest_framework.response import Response
 from billing.money import MICRO_PER_DOLLAR
 from marketplace import offer_query
 from marketplace.api.base import TeamScopedViewSet
-from marketplace.api.permissions import api_team
+from marketplace.api.permissions import api_team, read_only_methods
 from marketplace.models import Contract, Offer, SshKey
 from marketplace.selectors import instance_connection, instance_logs
 from marketplace.services import rentals
@@ -101,6 +101,7 @@ def _query_error(error: offer_query.QueryError, field: str = "q") -> serializers
     return serializers.ValidationError({field: str(error)})
 
 
+@read_only_methods("POST")  # a search with a JSON body: read-only keys and viewers may use it
 @extend_schema(
     summary="Search offers",
     parameters=[

@@ -8,7 +8,7 @@ from rest_framework.decorators import api_view
 from rest_framework.response import Response
 
 from marketplace.api.base import TeamScopedViewSet
-from marketplace.api.permissions import api_membership, api_team
+from marketplace.api.permissions import api_role, api_team
 from marketplace.models import ApiKey, Invitation, Membership, Role
 from marketplace.services import tenancy as services
 
@@ -30,13 +30,13 @@ class MeSerializer(serializers.Serializer):
 @api_view(["GET"])
 def me(request):
     team = api_team(request)
-    membership = api_membership(request)
+    role = api_role(request)
     api_key = request.auth if isinstance(request.auth, ApiKey) else None
     return Response(
         {
             "username": str(request.user.username),
             "team": {"id": team.id, "name": team.name, "personal": team.personal},
-            "role": membership.role if membership else None,
+            "role": role.value if role else None,
             "api_key": (
                 {"prefix": api_key.prefix, "access": api_key.access, "audience": api_key.audience}
                 if api_key
@@ -81,11 +81,15 @@ class MemberViewSet(
 
 class InvitationSerializer(serializers.ModelSerializer):
     invite_url = serializers.SerializerMethodField()
+    status = serializers.CharField(read_only=True, help_text="open or expired")
 
     class Meta:
         model = Invitation
-        fields = ["id", "email", "role", "created_at", "expires_at", "accepted_at", "invite_url"]
-        read_only_fields = ["id", "created_at", "expires_at", "accepted_at", "invite_url"]
+        fields = [
+            "id", "email", "role", "status", "created_at", "expires_at", "accepted_at",
+            "invite_url",
+        ]  # fmt: skip
+        read_only_fields = ["id", "status", "created_at", "expires_at", "accepted_at", "invite_url"]
 
     def get_invite_url(self, obj) -> str | None:
         token = self.context.get("token")
@@ -116,10 +120,7 @@ class InvitationViewSet(
         return Response(body, status=status.HTTP_201_CREATED)
 
     def perform_destroy(self, instance):
-        from django.utils import timezone
-
-        instance.revoked_at = timezone.now()
-        instance.save(update_fields=["revoked_at"])
+        services.invitation_revoke(membership=self.membership, invitation=instance)
 
 
 class ApiKeySerializer(serializers.ModelSerializer):

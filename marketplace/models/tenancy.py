@@ -28,6 +28,14 @@ class Role(models.TextChoices):
 ROLE_RANK = {Role.VIEWER: 0, Role.MEMBER: 1, Role.ADMIN: 2, Role.OWNER: 3}
 
 
+def role_covers(role: str, needed: str) -> bool:
+    return ROLE_RANK[Role(role)] >= ROLE_RANK[Role(needed)]
+
+
+def lesser_role(first: str, second: str) -> Role:
+    return min(Role(first), Role(second), key=lambda role: ROLE_RANK[role])
+
+
 class Team(models.Model):
     name = models.CharField(max_length=80)
     personal = models.BooleanField(
@@ -55,7 +63,7 @@ class Membership(models.Model):
         return f"{self.user} in {self.team} ({self.role})"
 
     def allows(self, needed: Role) -> bool:
-        return ROLE_RANK[Role(self.role)] >= ROLE_RANK[needed]
+        return role_covers(self.role, needed)
 
 
 class Invitation(models.Model):
@@ -80,11 +88,27 @@ class Invitation(models.Model):
             and self.expires_at > timezone.now()
         )
 
+    @property
+    def is_expired(self) -> bool:
+        return self.accepted_at is None and self.expires_at <= timezone.now()
+
+    @property
+    def status(self) -> str:
+        """What the team page shows: open, expired, accepted or revoked."""
+        if self.accepted_at is not None:
+            return "accepted"
+        if self.revoked_at is not None:
+            return "revoked"
+        return "expired" if self.is_expired else "open"
+
 
 class ApiKey(models.Model):
     """A team's API key. Only a SHA-256 of the secret is stored; the prefix finds the row.
 
-    The full key is ``gpk_<prefix>_<secret>`` and is shown once, at creation.
+    The full key is ``gpk_<prefix>_<secret>`` and is shown once, at creation. A key acts with
+    the lesser of its access (read → viewer, write → its creator's role) and its creator's
+    *current* role in the team, so demoting someone demotes their keys, and a key whose creator
+    left the team stops working (``acting_role`` is None).
     """
 
     class Access(models.TextChoices):
@@ -126,3 +150,15 @@ class ApiKey(models.Model):
 
     def allows_audience(self, audience: str) -> bool:
         return self.audience in (ApiKey.Audience.ALL, audience)
+
+    @property
+    def current_role(self) -> Role | None:
+        """``acting_role`` from the ``creator_role`` annotation (``api_keys_with_creator_role``)."""
+        return self.acting_role(getattr(self, "creator_role", None))
+
+    def acting_role(self, creator_role: str | None) -> Role | None:
+        """The role this key acts with, given its creator's current role in the team."""
+        if creator_role is None:
+            return None
+        cap = Role.OWNER if self.access == ApiKey.Access.WRITE else Role.VIEWER
+        return lesser_role(cap, creator_role)

@@ -9,6 +9,7 @@ from datetime import datetime, timedelta
 
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import transaction
+from django.db.models import OuterRef, QuerySet, Subquery
 from django.utils import timezone
 
 from marketplace.models import ApiKey, Invitation, Membership, Role, Team, User
@@ -23,9 +24,27 @@ def user_sign_up(*, username: str, email: str, password: str) -> User:
     if User.objects.filter(email__iexact=email).exists():
         raise ValidationError({"email": "An account with this email already exists."})
     user = User.objects.create_user(username=username, email=email.lower(), password=password)
-    team = Team.objects.create(name=f"{username}'s team", personal=True)
-    Membership.objects.create(team=team, user=user, role=Role.OWNER)
+    personal_team_ensure(user=user)  # the user_created receiver made it already; this is a no-op
     return user
+
+
+@transaction.atomic
+def personal_team_ensure(*, user: User) -> Team:
+    """Every user owns exactly one personal team, however the user was made (sign-up,
+    ``createsuperuser``, the admin, a factory). Safe to call again: the user's row is locked, so
+    two first requests at once still make one team."""
+    User.objects.select_for_update().filter(pk=user.pk).first()
+    found = (
+        Membership.objects.select_related("team")
+        .filter(user=user, team__personal=True)
+        .order_by("created_at")
+        .first()
+    )
+    if found is not None:
+        return found.team
+    team = Team.objects.create(name=f"{user.username}'s team"[:80], personal=True)
+    Membership.objects.create(team=team, user=user, role=Role.OWNER)
+    return team
 
 
 @transaction.atomic
@@ -87,6 +106,20 @@ def invitation_accept(*, token: str, user: User) -> Membership:
         team=invitation.team, user=user, defaults={"role": invitation.role}
     )
     return membership
+
+
+@transaction.atomic
+def invitation_revoke(*, membership: Membership, invitation: Invitation) -> Invitation:
+    """An admin withdraws an invitation; its link stops working. Revoking an invitation that
+    was accepted or revoked already changes nothing (conditional update)."""
+    require_role(membership, Role.ADMIN)
+    if invitation.team_id != membership.team_id:
+        raise PermissionDenied("Not this team's invitation.")
+    Invitation.objects.filter(pk=invitation.pk, accepted_at=None, revoked_at=None).update(
+        revoked_at=timezone.now()
+    )
+    invitation.refresh_from_db()
+    return invitation
 
 
 @transaction.atomic
@@ -178,12 +211,25 @@ def api_key_revoke(*, membership: Membership, api_key: ApiKey) -> ApiKey:
     return api_key
 
 
+def api_keys_with_creator_role(keys: QuerySet[ApiKey]) -> QuerySet[ApiKey]:
+    """Keys annotated with ``creator_role``: their creator's role in the key's team right now
+    (None when the creator left it, or their account is gone or disabled)."""
+    creator_role = Membership.objects.filter(
+        team_id=OuterRef("team_id"), user_id=OuterRef("created_by_id"), user__is_active=True
+    ).values("role")[:1]
+    return keys.select_related("team", "created_by").annotate(creator_role=Subquery(creator_role))
+
+
 def api_key_authenticate(full_key: str) -> ApiKey | None:
-    """The key for ``gpk_<prefix>_<secret>``, if it exists, matches and is active."""
+    """The key for ``gpk_<prefix>_<secret>``, if it exists, matches and is active.
+
+    The key comes with ``creator_role``: its creator's role in the key's team right now (None
+    when they left it or their account is gone or disabled); see ``ApiKey.acting_role``.
+    """
     parts = full_key.split("_", 2)
     if len(parts) != 3 or parts[0] != API_KEY_PREFIX:
         return None
-    api_key = ApiKey.objects.select_related("team").filter(prefix=parts[1]).first()
+    api_key = api_keys_with_creator_role(ApiKey.objects.filter(prefix=parts[1])).first()
     if api_key is None:
         return None
     if not hmac.compare_digest(api_key.key_hash, ApiKey.hash_secret(full_key)):

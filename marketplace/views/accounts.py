@@ -8,11 +8,13 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
+from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
 from marketplace.forms import ApiKeyForm, InvitationForm, RoleForm, SignUpForm, TeamForm
 from marketplace.models import ApiKey, Invitation, Membership, Role
 from marketplace.services import tenancy as services
+from marketplace.services.tenancy import api_keys_with_creator_role
 from marketplace.tenancy import ACTIVE_TEAM_SESSION_KEY, team_object_or_404, team_objects
 
 
@@ -48,6 +50,7 @@ def team_settings(request: HttpRequest) -> HttpResponse:
         "members": team_objects(team, Membership.objects.select_related("user")).order_by(
             "created_at"
         ),
+        # Open and expired ones (each marked); accepted and revoked ones are history.
         "invitations": team_objects(
             team, Invitation.objects.filter(accepted_at=None, revoked_at=None)
         ).order_by("-created_at"),
@@ -70,7 +73,17 @@ def team_switch(request: HttpRequest) -> HttpResponse:
     else:
         request.session[ACTIVE_TEAM_SESSION_KEY] = membership.team_id
         messages.success(request, f"Now acting for {membership.team.name}.")
-    return redirect(request.POST.get("next") or "console-home")
+    return redirect(_safe_next(request) or "console-home")
+
+
+def _safe_next(request: HttpRequest) -> str | None:
+    """The ``next`` page if it is on this site (never an open redirect to another host)."""
+    target = request.POST.get("next", "")
+    if target and url_has_allowed_host_and_scheme(
+        target, allowed_hosts={request.get_host()}, require_https=request.is_secure()
+    ):
+        return target
+    return None
 
 
 @login_required
@@ -106,6 +119,19 @@ def invitation_create(request: HttpRequest) -> HttpResponse:
     messages.success(
         request, f"Invitation created. Send this link to {issued.invitation.email}: {link}"
     )
+    return redirect("team-settings")
+
+
+@login_required
+@require_POST
+def invitation_revoke(request: HttpRequest, pk: int) -> HttpResponse:
+    invitation = team_object_or_404(request.team, Invitation.objects.all(), pk=pk)
+    try:
+        services.invitation_revoke(membership=request.membership, invitation=invitation)
+    except PermissionDenied as error:
+        messages.error(request, _error_text(error))
+    else:
+        messages.success(request, f"Invitation for {invitation.email} revoked; its link is dead.")
     return redirect("team-settings")
 
 
@@ -164,7 +190,7 @@ def api_keys(request: HttpRequest) -> HttpResponse:
     context = {
         "form": form,
         "new_key": new_key,
-        "keys": team_objects(request.team, ApiKey.objects.all()),
+        "keys": api_keys_with_creator_role(team_objects(request.team, ApiKey.objects.all())),
         "can_admin": request.membership.allows(Role.ADMIN),
     }
     return render(request, "marketplace/api_keys.html", context)
