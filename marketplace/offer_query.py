@@ -73,12 +73,17 @@ JSON_OPERATORS = {
     "notin": "notin", "nin": "notin",
 }  # fmt: skip
 MAX_NUMBER = 1e12
+MAX_DAYS = 36_500  # a century: beyond it a date is out of the database's range anyway
+DURATION_OPERATORS = ("<", "<=", ">", ">=")
 
 
 class QueryError(ValueError):
     def __init__(self, reason: str, *, token: str = "", position: int | None = None):
         self.reason, self.token, self.position = reason, token, position
-        where = f"at position {position} ('{token}'): " if position is not None else ""
+        if position is not None:
+            where = f"at position {position} ('{token}'): "
+        else:  # a JSON filter body has no positions; its token names the key (num_gpus.gte)
+            where = f"at '{token}': " if token else ""
         super().__init__(where + reason)
 
 
@@ -108,6 +113,11 @@ def parse(text: str) -> OfferQuery:
     text = text or ""
     if len(text) > 2000:
         raise QueryError("the query is longer than 2000 characters")
+    control = next((i for i, c in enumerate(text) if ord(c) < 32 and not c.isspace()), None)
+    if control is not None:
+        raise QueryError(
+            "control characters are not allowed", token=repr(text[control]), position=control
+        )
     while position < len(text):
         if text[position].isspace():
             position += 1
@@ -157,12 +167,14 @@ def parse_json(body: dict[str, Any]) -> OfferQuery:
             query.filters[name] = _term(name, op, raw, token=f"{name}.{json_op}")
     order = body.get("order")
     if order:
-        if not isinstance(order, list):
+        if not isinstance(order, list) or not all(
+            isinstance(item, list) and len(item) == 2 and str(item[1]).lower() in ("asc", "desc")
+            for item in order
+        ):
             raise QueryError('order must be a list like [["dph_total", "asc"]]', token="order")
         query.order = [
-            _order_field(str(item[0]), str(item[1]).lower() == "desc", "order", None)
-            for item in order
-            if isinstance(item, list | tuple) and len(item) == 2
+            _order_field(str(name), str(direction).lower() == "desc", "order", None)
+            for name, direction in order
         ]
     return query
 
@@ -190,6 +202,11 @@ def _term(name: str, op: str, raw: str, *, token: str, position: int | None = No
         )
     if raw.lower() == "any":
         return None
+    if spec.kind == "days" and op not in DURATION_OPERATORS:
+        # Days until an end date are a range question; "= 3" would match almost nothing.
+        raise QueryError(
+            f"{name} takes < <= > >= (days from now), not '{op}'", token=token, position=position
+        )
     if op in ("in", "notin"):
         if not (raw.startswith("[") and raw.endswith("]")):
             raise QueryError(f"'{op}' needs a list like [US,CA]", token=token, position=position)
@@ -208,6 +225,10 @@ def _term(name: str, op: str, raw: str, *, token: str, position: int | None = No
 
 def _value(spec: FieldSpec, name: str, raw: str, token: str, position: int | None):
     if spec.kind == "str":
+        if any(ord(c) < 32 for c in raw):
+            raise QueryError(
+                f"{name} must not contain control characters", token=token, position=position
+            )
         return raw.replace("_", " ")
     if spec.kind == "bool":
         lowered = raw.lower()
@@ -230,6 +251,10 @@ def _value(spec: FieldSpec, name: str, raw: str, token: str, position: int | Non
         return int(number)
     if spec.kind == "money":
         return round(number * MICRO)
+    if spec.kind == "days" and abs(number) > MAX_DAYS:
+        raise QueryError(
+            f"{name} is out of range (at most {MAX_DAYS} days)", token=token, position=position
+        )
     return number
 
 
@@ -285,7 +310,10 @@ def _in(spec: FieldSpec, column: str, values: list) -> Q:
 
 
 def _duration_condition(op: str, days: float) -> Q:
-    """``duration>=7``: the machine stays rentable at least 7 more days (no end date = forever)."""
+    """``duration>=7``: the machine stays rentable at least 7 more days (no end date = forever).
+
+    ``_term`` admits only the range operators for days, so the error below is a backstop.
+    """
     moment = timezone.now() + timedelta(days=days)
     forever = Q(end_date__isnull=True)
     if op in (">", ">="):

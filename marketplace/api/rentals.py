@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from django.http import Http404
 from django.utils import timezone
 from drf_spectacular.utils import OpenApiParameter, extend_schema
@@ -97,8 +99,17 @@ def _page_params(data) -> tuple[int, int]:
     return limit, offset
 
 
-def _query_error(error: offer_query.QueryError, field: str = "q") -> serializers.ValidationError:
-    return serializers.ValidationError({field: str(error)})
+def _offer_query(request) -> tuple[offer_query.OfferQuery, str]:
+    """The query of a GET (``q=``) or a POST (JSON filter body, or ``{"q": …}``), and the
+    field a bad one is reported under."""
+    if request.method == "GET":
+        return offer_query.parse(request.query_params.get("q", "")), "q"
+    if "q" in request.data:
+        text = request.data["q"]
+        if not isinstance(text, str):
+            raise serializers.ValidationError({"q": "The query is text, like 'num_gpus>=2'."})
+        return offer_query.parse(text), "q"
+    return offer_query.parse_json(request.data), "filters"
 
 
 @read_only_methods("POST")  # a search with a JSON body: read-only keys and viewers may use it
@@ -114,19 +125,23 @@ def _query_error(error: offer_query.QueryError, field: str = "q") -> serializers
 )
 @api_view(["GET", "POST"])
 def offers(request):
-    """GET with ``q=`` (query language) or POST a JSON filter body (``{"num_gpus": {"gte": 2}}``)."""
+    """GET with ``q=`` (query language) or POST a JSON filter body (``{"num_gpus": {"gte": 2}}``).
+
+    A bad query answers 400 naming the position and token and saying why; nothing about a
+    query can make this a 500.
+    """
     data = request.data if request.method == "POST" else request.query_params
+    if not isinstance(data, Mapping):
+        raise serializers.ValidationError(
+            {"filters": 'The filter body is a JSON object, like {"num_gpus": {"gte": 2}}.'}
+        )
     limit, offset = _page_params(data)
+    field = "q" if request.method == "GET" or "q" in data else "filters"
     try:
-        if request.method == "POST" and "q" not in request.data:
-            query = offer_query.parse_json(request.data)
-        else:
-            query = offer_query.parse(data.get("q", ""))
+        query, field = _offer_query(request)
+        found = search_offers(query, limit + 1, offset)
     except offer_query.QueryError as error:
-        raise _query_error(
-            error, "q" if request.method == "GET" or "q" in data else "filters"
-        ) from error
-    found = search_offers(query, limit + 1, offset)
+        raise serializers.ValidationError({field: str(error)}) from error
     return Response(
         {
             "offers": OfferSerializer(found[:limit], many=True).data,

@@ -67,18 +67,47 @@ def _query_text(request: HttpRequest) -> str:
     return " ".join(p for p in parts if p)
 
 
+OFFERS_PER_PAGE = 64
+
+
+def _page_number(request: HttpRequest) -> int:
+    try:
+        return max(int(request.GET.get("page", 1)), 1)
+    except ValueError:
+        return 1
+
+
+def _page_link(request: HttpRequest, page: int) -> str:
+    params = request.GET.copy()
+    params["page"] = str(page)
+    return "?" + params.urlencode()
+
+
 @login_required
 def offers(request: HttpRequest) -> HttpResponse:
     text = _query_text(request)
+    page = _page_number(request)
+    start = (page - 1) * OFFERS_PER_PAGE
     error = None
     found: list[Offer] = []
     try:
         query = offer_query.parse(text)
-        found = list(offer_query.apply(Offer.objects.all(), query)[:64])
+        # One row past the page says whether there is a next page, without a count(*).
+        found = list(
+            offer_query.apply(Offer.objects.all(), query)[start : start + OFFERS_PER_PAGE + 1]
+        )
     except offer_query.QueryError as exc:
         error = str(exc)
+    has_next = len(found) > OFFERS_PER_PAGE
+    found = found[:OFFERS_PER_PAGE]
     context = {
         "offers": found,
+        "page": page,
+        "first_shown": start + 1,
+        "last_shown": start + len(found),
+        "first_link": _page_link(request, 1),
+        "previous_link": _page_link(request, page - 1) if page > 1 else None,
+        "next_link": _page_link(request, page + 1) if has_next else None,
         "query_text": request.GET.get("q", ""),
         "error": error,
         "sorts": SORTS,
@@ -96,7 +125,8 @@ def offers(request: HttpRequest) -> HttpResponse:
         "launch_modes": LaunchMode.choices,
         "can_rent": request.membership.allows(Role.MEMBER),
     }
-    return render(request, "marketplace/offers.html", context)
+    # A bad query is the renter's error: 400, with the position, token and reason shown.
+    return render(request, "marketplace/offers.html", context, status=400 if error else 200)
 
 
 def _parse_env(text: str) -> dict[str, str]:

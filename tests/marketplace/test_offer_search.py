@@ -1,0 +1,273 @@
+"""Offer search on the database, through the API and the console: filters, sorts, the default
+rentable filter and ``any``, pages, the JSON filter body, and every kind of bad query (400 with
+the position, the token and the reason; never a 500)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from hosts.models import Gpu, Machine
+from marketplace.models import Offer, Role
+from marketplace.services.rentals import offer_refresh
+from tests.conftest import client_for, key_client
+from tests.factories import TeamFactory, UserFactory, add_member
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def provider(db):
+    team = TeamFactory(name="Provider")
+    add_member(team, UserFactory(username="provider"), Role.OWNER)
+    return team
+
+
+def offer_on(
+    provider,
+    name: str,
+    *,
+    gpus: int = 1,
+    gpu_name: str = "NVIDIA GeForce RTX 4090",
+    price: float = 0.5,
+    location: str = "US",
+    reliability: float = 0.99,
+    end_in_days: float | None = None,
+    listed: bool = True,
+    status: str = "online",
+) -> Offer:
+    """A machine as the provider lists it, and the offer search reads."""
+    machine = Machine.objects.create(
+        team=provider, name=name, address=f"10.0.{Machine.objects.count()}.1", status=status,
+        listed=listed, price_per_gpu_hour=round(price * 1_000_000),
+        storage_price_per_gb_month=100_000, location=location, cpu_cores=8 * gpus,
+        ram_mb=32768 * gpus, disk_free_gb=500 * gpus, reliability=reliability,
+        end_date=timezone.now() + timedelta(days=end_in_days) if end_in_days else None,
+        driver_version="550.54.14", cuda_version="12.4",
+    )  # fmt: skip
+    Gpu.objects.bulk_create(
+        [
+            Gpu(machine=machine, index=i, uuid=f"GPU-{machine.pk:08d}-0000-0000-0000-{i:012d}",
+                name=gpu_name, memory_mib=24564)
+            for i in range(gpus)
+        ]
+    )  # fmt: skip
+    return offer_refresh(machine_id=machine.pk)
+
+
+@pytest.fixture
+def market(provider):
+    """Seven machines: six rentable, one unlisted."""
+    return {
+        "cheap": offer_on(provider, "cheap", gpus=1, price=0.2, location="CA", reliability=0.9),
+        "pair": offer_on(provider, "pair", gpus=2, price=0.5, location="US"),
+        "quad": offer_on(provider, "quad", gpus=4, price=0.8, location="US", end_in_days=3),
+        "eight": offer_on(provider, "eight", gpus=8, price=0.6, location="EU", end_in_days=40),
+        "a100": offer_on(provider, "a100", gpus=2, gpu_name="NVIDIA A100 80GB", price=1.9,
+                         location="EU", reliability=0.999),
+        "shaky": offer_on(provider, "shaky", gpus=1, price=0.3, location="AS", reliability=0.5),
+        "unlisted": offer_on(provider, "unlisted", gpus=2, price=0.05, listed=False),
+    }  # fmt: skip
+
+
+@pytest.fixture
+def api(team, owner):
+    return key_client(team)
+
+
+def names(response) -> list[str]:
+    assert response.status_code == 200, response.content
+    by_id = dict(Machine.objects.values_list("pk", "name"))
+    return [by_id[offer["machine_id"]] for offer in response.json()["offers"]]
+
+
+def search(api, q: str, **params):
+    return api.get("/api/v1/offers/", {"q": q, **params})
+
+
+def test_filters_combine_and_units_are_as_documented(api, market):
+    # dph_total is for the whole offer: 8 × $0.60 = $4.80 is over $4; 4 × $0.80 is under.
+    assert sorted(names(search(api, "num_gpus>=2 geolocation in [US,EU] dph_total<4"))) == [
+        "a100", "pair", "quad",
+    ]  # fmt: skip
+    assert sorted(names(search(api, "num_gpus>=2 geolocation in [US,EU] dph_total<3"))) == [
+        "pair",
+    ]
+    assert names(search(api, "gpu_name=A100_80GB")) == ["a100"]
+    assert names(search(api, "gpu_name=a100_80gb")) == ["a100"]  # case does not matter
+    assert sorted(names(search(api, "geolocation notin [US,EU,CA]"))) == ["shaky"]
+    assert sorted(names(search(api, "reliability>0.95 gpu_ram>=20 num_gpus!=2"))) == [
+        "eight", "quad",
+    ]  # fmt: skip
+    assert sorted(names(search(api, "cpu_cores_effective>=32 disk_space>=2000"))) == [
+        "eight", "quad",
+    ]  # fmt: skip
+
+
+def test_duration_is_days_until_the_end_date_and_no_end_date_is_forever(api, market):
+    assert "quad" not in names(search(api, "duration>=7"))
+    assert "eight" in names(search(api, "duration>=7"))
+    assert "pair" in names(search(api, "duration>=7"))  # no end date: rentable for ever
+    assert names(search(api, "duration<7")) == ["quad"]
+
+
+def test_sorts_ascending_descending_and_by_two_fields(api, market):
+    rentable = ["a100", "cheap", "eight", "pair", "quad", "shaky"]
+    by_price = names(search(api, "-o dph_total"))
+    totals = {o.machine.name: o.dph_total for o in Offer.objects.select_related("machine")}
+    assert by_price == sorted(rentable, key=lambda n: totals[n])
+    assert names(search(api, "-o dph_total-")) == by_price[::-1]
+    by_region_then_gpus = names(search(api, "-o geolocation,num_gpus-"))
+    assert by_region_then_gpus == ["shaky", "cheap", "eight", "a100", "quad", "pair"]
+    # The default is the value score, best first.
+    scores = [o["score"] for o in search(api, "").json()["offers"]]
+    assert scores == sorted(scores, reverse=True)
+
+
+def test_any_drops_the_default_rentable_filter(api, market):
+    assert "unlisted" not in names(search(api, ""))
+    everything = names(search(api, "rentable=any -o dph_total"))
+    assert everything[0] == "unlisted" and len(everything) == 7
+    body = search(api, "rentable=any machine_id=" + str(market["unlisted"].machine_id)).json()
+    assert body["offers"][0]["rentable"] is False
+    assert names(search(api, "rentable=false")) == ["unlisted"]
+
+
+def test_pages_follow_next_offset_to_the_end(api, market):
+    seen, offset = [], 0
+    while offset is not None:
+        response = search(api, "-o dph_total", limit=4, offset=offset)
+        seen += names(response)
+        offset = response.json()["next_offset"]
+    assert seen == names(search(api, "-o dph_total", limit=64))
+    assert len(seen) == 6
+    assert names(search(api, "-o dph_total", limit=2, offset=2)) == seen[2:4]
+
+
+def test_json_filter_body_means_the_same_as_the_query_language(api, market):
+    body = {
+        "num_gpus": {"gte": 2},
+        "geolocation": {"in": ["US", "EU"]},
+        "order": [["dph_total", "desc"]],
+        "limit": 3,
+    }
+    response = api.post("/api/v1/offers/", body, format="json")
+    assert names(response) == names(
+        search(api, "num_gpus>=2 geolocation in [US,EU] -o dph_total-", limit=3)
+    )
+    assert response.json()["next_offset"] == 3
+    assert "unlisted" in names(api.post("/api/v1/offers/", {"rentable": "any"}, format="json"))
+    as_text = api.post("/api/v1/offers/", {"q": "gpu_name=A100_80GB"}, format="json")
+    assert names(as_text) == ["a100"]
+
+
+@pytest.mark.parametrize(
+    ("q", "says"),
+    [
+        ("duration in [1,2]", "at position 0 ('duration in [1,2]'): duration takes < <= > >="),
+        ("duration notin [1]", "duration takes < <= > >="),
+        ("num_gpus>=1 duration=3", "at position 12 ('duration=3'): duration takes < <= > >="),
+        ("duration!=3", "not '!='"),
+        ("duration>=1e9", "out of range"),
+        ("num_gpus>=2 gpu_nmae=RTX", "at position 12 ('gpu_nmae=RTX'): unknown field 'gpu_nmae'"),
+        ("-o price", "at position 3 ('price'): cannot sort by unknown field 'price'"),
+        ("gpu_name=RTX\x00", "control characters"),
+        ("geolocation in [US,\x01CA]", "at position 19 ("),
+        ("num_gpus>=two", "needs a number, not 'two'"),
+        ("dph_total<1e400", "out of range"),
+    ],
+)
+def test_bad_queries_answer_400_with_the_position_token_and_reason(api, market, q, says):
+    response = search(api, q)
+    assert response.status_code == 400, response.content
+    error = response.json()["error"]
+    assert error["code"] == "validation_error"
+    assert says in error["fields"]["q"][0], error
+
+
+@pytest.mark.parametrize(
+    ("body", "field", "says"),
+    [
+        ({"duration": {"in": [1, 2]}}, "filters", "at 'duration.in': duration takes"),
+        ({"duration": 3}, "filters", "at 'duration.eq': duration takes"),
+        ({"num_gpus": {"approx": 2}}, "filters", "unknown operator 'approx'"),
+        ({"gpu_nmae": "RTX 4090"}, "filters", "unknown field 'gpu_nmae'"),
+        ({"order": [["dph_total"]]}, "filters", "order must be a list"),
+        ({"order": "dph_total"}, "filters", "order must be a list"),
+        ({"order": [["price", "asc"]]}, "filters", "cannot sort by unknown field 'price'"),
+        ({"gpu_name": "RTX\u0000"}, "filters", "control characters"),
+        ({"q": 5}, "q", "The query is text"),
+        ({"q": "duration in [1]"}, "q", "at position 0"),
+        ([{"num_gpus": 2}], "filters", "The filter body is a JSON object"),
+        ({"limit": 0}, "limit", "Between 1 and 256"),
+        ({"offset": "x"}, "limit", "whole numbers"),
+    ],
+)
+def test_bad_json_filter_bodies_answer_400_naming_the_field(api, market, body, field, says):
+    response = api.post("/api/v1/offers/", body, format="json")
+    assert response.status_code == 400, response.content
+    assert says in " ".join(response.json()["error"]["fields"][field])
+
+
+# --- the console ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def console(client, owner, team):
+    return client_for(client, owner, team)
+
+
+def page_machines(response) -> list[int]:
+    import re
+
+    return [int(m) for m in re.findall(r'<tr data-machine="(\d+)">', response.content.decode())]
+
+
+def test_console_search_filters_and_sorts_like_the_api(console, api, market):
+    response = console.get("/offers/", {"q": "num_gpus>=2 -o dph_total-"})
+    assert response.status_code == 200
+    by_api = [o["machine_id"] for o in search(api, "num_gpus>=2 -o dph_total-").json()["offers"]]
+    assert page_machines(response) == by_api
+    form = console.get("/offers/", {"geolocation": "EU", "min_gpus": "4", "sort": "dph_total"})
+    assert page_machines(form) == [market["eight"].machine_id]
+    everything = console.get("/offers/", {"q": "rentable=any"})
+    assert market["unlisted"].machine_id in page_machines(everything)
+    assert "not rentable" in everything.content.decode()
+
+
+@pytest.mark.parametrize(
+    ("q", "says"),
+    [
+        ("duration in [1,2]", "at position 0 (&#x27;duration in [1,2]&#x27;): duration takes"),
+        ("duration=3", "duration takes &lt; &lt;= &gt; &gt;="),
+        ("num_gpus>=2 gpu_nmae=RTX", "at position 12"),
+    ],
+)
+def test_console_bad_query_is_400_and_shows_where_and_why(console, market, q, says):
+    response = console.get("/offers/", {"q": q})
+    assert response.status_code == 400
+    page = response.content.decode()
+    assert 'id="query-error"' in page and says in page
+    assert page_machines(response) == []
+
+
+def test_console_pages_through_offers_64_at_a_time(console, provider):
+    for n in range(70):
+        offer_on(provider, f"m{n:02d}", price=0.1 + n / 100)
+    first = console.get("/offers/", {"sort": "dph_total"})
+    page = first.content.decode()
+    assert len(page_machines(first)) == 64
+    assert 'id="previous-page"' not in page and 'id="next-page"' in page
+    assert "offers 1–64" in page
+    second = console.get("/offers/", {"sort": "dph_total", "page": "2"})
+    assert len(page_machines(second)) == 6
+    text = second.content.decode()
+    assert 'id="next-page"' not in text and "offers 65–70" in text
+    assert 'href="?sort=dph_total&amp;page=1"' in text  # the filters travel with the page
+    cheapest_last = Machine.objects.get(name="m69").pk
+    assert page_machines(second)[-1] == cheapest_last
+    assert set(page_machines(first)).isdisjoint(page_machines(second))
+    past_the_end = console.get("/offers/", {"sort": "dph_total", "page": "9"}).content.decode()
+    assert "No more offers on page 9" in past_the_end and 'id="first-page"' in past_the_end
