@@ -15,6 +15,15 @@ class MachineStatus(models.TextChoices):
     ERROR = "error", "Error"
 
 
+def in_service(status: str) -> bool:
+    """Whether commands reach the machine and its rentals run (and are charged).
+
+    Only an online machine is in service: offline (heartbeats missed), a changed host key,
+    an error (its probes keep failing) or a machine still being set up are all out of it.
+    """
+    return status == MachineStatus.ONLINE
+
+
 class Machine(models.Model):
     """A provider's GPU machine, reached over SSH with a pinned host key.
 
@@ -59,7 +68,13 @@ class Machine(models.Model):
     reliability = models.FloatField(default=1.0)
     last_heartbeat_at = models.DateTimeField(null=True, blank=True)
     heartbeat_misses = models.PositiveSmallIntegerField(default=0)
+    # The last probe that read everything; failed re-probes keep these figures.
     probed_at = models.DateTimeField(null=True, blank=True)
+    probe_attempted_at = models.DateTimeField(null=True, blank=True)
+    # Failed probes in a row (a tool failing, not an unreachable machine: heartbeats judge
+    # reachability) and what the last one could not read.
+    probe_failures = models.PositiveSmallIntegerField(default=0)
+    probe_problems = models.JSONField(default=list, blank=True)
     verified = models.BooleanField(
         default=False, help_text="Set by an operator after checking the machine."
     )

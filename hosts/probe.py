@@ -39,14 +39,18 @@ class ProbedGpu:
 
 @dataclass(frozen=True)
 class ProbeResult:
-    gpus: list[ProbedGpu]
-    cuda_version: str
-    cpu_cores: int
-    ram_mb: int
-    disk_free_gb: int
-    docker_version: str
-    nvidia_runtime: bool
-    os_name: str
+    """What a probe read. None means "could not read" (the reason is in ``problems``), so the
+    machine keeps its last good figure rather than a made-up zero; ``gpus`` None means
+    nvidia-smi did not answer, which says nothing about which GPUs are there."""
+
+    gpus: list[ProbedGpu] | None
+    cuda_version: str | None
+    cpu_cores: int | None
+    ram_mb: int | None
+    disk_free_gb: int | None
+    docker_version: str | None
+    nvidia_runtime: bool | None
+    os_name: str | None
     problems: list[str] = field(default_factory=list)
 
 
@@ -97,35 +101,62 @@ def parse_os_release(text: str) -> str:
 
 
 def probe(machine: Machine) -> ProbeResult:
-    """Ask the machine about itself: a handful of commands on the pooled connection."""
-    problems = []
-    gpus_out = ssh.run(machine, NVIDIA_SMI_QUERY, check=False)
-    if gpus_out.exit_code != 0:
-        problems.append(f"nvidia-smi failed: {gpus_out.stderr.strip()[:200]}")
-        gpus = []
-    else:
-        gpus = parse_gpu_csv(gpus_out.stdout)
-    summary = ssh.run(machine, ["nvidia-smi"], check=False).stdout
-    cores = ssh.run(machine, ["nproc"]).stdout.strip()
-    meminfo = ssh.run(machine, ["cat", "/proc/meminfo"]).stdout
-    info_raw = ssh.run(machine, ["docker", "info", "--format", "{{json .}}"], check=False)
-    docker_info = json.loads(info_raw.stdout) if info_raw.exit_code == 0 else {}
-    if not docker_info:
+    """Ask the machine about itself: a handful of commands on the pooled connection.
+
+    Each tool that fails or prints something unreadable becomes a problem and an unknown
+    figure; only losing the machine itself (HostUnreachable, HostKeyMismatch) raises.
+    """
+    problems: list[str] = []
+
+    def read(argv: list[str]) -> str | None:
+        result = ssh.run(machine, argv, check=False, idempotent=True)
+        if result.exit_code != 0:
+            detail = (result.stderr or result.stdout).strip()[:200]
+            tool = " ".join(argv[:2]) if len(argv) > 1 and not argv[1].startswith("-") else argv[0]
+            problems.append(f"{tool} failed: {detail}")
+            return None
+        return result.stdout
+
+    def parsed(parse, text: str | None):
+        if text is None:
+            return None
+        try:
+            return parse(text)
+        except ProbeError as error:
+            problems.append(str(error))
+            return None
+
+    gpus = parsed(parse_gpu_csv, read(NVIDIA_SMI_QUERY))
+    summary = ssh.run(machine, ["nvidia-smi"], check=False, idempotent=True)
+    cores_text = read(["nproc"])
+    cores = int(cores_text.strip()) if cores_text and cores_text.strip().isdigit() else None
+    if cores_text is not None and cores is None:
+        problems.append(f"nproc printed {cores_text.strip()[:40]!r}")
+    ram_mb = parsed(parse_meminfo_mb, read(["cat", "/proc/meminfo"]))
+    info_raw = ssh.run(
+        machine, ["docker", "info", "--format", "{{json .}}"], check=False, idempotent=True
+    )
+    try:
+        docker_info = json.loads(info_raw.stdout) if info_raw.exit_code == 0 else {}
+    except ValueError:
+        docker_info = {}
+    if not isinstance(docker_info, dict) or not docker_info:
+        docker_info = {}
         problems.append(
             "docker info failed: is Docker installed and is the user in the docker group?"
         )
     root = docker_info.get("DockerRootDir") or "/var/lib/docker"
-    free = ssh.run(machine, ["df", "-P", "-k", root], check=False)
-    os_release = ssh.run(machine, ["cat", "/etc/os-release"], check=False).stdout
+    disk = parsed(parse_df_free_gb, read(["df", "-P", "-k", root]))
+    os_release = ssh.run(machine, ["cat", "/etc/os-release"], check=False, idempotent=True)
     return ProbeResult(
         gpus=gpus,
-        cuda_version=parse_cuda_version(summary),
-        cpu_cores=int(cores) if cores.isdigit() else 0,
-        ram_mb=parse_meminfo_mb(meminfo),
-        disk_free_gb=parse_df_free_gb(free.stdout) if free.exit_code == 0 else 0,
-        docker_version=str(docker_info.get("ServerVersion", ""))[:40],
-        nvidia_runtime="nvidia" in (docker_info.get("Runtimes") or {}),
-        os_name=parse_os_release(os_release)[:120],
+        cuda_version=parse_cuda_version(summary.stdout) if summary.exit_code == 0 else None,
+        cpu_cores=cores,
+        ram_mb=ram_mb,
+        disk_free_gb=disk,
+        docker_version=str(docker_info.get("ServerVersion", ""))[:40] if docker_info else None,
+        nvidia_runtime="nvidia" in (docker_info.get("Runtimes") or {}) if docker_info else None,
+        os_name=parse_os_release(os_release.stdout)[:120] if os_release.exit_code == 0 else None,
         problems=problems,
     )
 

@@ -190,6 +190,18 @@ class ContainerSpec:
             _no_control(arg, "args", newlines=True)
 
 
+# Docker's default weight is 1024 (one CPU's worth); the kernel takes 2..262144.
+CPU_SHARES_PER_CPU = 1024
+
+
+def cpu_shares(cpus: float) -> int:
+    """The container's CPU weight when the machine's CPUs are contended: 1024 per core of its
+    limit. A unit's cores are the same on one machine, so the weight is proportional to the
+    units rented (8 GPUs, 128 cores: 1 unit = 16 cores = 16384, 3 units = 49152), and weights
+    only ever compete with containers on the same machine."""
+    return max(2, min(round(cpus * CPU_SHARES_PER_CPU), 262144))
+
+
 def docker_run_argv(spec: ContainerSpec, *, machine_id: int, nvidia_runtime: bool) -> list[str]:
     """The exact ``docker run`` argv for a spec. Pure; every value is one argv element."""
     argv = ["docker", "run", "--detach", "--name", spec.name, "--restart", "no"]
@@ -200,6 +212,7 @@ def docker_run_argv(spec: ContainerSpec, *, machine_id: int, nvidia_runtime: boo
         argv += ["--label", f"{key}={labels[key]}"]
     argv += [
         "--cpus", f"{spec.cpus:g}",
+        "--cpu-shares", str(cpu_shares(spec.cpus)),
         "--memory", f"{spec.memory_mb}m",
         "--memory-reservation", f"{max(spec.memory_mb * 4 // 5, 6)}m",
         "--shm-size", f"{spec.shm_mb}m",

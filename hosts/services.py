@@ -16,7 +16,7 @@ from django.db import transaction
 from django.db.models import Count, ProtectedError, Q
 from django.utils import timezone
 
-from hosts import ssh
+from hosts import addresses, ssh
 from hosts.models import (
     Gpu,
     HeartbeatSample,
@@ -50,6 +50,18 @@ def heartbeat_misses_allowed() -> int:
     return int(getattr(settings, "HOST_HEARTBEAT_MISSES", 3))
 
 
+def probe_failures_allowed() -> int:
+    """Failed probes in a row (tools failing on a machine that answers) before it is taken
+    out of service: one bad nvidia-smi must not stop every rental on the machine."""
+    return int(getattr(settings, "HOST_PROBE_FAILURES", 3))
+
+
+def probe_retry_seconds() -> int:
+    """How soon a machine that answers heartbeats is probed again after a failed probe (or
+    while it is in error or being set up), so it recovers without anyone pressing a button."""
+    return int(getattr(settings, "HOST_PROBE_RETRY_SECONDS", 300))
+
+
 def _event(machine: Machine, kind: str, message: str) -> None:
     MachineEvent.objects.create(machine=machine, kind=kind, message=message[:500])
 
@@ -72,6 +84,9 @@ def _set_status(machine: Machine, new: str, reason: str) -> None:
     }
     transaction.on_commit(lambda: machine_status_changed.send_robust(sender=Machine, **payload))
     if new == MachineStatus.KEY_MISMATCH:
+        # The pool refuses a flagged machine by its status too; this also closes a connection
+        # opened before the key changed, in this process at once.
+        transaction.on_commit(lambda: ssh.pool.forget(payload["machine_id"]))
         presented = machine.offered_key_fingerprint
         transaction.on_commit(
             lambda: machine_host_key_mismatch.send_robust(
@@ -103,6 +118,8 @@ def machine_register(*, team_id: int, name: str, address: str, port: int, ssh_us
         or len(address) > 255
     ):
         errors["address"] = "A host name or IP address, like gpu1.example.com or 203.0.113.7."
+    elif (refused := addresses.address_refusal(address)) is not None:
+        errors["address"] = f"The platform does not connect to {refused}."
     if not (1 <= port <= 65535):
         errors["port"] = "An SSH port between 1 and 65535."
     if (
@@ -131,7 +148,11 @@ def machine_fetch_host_key(*, machine_id: int) -> Machine:
     except ssh.HostUnreachable as error:
         with transaction.atomic():
             machine = Machine.objects.select_for_update().get(pk=machine_id)
-            _set_status(machine, MachineStatus.ERROR, str(error))
+            if machine.host_key:
+                # A machine already set up keeps its status: heartbeats judge reachability.
+                _event(machine, "key_read", f"Could not read the host key again: {error}")
+            else:
+                _set_status(machine, MachineStatus.ERROR, str(error))
         return machine
     with transaction.atomic():
         machine = Machine.objects.select_for_update().get(pk=machine_id)
@@ -144,6 +165,14 @@ def machine_fetch_host_key(*, machine_id: int) -> Machine:
             )
         elif machine.host_key != key.key_base64:
             _set_status(machine, MachineStatus.KEY_MISMATCH, f"Now presents {key.fingerprint}")
+        elif machine.status == MachineStatus.KEY_MISMATCH:
+            # Even the old key back does not clear the flag by itself: a person decides.
+            _event(
+                machine,
+                "key_read",
+                f"The machine presents the pinned key {key.fingerprint} again; confirm it to "
+                "bring the machine back.",
+            )
     return machine
 
 
@@ -162,9 +191,13 @@ def machine_confirm_host_key(*, machine_id: int, fingerprint: str) -> Machine:
     machine.host_key_type, machine.host_key = machine.offered_key_type, machine.offered_key
     machine.host_key_fingerprint = machine.offered_key_fingerprint
     machine.heartbeat_misses = 0
+    machine.probe_attempted_at = None  # probe at once (the next heartbeat will, if nothing else)
     machine.save(
-        update_fields=["host_key_type", "host_key", "host_key_fingerprint", "heartbeat_misses"]
-    )
+        update_fields=[
+            "host_key_type", "host_key", "host_key_fingerprint", "heartbeat_misses",
+            "probe_attempted_at",
+        ]
+    )  # fmt: skip
     if previous and previous != machine.host_key_fingerprint:
         _event(machine, "key_pinned", f"New host key {fingerprint} pinned (was {previous})")
     else:
@@ -206,40 +239,125 @@ def flag_key_mismatch_handler(machine_id: int, presented: ssh.RemoteHostKey) -> 
 
 
 def machine_probe(*, machine_id: int) -> Machine:
-    """Probe over SSH and store the figures; flag GPUs that disappeared."""
+    """Probe over SSH and store what could be read; flag GPUs that disappeared.
+
+    A machine that was never probed cleanly goes to error on a failed probe (it is not in
+    service yet; heartbeats re-probe it). A machine in service keeps its status and last good
+    figures when a probe fails: the failure is an event and ``probe_problems``, and only
+    ``probe_failures_allowed()`` failures in a row take it out of service (error). A machine
+    that cannot be reached is left to the heartbeats, which judge reachability.
+    """
+    with transaction.atomic():
+        Machine.objects.filter(pk=machine_id).update(probe_attempted_at=timezone.now())
     machine = Machine.objects.get(pk=machine_id)
     try:
         result = probe(machine)
     except ssh.HostKeyMismatch as error:
-        with transaction.atomic():
-            _set_status(
-                Machine.objects.select_for_update().get(pk=machine_id),
-                MachineStatus.KEY_MISMATCH,
-                str(error),
-            )
+        if machine.host_key:
+            with transaction.atomic():
+                _set_status(
+                    Machine.objects.select_for_update().get(pk=machine_id),
+                    MachineStatus.KEY_MISMATCH,
+                    str(error),
+                )
         raise
-    except (ssh.HostUnreachable, ssh.CommandFailed, ValueError) as error:
-        with transaction.atomic():
-            _set_status(
-                Machine.objects.select_for_update().get(pk=machine_id),
-                MachineStatus.ERROR,
-                f"Probe failed: {error}",
-            )
+    except ssh.HostUnreachable as error:
+        _record_probe_failure(machine_id=machine_id, problems=[str(error)], counts=False)
+        raise
+    except (ssh.CommandFailed, ValueError) as error:
+        _record_probe_failure(machine_id=machine_id, problems=[str(error)], counts=True)
         raise
     return machine_apply_probe(machine_id=machine_id, result=result)
 
 
 @transaction.atomic
-def machine_apply_probe(*, machine_id: int, result: ProbeResult) -> Machine:
+def _record_probe_failure(*, machine_id: int, problems: list[str], counts: bool) -> Machine:
+    """Note a failed probe; out of service only for a machine never set up, or after too many
+    failures in a row (``counts``: the machine answered, its tools did not)."""
     machine = Machine.objects.select_for_update().get(pk=machine_id)
-    for name in ("cuda_version", "cpu_cores", "ram_mb", "disk_free_gb", "docker_version",
-                 "nvidia_runtime", "os_name"):  # fmt: skip
-        setattr(machine, name, getattr(result, name))
-    machine.driver_version = result.gpus[0].driver_version if result.gpus else ""
-    machine.probed_at = timezone.now()
+    reason = "; ".join(problems)[:400]
+    repeated = machine.status == MachineStatus.ERROR and machine.probe_problems == problems
+    if counts:
+        machine.probe_failures = min(machine.probe_failures + 1, 32767)
+    machine.probe_problems = problems
+    machine.save(update_fields=["probe_failures", "probe_problems"])
+    if machine.probed_at is None:
+        _set_status(machine, MachineStatus.ERROR, f"Probe failed: {reason}")
+    elif counts and machine.probe_failures >= probe_failures_allowed():
+        _set_status(
+            machine,
+            MachineStatus.ERROR,
+            f"{machine.probe_failures} probes in a row failed: {reason}",
+        )
+    if not repeated and machine.status != MachineStatus.ERROR:
+        tries = f" ({machine.probe_failures} in a row)" if counts else ""
+        _event(
+            machine,
+            "probe_failed",
+            f"Probe failed{tries}; keeping the figures of "
+            f"{machine.probed_at:%Y-%m-%d %H:%M} UTC: {reason}",
+        )
+    _changed(machine, "probe")
+    return machine
+
+
+PROBED_FIGURES = ("cuda_version", "cpu_cores", "ram_mb", "disk_free_gb", "docker_version",
+                  "nvidia_runtime", "os_name")  # fmt: skip
+
+
+@transaction.atomic
+def machine_apply_probe(*, machine_id: int, result: ProbeResult) -> Machine:
+    """Store what the probe read. A figure it could not read (None) keeps its last value; GPUs
+    are only synced when nvidia-smi answered, and then exactly the ones it no longer lists
+    are flagged missing."""
+    machine = Machine.objects.select_for_update().get(pk=machine_id)
+    # A machine stuck in error is re-probed every few minutes: one event per new finding.
+    repeated = machine.status == MachineStatus.ERROR and machine.probe_problems == result.problems
+    for name in PROBED_FIGURES:
+        if getattr(result, name) is not None:
+            setattr(machine, name, getattr(result, name))
+    if result.gpus is not None:
+        machine.driver_version = result.gpus[0].driver_version if result.gpus else ""
+        _sync_gpus(machine, result.gpus)
+    now = timezone.now()
+    machine.last_heartbeat_at = now
+    clean = not result.problems
+    first = machine.probed_at is None
+    if clean:
+        machine.probed_at = now
+        machine.probe_failures = 0
+    else:
+        machine.probe_failures = min(machine.probe_failures + 1, 32767)
+    machine.probe_problems = list(result.problems)
     machine.save()
+    gpus = f"{len(result.gpus)} GPU(s)" if result.gpus is not None else "GPUs unknown"
+    summary = (
+        f"{gpus}, {machine.cpu_cores} cores, {machine.ram_mb // 1024} GB RAM, "
+        f"{machine.disk_free_gb} GB free"
+    )
+    if not repeated:
+        _event(
+            machine, "probed", summary + ("; " + "; ".join(result.problems) if not clean else "")
+        )
+    if clean:
+        if machine.status in (MachineStatus.PENDING, MachineStatus.ERROR):
+            _set_status(machine, MachineStatus.ONLINE, "Probe succeeded")
+    elif first:
+        _set_status(machine, MachineStatus.ERROR, "; ".join(result.problems))
+    elif machine.probe_failures >= probe_failures_allowed():
+        _set_status(
+            machine,
+            MachineStatus.ERROR,
+            f"{machine.probe_failures} probes in a row found problems: "
+            + "; ".join(result.problems),
+        )
+    _changed(machine, "probe")
+    return machine
+
+
+def _sync_gpus(machine: Machine, gpus: list) -> None:
     seen = set()
-    for gpu in result.gpus:
+    for gpu in gpus:
         seen.add(gpu.uuid)
         Gpu.objects.update_or_create(
             machine=machine, uuid=gpu.uuid,
@@ -254,22 +372,26 @@ def machine_apply_probe(*, machine_id: int, result: ProbeResult) -> Machine:
             f"GPU {missing.index} ({missing.uuid}) no longer reported by nvidia-smi",
         )
         transaction.on_commit(
-            lambda uuid=missing.uuid: gpu_missing.send_robust(
+            lambda uuid=missing.uuid, machine_id=machine.pk: gpu_missing.send_robust(
                 sender=Machine, machine_id=machine_id, gpu_uuid=uuid
             )
         )
-    summary = f"{len(result.gpus)} GPU(s), {result.cpu_cores} cores, {result.ram_mb // 1024} GB RAM, {result.disk_free_gb} GB free"
-    _event(
-        machine, "probed", summary + ("; " + "; ".join(result.problems) if result.problems else "")
-    )
-    if result.problems:
-        _set_status(machine, MachineStatus.ERROR, "; ".join(result.problems))
-    elif machine.status in (MachineStatus.PENDING, MachineStatus.ERROR):
-        _set_status(machine, MachineStatus.ONLINE, "Probe succeeded")
-    machine.last_heartbeat_at = timezone.now()
-    machine.save(update_fields=["last_heartbeat_at"])
-    _changed(machine, "probe")
-    return machine
+
+
+def machine_probe_due(machine: Machine, now: datetime | None = None) -> bool:
+    """Whether a machine that just answered a heartbeat should be probed now: it is being set
+    up, in error, or its last probe failed, and the retry interval has passed. This is how a
+    machine recovers by itself."""
+    if not machine.host_key or machine.heartbeat_misses:
+        return False
+    if machine.status in (MachineStatus.KEY_MISMATCH, MachineStatus.OFFLINE):
+        return False
+    if machine.status == MachineStatus.ONLINE and not machine.probe_failures:
+        return False
+    if machine.probe_attempted_at is None:
+        return True
+    waited = ((now or timezone.now()) - machine.probe_attempted_at).total_seconds()
+    return waited >= probe_retry_seconds()
 
 
 @transaction.atomic
@@ -334,17 +456,23 @@ def machine_heartbeat(*, machine_id: int) -> Machine:
     """One heartbeat over the pooled connection: `true`, with a short timeout.
 
     K misses in a row (HOST_HEARTBEAT_MISSES) turn an online machine offline; the next
-    answer turns it online again. Each attempt is recorded as a sample (with the GPUs rented
-    at that moment) for the reliability score and the utilization chart. The SSH round trip
-    happens before the transaction, so a dead machine never holds its row locked.
+    answer turns an offline machine online again. It never clears a changed host key (only
+    a person pinning a key does) nor an error (a clean probe does: see ``machine_probe_due``).
+    Each attempt is recorded as a sample (with the GPUs rented at that moment) for the
+    reliability score and the utilization chart. The SSH round trip happens before the
+    transaction, so a dead machine never holds its row locked. A machine whose sessions are
+    all busy was not asked, so that attempt is not recorded at all.
     """
     machine = Machine.objects.get(pk=machine_id)
     started = time.monotonic()
     failure = None
     try:
-        ssh.run(machine, ["true"], timeout=HEARTBEAT_COMMAND_TIMEOUT)
+        ssh.run(machine, ["true"], timeout=HEARTBEAT_COMMAND_TIMEOUT, idempotent=True)
     except ssh.HostKeyMismatch as error:
         failure = ("key", str(error))
+    except ssh.HostBusy as error:
+        logger.info("heartbeat of machine %s skipped: %s", machine_id, error)
+        return machine
     except (ssh.HostUnreachable, ssh.CommandFailed) as error:
         failure = ("miss", str(error))
         ssh.pool.forget(machine_id)
@@ -363,7 +491,7 @@ def machine_heartbeat(*, machine_id: int) -> Machine:
         if failure is None:
             machine.heartbeat_misses = 0
             machine.last_heartbeat_at = now
-            if machine.status in (MachineStatus.OFFLINE, MachineStatus.KEY_MISMATCH):
+            if machine.status == MachineStatus.OFFLINE:
                 _set_status(machine, MachineStatus.ONLINE, "Heartbeats answered again")
         elif failure[0] == "key":
             _set_status(machine, MachineStatus.KEY_MISMATCH, failure[1])

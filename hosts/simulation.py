@@ -26,7 +26,7 @@ import tarfile
 import tempfile
 import time
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 SSHD = "/usr/sbin/sshd"
@@ -48,12 +48,25 @@ NVIDIA_SMI_FIELDS = {
 }
 
 
+# Simulated GPU UUIDs are derived from the host's name and the GPU's index, so a host made
+# again (every `make run`, every test session) reports the same GPUs: a re-probe finds the
+# GPUs it knows instead of marking them missing and adding new rows, and allocations keep
+# pointing at GPUs that exist.
+_SIM_GPU_NAMESPACE = uuid.UUID("6f0d2a52-6c1e-4c57-9a51-9b7c3f1d2e80")
+
+
+def sim_gpu_uuid(host_name: str, index: int) -> str:
+    """``GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`` (nvidia-smi's form), the same every time
+    for the same host name and index."""
+    return f"GPU-{uuid.uuid5(_SIM_GPU_NAMESPACE, f'{host_name}/{index}')}"
+
+
 @dataclass(frozen=True)
 class SimGpu:
     index: int
     name: str = "NVIDIA GeForce RTX 4090"
     memory_mib: int = 24564
-    uuid: str = field(default_factory=lambda: f"GPU-{uuid.uuid4()}")
+    uuid: str = ""  # empty: derived from the host's name and the index (sim_gpu_uuid)
     driver_version: str = "550.54.14"
 
 
@@ -65,6 +78,13 @@ class SimHostSpec:
     gpus: tuple[SimGpu, ...]
     cuda_version: str = "12.4"
     port_range: tuple[int, int] = (20000, 20999)
+
+    def __post_init__(self) -> None:
+        gpus = tuple(
+            gpu if gpu.uuid else replace(gpu, uuid=sim_gpu_uuid(self.name, gpu.index))
+            for gpu in self.gpus
+        )
+        object.__setattr__(self, "gpus", gpus)  # frozen: set once, here
 
 
 @dataclass
@@ -122,6 +142,17 @@ class SimHost:
         """Change what ``nvidia-smi`` reports (a GPU falling off the bus, say)."""
         self.gpus_path.write_text(json.dumps([asdict(gpu) for gpu in gpus]))
         _write_gpu_table(self.root, gpus)
+
+    @property
+    def driver_failure_path(self) -> Path:
+        return self.root / "nvidia-driver-failed"
+
+    def set_driver_failed(self, failed: bool) -> None:
+        """Make ``nvidia-smi`` fail the way it does when it cannot talk to the driver."""
+        if failed:
+            self.driver_failure_path.touch()
+        else:
+            self.driver_failure_path.unlink(missing_ok=True)
 
     def is_running(self) -> bool:
         pid = _read_pid(self.pid_path)
@@ -187,6 +218,7 @@ class SimHost:
 
 
 def default_gpus(count: int, name: str = "NVIDIA GeForce RTX 4090", memory_mib: int = 24564):
+    """``count`` GPUs; their UUIDs come from the host's name once they are in a SimHostSpec."""
     return tuple(SimGpu(index=i, name=name, memory_mib=memory_mib) for i in range(count))
 
 
@@ -365,6 +397,10 @@ def _write_nvidia_smi(root: Path, spec: SimHostSpec) -> None:
     script = f"""#!/bin/sh
 # Simulated nvidia-smi for host {spec.name}: prints the GPUs in {root}/gpus.tsv.
 TABLE="{root}/gpus.tsv"
+if [ -e "{root}/nvidia-driver-failed" ]; then
+  echo "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. Make sure that the latest NVIDIA driver is installed and running."
+  exit 9
+fi
 COLUMNS="{columns}"
 UNITS="{units}"
 query=""; header=1; units=1; list=0

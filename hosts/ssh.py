@@ -3,34 +3,51 @@
 Every command is an argv list joined with ``shlex.join``, so each element reaches the remote
 shell quoted. The pinned key is loaded before connecting and unknown or changed keys are
 rejected (``RejectPolicy``; paramiko raises ``BadHostKeyException`` on a changed key), so no
-command ever runs on a machine that is not the one the provider confirmed.
+command ever runs on a machine that is not the one the provider confirmed. A machine flagged
+``key_mismatch`` gets no command at all until a person pins a key again, even over a
+connection opened before the flag.
+
+Errors shown to providers say only "no SSH server answered" whether the port was closed,
+filtered or spoke something else, so adding machines cannot map the platform's network;
+the details go to the log.
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
+import logging
 import os
 import shlex
-import socket
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import paramiko
 
+from hosts import addresses
 from hosts.keys import platform_private_key
 
 if TYPE_CHECKING:
     from hosts.models import Machine
 
+logger = logging.getLogger(__name__)
+
 CONNECT_TIMEOUT = 10.0
 COMMAND_TIMEOUT = 120.0
 KEEPALIVE_SECONDS = 30
-MAX_SESSIONS_PER_HOST = 8
+# Session budgets per machine (sshd's MaxSessions defaults to 10). Streams (pulls, log
+# follows) last minutes to hours, so they have their own budget and never starve the short
+# commands (heartbeats, docker ps, launches).
+MAX_COMMANDS_PER_HOST = 6
+MAX_STREAMS_PER_HOST = 3
+# How long a command waits for a free session before HostBusy (never longer than its own
+# timeout).
+SESSION_WAIT_SECONDS = 30.0
+KEY_MISMATCH_STATUS = "key_mismatch"  # hosts.models.MachineStatus.KEY_MISMATCH
 
 
 class HostError(Exception):
@@ -57,6 +74,16 @@ class HostKeyMismatch(HostError):
     def __init__(self, message: str, *, presented: RemoteHostKey | None = None):
         super().__init__(message)
         self.presented = presented
+
+
+class HostBusy(HostUnreachable):
+    """Every session of the machine stayed taken for the whole wait; nothing was run."""
+
+    error_code = "host_busy"
+
+
+class CommandNotStarted(HostUnreachable):
+    """The session could not be opened, so the command surely did not run (safe to retry)."""
 
 
 class CommandFailed(HostError):
@@ -95,18 +122,30 @@ def _remote_key(key: paramiko.PKey) -> RemoteHostKey:
     return RemoteHostKey(key.get_name(), base64.b64encode(blob).decode(), fingerprint(blob))
 
 
+def no_ssh_server(address: str, port: int, error: BaseException) -> HostUnreachable:
+    """The one message a provider gets for a closed, filtered or non-SSH port (or a refused
+    address): the same text whatever happened, so the platform is no port scanner. The
+    reason is logged for operators."""
+    logger.info("no SSH server at %s:%s: %s: %s", address, port, type(error).__name__, error)
+    if isinstance(error, addresses.AddressRefused):
+        return HostUnreachable(f"The platform does not connect to {address}: {error}.")
+    return HostUnreachable(
+        f"No SSH server answered at {address}:{port}. Check the address, the port and the firewall."
+    )
+
+
 def fetch_host_key(address: str, port: int, timeout: float = CONNECT_TIMEOUT) -> RemoteHostKey:
     """Read the key a machine presents, without trusting it or logging in."""
     try:
-        sock = socket.create_connection((address, port), timeout=timeout)
+        sock = addresses.connect(address, port, timeout)
     except OSError as error:
-        raise HostUnreachable(f"Cannot reach {address}:{port}: {error}") from error
+        raise no_ssh_server(address, port, error) from error
     transport = paramiko.Transport(sock)
     try:
         transport.start_client(timeout=timeout)
         return _remote_key(transport.get_remote_server_key())
     except (paramiko.SSHException, OSError, EOFError) as error:
-        raise HostUnreachable(f"{address}:{port} did not speak SSH: {error}") from error
+        raise no_ssh_server(address, port, error) from error
     finally:
         transport.close()
 
@@ -118,7 +157,16 @@ def _known_host_name(address: str, port: int) -> str:
 class Connection:
     """One authenticated SSH transport to a machine; sessions are opened per command."""
 
-    def __init__(self, *, address: str, port: int, user: str, key_type: str, key_base64: str):
+    def __init__(
+        self,
+        *,
+        address: str,
+        port: int,
+        user: str,
+        key_type: str,
+        key_base64: str,
+        connect_timeout: float = CONNECT_TIMEOUT,
+    ):
         self.address, self.port, self.user = address, port, user
         self.pinned = (key_type, key_base64)
         self.client = paramiko.SSHClient()
@@ -126,10 +174,14 @@ class Connection:
         pinned_key = paramiko.PKey.from_type_string(key_type, base64.b64decode(key_base64))
         self.client.get_host_keys().add(_known_host_name(address, port), key_type, pinned_key)
         try:
+            sock = addresses.connect(address, port, connect_timeout)
+        except OSError as error:
+            raise no_ssh_server(address, port, error) from error
+        try:
             self.client.connect(
-                address, port, username=user, pkey=platform_private_key(),
-                allow_agent=False, look_for_keys=False, timeout=CONNECT_TIMEOUT,
-                banner_timeout=CONNECT_TIMEOUT, auth_timeout=CONNECT_TIMEOUT,
+                address, port, username=user, pkey=platform_private_key(), sock=sock,
+                allow_agent=False, look_for_keys=False, timeout=connect_timeout,
+                banner_timeout=connect_timeout, auth_timeout=connect_timeout,
             )  # fmt: skip
         except paramiko.BadHostKeyException as error:
             presented = _remote_key(error.key)
@@ -140,6 +192,9 @@ class Connection:
                 presented=presented,
             ) from error
         except paramiko.AuthenticationException as error:
+            # The transport (and its thread and socket) would otherwise linger until sshd's
+            # login grace time ends.
+            self.client.close()
             raise HostUnreachable(
                 f"{user}@{address}:{port} refused the platform's key: is it in authorized_keys?"
             ) from error
@@ -156,12 +211,9 @@ class Connection:
                     f"{presented.fingerprint}, not the pinned key; no command was run.",
                     presented=presented,
                 ) from error
-            raise HostUnreachable(f"Cannot connect to {address}:{port}: {error}") from error
-        transport = self.client.get_transport()
-        transport.set_keepalive(KEEPALIVE_SECONDS)
-        # Commands are small request/response exchanges: without TCP_NODELAY, Nagle's
-        # algorithm and delayed ACKs add ~40 ms to every one.
-        transport.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            raise no_ssh_server(address, port, error) from error
+        # addresses.connect set TCP_NODELAY on the socket.
+        self.client.get_transport().set_keepalive(KEEPALIVE_SECONDS)
 
     @property
     def alive(self) -> bool:
@@ -172,13 +224,16 @@ class Connection:
         self.client.close()
 
     def _open(self, timeout: float) -> paramiko.Channel:
+        """A session channel; CommandNotStarted if it cannot be opened (nothing ran)."""
         transport = self.client.get_transport()
         if transport is None or not transport.is_active():
-            raise HostUnreachable(f"The connection to {self.address}:{self.port} dropped.")
+            raise CommandNotStarted(f"The connection to {self.address}:{self.port} dropped.")
         try:
-            channel = transport.open_session(timeout=timeout)
+            # A transport whose peer vanished looks alive until a request goes unanswered:
+            # wait for the channel no longer than for a connect.
+            channel = transport.open_session(timeout=min(timeout, CONNECT_TIMEOUT))
         except (paramiko.SSHException, OSError, EOFError) as error:
-            raise HostUnreachable(f"{self.address}:{self.port}: {error}") from error
+            raise CommandNotStarted(f"{self.address}:{self.port}: {error}") from error
         channel.settimeout(timeout)
         return channel
 
@@ -202,7 +257,10 @@ class Connection:
         except TimeoutError as error:
             raise CommandTimeout(f"{argv[0]} did not finish within {timeout:.0f}s") from error
         except (paramiko.SSHException, OSError, EOFError) as error:
-            raise HostUnreachable(f"{self.address}:{self.port}: {error}") from error
+            raise HostUnreachable(
+                f"The connection to {self.address}:{self.port} dropped while {argv[0]} ran; "
+                f"it may or may not have finished ({error})."
+            ) from error
         finally:
             channel.close()
         return CommandResult(code, stdout.decode(errors="replace"), stderr.decode(errors="replace"))
@@ -249,23 +307,62 @@ class Connection:
 key_mismatch_handlers: list[Callable[[int, RemoteHostKey], None]] = []
 
 
+@dataclass
+class _Slot:
+    """One machine's place in the pool: its connection, the lock held while (re)connecting
+    to it, and its session budgets."""
+
+    connecting: threading.Lock
+    commands: threading.BoundedSemaphore
+    streams: threading.BoundedSemaphore
+    connection: Connection | None = field(default=None)
+
+
 class Pool:
     """Connections kept per machine and reused across tasks in a worker process.
 
-    A machine whose address, user or pinned key changed gets a new connection; a dead
-    transport is replaced once before giving up. A semaphore bounds concurrent sessions per
-    machine (sshd's MaxSessions defaults to 10). A changed host key raises HostKeyMismatch
-    before authentication, so no command runs, and the handlers above flag the machine.
+    A machine whose address, user or pinned key changed gets a new connection. Connecting
+    holds only that machine's lock, so a slow or dead machine never delays the others.
+    Sessions are bounded per machine, one budget for commands and one for streams, and a
+    caller waits for a session at most ``wait_seconds`` (HostBusy after that). A command is
+    retried on a fresh connection only when it surely never started (its session could not
+    be opened on a stale connection); after a drop mid-command it is retried only when the
+    caller says it is idempotent, so a ``docker run`` never runs twice. A changed host key
+    raises HostKeyMismatch before authentication and the handlers above flag the machine;
+    a flagged machine gets nothing until a person pins a key again.
     """
 
-    def __init__(self, connect: Callable[..., Connection] = Connection):
+    def __init__(
+        self,
+        connect: Callable[..., Connection] = Connection,
+        *,
+        max_commands: int = MAX_COMMANDS_PER_HOST,
+        max_streams: int = MAX_STREAMS_PER_HOST,
+        wait_seconds: float = SESSION_WAIT_SECONDS,
+        connect_timeout: float = CONNECT_TIMEOUT,
+    ):
         self._connect = connect
-        self._lock = threading.Lock()
-        self._connections: dict[int, Connection] = {}
-        self._sessions: dict[int, threading.BoundedSemaphore] = {}
-        self._pid = None
+        self._max_commands, self._max_streams = max_commands, max_streams
+        self._wait_seconds, self._connect_timeout = wait_seconds, connect_timeout
+        self._lock = threading.Lock()  # guards _slots only; never held during I/O
+        self._slots: dict[int, _Slot] = {}
+        self._pid: int | None = None
 
-    def _identity(self, machine: Machine) -> tuple:
+    def _slot(self, machine_id: int) -> _Slot:
+        with self._lock:
+            if self._pid != os.getpid():  # never share a transport across a fork
+                self._slots, self._pid = {}, os.getpid()
+            slot = self._slots.get(machine_id)
+            if slot is None:
+                slot = self._slots[machine_id] = _Slot(
+                    connecting=threading.Lock(),
+                    commands=threading.BoundedSemaphore(self._max_commands),
+                    streams=threading.BoundedSemaphore(self._max_streams),
+                )
+            return slot
+
+    @staticmethod
+    def _identity(machine: Machine) -> tuple:
         return (
             machine.address,
             machine.port,
@@ -277,10 +374,19 @@ class Pool:
     def connection(self, machine: Machine) -> Connection:
         if not machine.host_key:
             raise HostKeyMismatch("The machine has no confirmed host key yet; nothing was run.")
-        with self._lock:
-            if self._pid != os.getpid():  # never share a transport across a fork
-                self._connections, self._sessions, self._pid = {}, {}, os.getpid()
-            current = self._connections.get(machine.pk)
+        if getattr(machine, "status", None) == KEY_MISMATCH_STATUS:
+            self.forget(machine.pk)
+            raise HostKeyMismatch(
+                f"{machine.address}:{machine.port} is flagged for a changed host key; nothing "
+                "runs on it until a person pins a key again."
+            )
+        slot = self._slot(machine.pk)
+        # Others wanting this machine wait for one connect (each step bounded by the connect
+        # timeout); others wanting other machines do not wait at all.
+        if not slot.connecting.acquire(timeout=3 * self._connect_timeout + 5):
+            raise HostBusy(f"Still connecting to {machine.address}:{machine.port}; try again.")
+        try:
+            current = slot.connection
             if (
                 current is not None
                 and current.alive
@@ -289,42 +395,64 @@ class Pool:
             ):
                 return current
             if current is not None:
+                slot.connection = None
                 current.close()
-                del self._connections[machine.pk]
             try:
                 connection = self._connect(
                     address=machine.address, port=machine.port, user=machine.ssh_user,
                     key_type=machine.host_key_type, key_base64=machine.host_key,
+                    connect_timeout=self._connect_timeout,
                 )  # fmt: skip
             except HostKeyMismatch as error:
                 mismatch = error
             else:
-                mismatch = None
-                self._connections[machine.pk] = connection
-                self._sessions.setdefault(
-                    machine.pk, threading.BoundedSemaphore(MAX_SESSIONS_PER_HOST)
-                )
+                slot.connection = connection
                 return connection
-        # Outside the pool's lock: the handlers write to the database.
+        finally:
+            slot.connecting.release()
+        # Outside the lock: the handlers write to the database.
         if mismatch.presented is not None:
             for handler in key_mismatch_handlers:
                 handler(machine.pk, mismatch.presented)
         raise mismatch
 
+    def _session(self, budget: threading.BoundedSemaphore, machine: Machine, timeout: float):
+        wait = min(self._wait_seconds, timeout)
+        if not budget.acquire(timeout=wait):
+            raise HostBusy(
+                f"{machine.address}:{machine.port} has no free SSH session after {wait:.0f}s "
+                "of waiting; nothing was run."
+            )
+        return budget
+
     def run(
-        self, machine: Machine, argv: list[str], *, timeout: float = COMMAND_TIMEOUT
+        self,
+        machine: Machine,
+        argv: list[str],
+        *,
+        timeout: float = COMMAND_TIMEOUT,
+        idempotent: bool = False,
     ) -> CommandResult:
+        """Run argv on one session. ``idempotent=True`` lets a command whose connection dropped
+        mid-way run again on a fresh one (reads, ``true``); otherwise the caller gets
+        HostUnreachable and decides (a launch checks what exists before trying again)."""
+        slot = self._slot(machine.pk)
         for attempt in (1, 2):
             connection = self.connection(machine)
-            with self._sessions[machine.pk]:
-                try:
-                    return connection.run(argv, timeout=timeout)
-                except CommandTimeout:
+            budget = self._session(slot.commands, machine, timeout)
+            try:
+                return connection.run(argv, timeout=timeout)
+            except CommandTimeout:
+                raise
+            except CommandNotStarted:
+                if attempt == 2:
                     raise
-                except HostUnreachable:
-                    if attempt == 2:
-                        raise
-                    self.forget(machine.pk)  # stale transport: reconnect once
+            except HostUnreachable:
+                if attempt == 2 or not idempotent:
+                    raise
+            finally:
+                budget.release()
+            self._drop(machine.pk, connection)  # stale transport: reconnect once
         raise AssertionError("unreachable")
 
     def stream(
@@ -335,19 +463,48 @@ class Pool:
         timeout: float = COMMAND_TIMEOUT,
         stdin: bytes | None = None,
     ) -> Iterator[str]:
-        connection = self.connection(machine)
-        with self._sessions[machine.pk]:
-            yield from connection.stream(argv, timeout=timeout, stdin=stdin)
+        """Yield output lines on a session from the streams' budget (never a command's)."""
+        slot = self._slot(machine.pk)
+        for attempt in (1, 2):
+            connection = self.connection(machine)
+            budget = self._session(slot.streams, machine, timeout)
+            try:
+                # CommandNotStarted comes before the first line, so nothing is repeated.
+                yield from connection.stream(argv, timeout=timeout, stdin=stdin)
+                return
+            except CommandNotStarted:
+                if attempt == 2:
+                    raise
+            finally:
+                budget.release()
+            self._drop(machine.pk, connection)
+
+    def _drop(self, machine_id: int, connection: Connection) -> None:
+        """Forget ``connection`` if it is still the machine's (another thread may already
+        have replaced it with a working one)."""
+        slot = self._slot(machine_id)
+        with self._lock:
+            stale = slot.connection is connection
+            if stale:
+                slot.connection = None
+        if stale:
+            connection.close()
 
     def forget(self, machine_id: int) -> None:
         with self._lock:
-            connection = self._connections.pop(machine_id, None)
+            slot = self._slots.get(machine_id) if self._pid == os.getpid() else None
+            connection = slot.connection if slot is not None else None
+            if slot is not None:
+                slot.connection = None
         if connection is not None:
             connection.close()
 
     def close_all(self) -> None:
         with self._lock:
-            connections, self._connections = list(self._connections.values()), {}
+            slots = list(self._slots.values()) if self._pid == os.getpid() else []
+            connections = [slot.connection for slot in slots if slot.connection is not None]
+            for slot in slots:
+                slot.connection = None
         for connection in connections:
             connection.close()
 
@@ -356,10 +513,17 @@ pool = Pool()
 
 
 def run(
-    machine: Machine, argv: list[str], *, timeout: float = COMMAND_TIMEOUT, check: bool = True
+    machine: Machine,
+    argv: list[str],
+    *,
+    timeout: float = COMMAND_TIMEOUT,
+    check: bool = True,
+    idempotent: bool = False,
 ) -> CommandResult:
-    """Run argv on the machine over the pooled connection; raise CommandFailed on non-zero."""
-    result = pool.run(machine, argv, timeout=timeout)
+    """Run argv on the machine over the pooled connection; raise CommandFailed on non-zero.
+
+    ``idempotent=True`` for commands that may safely run twice (see ``Pool.run``)."""
+    result = pool.run(machine, argv, timeout=timeout, idempotent=idempotent)
     if check and result.exit_code != 0:
         raise CommandFailed(argv, result.exit_code, result.stderr or result.stdout)
     return result

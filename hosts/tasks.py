@@ -41,13 +41,12 @@ def machine_self_test(machine_id: int) -> str:
 
 @shared_task(name="hosts.tasks.heartbeats")
 def heartbeats() -> int:
-    """Fan out one heartbeat per watched machine. A heartbeat still queued when the next
-    round starts is dropped (``expires``), so a slow worker never piles them up."""
-    watched = list(
-        Machine.objects.filter(
-            status__in=[MachineStatus.ONLINE, MachineStatus.OFFLINE, MachineStatus.KEY_MISMATCH]
-        ).values_list("pk", flat=True)
-    )
+    """Fan out one heartbeat per machine with a pinned key, whatever its status: an offline
+    machine comes back online, a machine in error is re-probed once it answers, and a machine
+    with a changed key keeps its record (the pool runs nothing there). A heartbeat still
+    queued when the next round starts is dropped (``expires``), so a slow worker never piles
+    them up."""
+    watched = list(Machine.objects.exclude(host_key="").values_list("pk", flat=True))
     for machine_id in watched:
         heartbeat.apply_async((machine_id,), expires=services.heartbeat_seconds())
     return len(watched)
@@ -55,14 +54,28 @@ def heartbeats() -> int:
 
 @shared_task(name="hosts.tasks.heartbeat", ignore_result=True)
 def heartbeat(machine_id: int) -> str:
+    """A heartbeat, then a probe if the machine answered and needs one (being set up, in
+    error, or after a failed probe): how a machine recovers without anyone's help."""
     if not Machine.objects.filter(pk=machine_id).exists():
         return "gone"
-    return services.machine_heartbeat(machine_id=machine_id).status
+    machine = services.machine_heartbeat(machine_id=machine_id)
+    if services.machine_probe_due(machine):
+        try:
+            machine = services.machine_probe(machine_id=machine_id)
+        except (ssh.HostError, ValueError) as error:
+            logger.info("re-probe of machine %s failed: %s", machine_id, error)
+            machine.refresh_from_db()
+    return machine.status
 
 
 @shared_task(name="hosts.tasks.reprobe_all")
 def reprobe_all() -> int:
-    ids = list(Machine.objects.filter(status=MachineStatus.ONLINE).values_list("pk", flat=True))
+    """Refresh the figures of every machine commands can reach (heartbeats decide the rest)."""
+    ids = list(
+        Machine.objects.exclude(host_key="")
+        .exclude(status__in=[MachineStatus.OFFLINE, MachineStatus.KEY_MISMATCH])
+        .values_list("pk", flat=True)
+    )
     for machine_id in ids:
         machine_probe.delay(machine_id)
     return len(ids)

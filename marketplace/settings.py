@@ -282,6 +282,13 @@ STRIPE_WEBHOOK_TOLERANCE = int(os.environ.get("STRIPE_WEBHOOK_TOLERANCE", "300")
 # --- Hosts settings ---
 HOST_HEARTBEAT_SECONDS = int(os.environ.get("HOST_HEARTBEAT_SECONDS", "30"))
 HOST_HEARTBEAT_MISSES = int(os.environ.get("HOST_HEARTBEAT_MISSES", "3"))
+# Failed probes in a row before a machine leaves service, and how soon one that answers
+# heartbeats is probed again (hosts/services.py).
+HOST_PROBE_FAILURES = int(os.environ.get("HOST_PROBE_FAILURES", "3"))
+HOST_PROBE_RETRY_SECONDS = int(os.environ.get("HOST_PROBE_RETRY_SECONDS", "300"))
+# Machines on loopback addresses: only for development and the simulated hosts (which are
+# sshd on 127.x); in production that is the platform's own machine (hosts/addresses.py).
+HOST_ALLOW_LOOPBACK = env_bool("HOST_ALLOW_LOOPBACK", DEBUG)
 # Image of the self-test container: small, with sh, sleep, cat, df and env. Simulated
 # hosts have gpumkt/busybox (made without a registry); real machines pull busybox.
 HOST_SELFTEST_IMAGE = os.environ.get(

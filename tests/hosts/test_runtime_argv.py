@@ -45,7 +45,7 @@ def test_argv_is_exactly_the_expected_one():
     assert argv == [
         "docker", "run", "--detach", "--name", "gpumkt-abc", "--restart", "no",
         "--label", "gpumkt.instance=u-1", "--label", "gpumkt.machine=7", "--label", "gpumkt.platform=1",
-        "--cpus", "4", "--memory", "8192m", "--memory-reservation", "6553m", "--shm-size", "4096m",
+        "--cpus", "4", "--cpu-shares", "4096", "--memory", "8192m", "--memory-reservation", "6553m", "--shm-size", "4096m",
         "--security-opt", "no-new-privileges", "--pids-limit", "4096",
         "--gpus", '"device=GPU-aaaaaaaa-1111-2222-3333-444444444444,GPU-bbbbbbbb-2222-3333-4444-555555555555"',
         "--env", "A=1", "--publish", "20001:22/tcp", "--entrypoint", "/bin/sh",

@@ -3,7 +3,9 @@
     manage.py simhosts --count 3 --authorize var/platform_ssh_key.pub
 
 Writes ``<dir>/hosts.json`` describing each host (address, port, host key fingerprint, GPUs)
-and stops every sshd it started on Ctrl-C.
+once every host is up, and stops every sshd it started on Ctrl-C. The file of an earlier run
+is removed first and the new one appears whole (written aside, then renamed), so whoever
+waits for it (``scripts/run.sh``, then ``demo_data``) never reads a stale or half-written one.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ class Command(BaseCommand):
 
     def handle(self, *args, count: int, dir: str, base_port: int, authorize, detach, **options):
         root = Path(dir)
+        listing = root / "hosts.json"
+        listing.unlink(missing_ok=True)
         ensure_dockerd(log_path=settings.VAR_DIR / "dockerd.log")
         ensure_image()
         keys = [Path(path).read_text().strip() for path in authorize]
@@ -52,7 +56,9 @@ class Command(BaseCommand):
                 port_range=(20000 + 1000 * i, 20999 + 1000 * i),  # below the ephemeral range
             )
             hosts.append(create_host(root / spec.name, spec, keys))
-        (root / "hosts.json").write_text(json.dumps([h.to_dict() for h in hosts], indent=2))
+        staged = listing.with_suffix(".json.tmp")
+        staged.write_text(json.dumps([h.to_dict() for h in hosts], indent=2))
+        staged.replace(listing)
         for host in hosts:
             self.stdout.write(
                 f"  {host.spec.name:<14} root@{host.address} -p {host.port}  "

@@ -1,0 +1,116 @@
+"""Which machine addresses the platform will connect to.
+
+The platform connects wherever a provider points it, from inside its own network, so an
+address is a way to reach the platform's neighbours (server-side request forgery). Refused:
+
+- loopback (127.0.0.0/8, ::1, ``localhost``): the platform's own Redis, PostgreSQL and
+  sshd live there. Allowed only where ``settings.HOST_ALLOW_LOOPBACK`` is set (DEBUG, the
+  tests and the simulated hosts of ``make run``, which are real sshd on loopback addresses);
+- link-local (169.254.0.0/16, fe80::/10): cloud metadata services (169.254.169.254) hand out
+  credentials there;
+- unspecified (0.0.0.0, ::: Linux connects those to the local machine), multicast, and
+  reserved ranges: never a GPU machine.
+
+Private ranges (10/8, 172.16/12, 192.168/16, 100.64/10, fc00::/7) are allowed: on-premises
+providers and VPN overlays (WireGuard, Tailscale) reach their machines there, and an operator
+who runs the platform next to other private services should keep its workers' egress
+firewalled anyway; the address check is not a firewall.
+
+The check runs twice: on registration (literal addresses and ``localhost`` names, with a
+field error) and at every connect, on the addresses the name resolves to *then*, and the
+socket connects to exactly the address that was checked (so a name that re-resolves to
+127.0.0.1 later, DNS rebinding, is refused too).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import logging
+import socket
+
+from django.conf import settings
+
+logger = logging.getLogger(__name__)
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+class AddressRefused(OSError):
+    """The address is one the platform never connects to (see the module's docstring)."""
+
+
+def loopback_allowed() -> bool:
+    return bool(getattr(settings, "HOST_ALLOW_LOOPBACK", settings.DEBUG))
+
+
+def literal_ip(address: str) -> IPAddress | None:
+    """The IP an address spells, in any form the resolver accepts (``127.1``, ``2130706433``,
+    ``[::1]``), or None for a host name."""
+    text = address.strip().removeprefix("[").removesuffix("]")
+    with contextlib.suppress(ValueError):
+        return ipaddress.ip_address(text)
+    try:
+        # inet_aton reads the old shorthand forms that getaddrinfo also accepts.
+        return ipaddress.IPv4Address(socket.inet_aton(text))
+    except (OSError, ValueError):
+        return None
+
+
+def refusal(ip: IPAddress) -> str | None:
+    """Why the platform will not connect to ``ip`` (None: it may)."""
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    if ip.is_loopback:
+        return None if loopback_allowed() else "a loopback address (this platform's own machine)"
+    if ip.is_unspecified:
+        return "an unspecified address (0.0.0.0 or ::)"
+    if ip.is_link_local:
+        return "a link-local address (169.254.0.0/16, fe80::/10)"
+    if ip.is_multicast:
+        return "a multicast address"
+    if ip.is_reserved:
+        return "a reserved address"
+    return None
+
+
+def address_refusal(address: str) -> str | None:
+    """Registration's check: literal IPs and ``localhost`` names (no DNS lookup here; the
+    connect checks what a name resolves to)."""
+    name = address.strip().lower().rstrip(".")
+    if name == "localhost" or name.endswith(".localhost"):
+        return None if loopback_allowed() else "a loopback address (this platform's own machine)"
+    ip = literal_ip(address)
+    return refusal(ip) if ip is not None else None
+
+
+def connect(address: str, port: int, timeout: float) -> socket.socket:
+    """A TCP connection to the first allowed address the name resolves to.
+
+    Raises AddressRefused when any resolved address is refused (a name that mixes a public
+    and a loopback record is refused whole), OSError when none answers. The caller turns both
+    into one message for the provider, so the platform does not tell open from closed ports.
+    """
+    try:
+        infos = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError) as error:
+        raise OSError(f"cannot resolve {address!r}: {error}") from error
+    for *_, sockaddr in infos:
+        reason = refusal(ipaddress.ip_address(sockaddr[0].split("%", 1)[0]))
+        if reason is not None:
+            raise AddressRefused(f"{address} resolves to {sockaddr[0]}, {reason}")
+    last_error: OSError | None = None
+    for family, kind, proto, _, sockaddr in infos:
+        sock = socket.socket(family, kind, proto)
+        sock.settimeout(timeout)
+        try:
+            sock.connect(sockaddr)
+        except OSError as error:
+            sock.close()
+            last_error = error
+            continue
+        # Commands are small request/response exchanges: without TCP_NODELAY, Nagle's
+        # algorithm and delayed ACKs add ~40 ms to every one.
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return sock
+    raise last_error or OSError(f"{address} resolves to no address")
