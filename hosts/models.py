@@ -103,6 +103,8 @@ class Machine(models.Model):
 
     @property
     def gpu_count(self) -> int:
+        if "gpus" in getattr(self, "_prefetched_objects_cache", {}):  # lists prefetch them
+            return sum(gpu.present for gpu in self.gpus.all())
         return self.gpus.filter(present=True).count()
 
     def _units(self) -> int:

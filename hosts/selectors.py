@@ -31,12 +31,15 @@ def rented_gpu_ids(machine_ids: list[int]) -> dict[int, str]:
     return rented
 
 
-def gpu_occupancy(machines: list[Machine]) -> dict[int, list[tuple[Gpu, str]]]:
-    """Per machine: each GPU with "free", "rented" or "offline".
+GPU_STATES = ("free", "rented", "offline", "missing")
 
-    A GPU that disappeared from nvidia-smi, or any GPU of a machine that is not online, is
-    "offline"; a rented GPU of an offline machine stays "rented" so the provider sees which
-    rentals the outage hits.
+
+def gpu_occupancy(machines: list[Machine]) -> dict[int, list[tuple[Gpu, str]]]:
+    """Per machine: each GPU with "free", "rented", "offline" or "missing".
+
+    A GPU that disappeared from nvidia-smi is "missing"; any other GPU of a machine that is
+    not online is "offline", except that a rented GPU of an offline machine stays "rented" so
+    the provider sees which rentals the outage hits.
     """
     ids = [m.pk for m in machines]
     rented = rented_gpu_ids(ids)
@@ -44,7 +47,7 @@ def gpu_occupancy(machines: list[Machine]) -> dict[int, list[tuple[Gpu, str]]]:
     grid: dict[int, list[tuple[Gpu, str]]] = {m.pk: [] for m in machines}
     for gpu in Gpu.objects.filter(machine_id__in=ids).order_by("machine_id", "index"):
         if not gpu.present:
-            state = "offline"
+            state = "missing"
         elif gpu.pk in rented:
             state = rented[gpu.pk]
         else:

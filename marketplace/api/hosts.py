@@ -1,28 +1,56 @@
-"""REST API for host providers: machines, their key confirmation, probing, terms and listing."""
+"""REST API for host providers: machines, their key confirmation, probing, terms and listing,
+the platform's SSH key, heartbeat/utilization history and earnings per machine."""
 
 from __future__ import annotations
 
+import base64
+
 from django.db import transaction
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import extend_schema, extend_schema_field
 from rest_framework import mixins, serializers, status
 from rest_framework.decorators import action
 from rest_framework.response import Response
 from rest_framework.routers import SimpleRouter
 
-from hosts import services, tasks
+from hosts import services, ssh, tasks
+from hosts.keys import platform_public_key
 from hosts.models import Gpu, Machine, MachineEvent, MaintenanceWindow
+from hosts.selectors import GPU_STATES, gpu_occupancy, hourly_history
 from marketplace.api.base import TeamScopedViewSet
+from marketplace.fleet import EARNINGS_DAYS, machine_earnings_by_day
 from marketplace.models import Role
 
 
 class GpuSerializer(serializers.ModelSerializer):
+    state = serializers.SerializerMethodField(
+        help_text="free, rented, offline (the machine is out of service) or missing (no "
+        "longer reported by nvidia-smi)"
+    )
+
     class Meta:
         model = Gpu
-        fields = ["index", "uuid", "name", "memory_mib", "present"]
+        fields = ["index", "uuid", "name", "memory_mib", "present", "state"]
+
+    @extend_schema_field(serializers.ChoiceField(choices=GPU_STATES))
+    def get_state(self, gpu) -> str:
+        return self.context["gpu_states"][gpu.pk]
+
+
+class UnitSerializer(serializers.Serializer):
+    """One unit of the machine: 1 GPU and an even share of its cores, RAM and disk."""
+
+    gpus = serializers.IntegerField()
+    cpus = serializers.FloatField()
+    memory_mb = serializers.IntegerField()
+    disk_gb = serializers.IntegerField()
+    shm_mb = serializers.IntegerField()
 
 
 class MachineSerializer(serializers.ModelSerializer):
-    gpus = GpuSerializer(many=True, read_only=True)
+    """A machine; pass ``context={"occupancy": gpu_occupancy(machines)}`` when serializing
+    many, or each machine asks for its own GPUs' states."""
+
+    gpus = serializers.SerializerMethodField()
     unit = serializers.SerializerMethodField()
 
     class Meta:
@@ -33,18 +61,62 @@ class MachineSerializer(serializers.ModelSerializer):
             "storage_price_per_gb_month", "min_gpus", "end_date", "location", "cpu_cores", "ram_mb",
             "disk_free_gb", "docker_version", "nvidia_runtime", "driver_version", "cuda_version",
             "os_name", "port_range_start", "port_range_end", "reliability", "last_heartbeat_at",
-            "verified", "probed_at", "self_test_at", "self_test_passed", "self_test_report",
-            "gpus", "unit", "created_at",
+            "verified", "probed_at", "probe_failures", "probe_problems", "self_test_at",
+            "self_test_passed", "self_test_report", "gpus", "unit", "created_at",
         ]  # fmt: skip
         read_only_fields = fields
 
+    @extend_schema_field(GpuSerializer(many=True))
+    def get_gpus(self, machine) -> list:
+        occupancy = self.context.get("occupancy")
+        if occupancy is None or machine.pk not in occupancy:
+            occupancy = gpu_occupancy([machine])
+        cells = occupancy[machine.pk]
+        states = {gpu.pk: state for gpu, state in cells}
+        return GpuSerializer(
+            [gpu for gpu, _ in cells], many=True, context={"gpu_states": states}
+        ).data
+
+    @extend_schema_field(UnitSerializer)
     def get_unit(self, machine) -> dict:
         return {
+            "gpus": 1,
             "cpus": machine.unit_cpus,
             "memory_mb": machine.unit_memory_mb,
             "disk_gb": machine.unit_disk_gb,
             "shm_mb": machine.unit_shm_mb,
         }
+
+
+class PlatformKeySerializer(serializers.Serializer):
+    public_key = serializers.CharField(
+        help_text="The platform's public SSH key: add this line to ~/.ssh/authorized_keys of "
+        "the machine's SSH user before registering the machine."
+    )
+    fingerprint = serializers.CharField(help_text="SHA256 fingerprint, as ssh-keygen -lf prints")
+
+
+class HistoryPointSerializer(serializers.Serializer):
+    hour = serializers.DateTimeField(help_text="Start of the hour (UTC)")
+    answered = serializers.FloatField(help_text="Share of heartbeats answered, 0..1")
+    samples = serializers.IntegerField(help_text="Heartbeats sent in the hour")
+    utilization = serializers.FloatField(help_text="Rented GPUs ÷ present GPUs, 0..1")
+    gpus = serializers.IntegerField(help_text="Present GPUs at the hour's last heartbeat")
+
+
+class HistoryQuerySerializer(serializers.Serializer):
+    hours = serializers.IntegerField(min_value=1, max_value=168, default=24)
+
+
+class EarningsDaySerializer(serializers.Serializer):
+    day = serializers.DateField(source="key")
+    gross = serializers.IntegerField(help_text="micro-dollars renters were charged")
+    fee = serializers.IntegerField(help_text="micro-dollars of platform fee within gross")
+    net = serializers.IntegerField(help_text="micro-dollars earned (gross − fee)")
+
+
+class EarningsQuerySerializer(serializers.Serializer):
+    days = serializers.IntegerField(min_value=1, max_value=366, default=EARNINGS_DAYS)
 
 
 class MachineEventSerializer(serializers.ModelSerializer):
@@ -95,6 +167,43 @@ class MachineViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScope
     audience = "provider"
     required_role = Role.ADMIN
     filterset_fields = ["status", "listed"]
+    lookup_value_regex = "[0-9]+"
+
+    def list(self, request):
+        page = self.paginate_queryset(self.filter_queryset(self.get_queryset()))
+        serializer = MachineSerializer(page, many=True, context={"occupancy": gpu_occupancy(page)})
+        return self.get_paginated_response(serializer.data)
+
+    @extend_schema(request=None, responses=PlatformKeySerializer)
+    @action(detail=False, methods=["get"], url_path="platform-key")
+    def platform_key(self, request):
+        """The public SSH key to put in a machine's ``authorized_keys`` before registering
+        it (the same key for every team: the platform logs in with it)."""
+        public_key = platform_public_key()
+        blob = base64.b64decode(public_key.split()[1])
+        return Response({"public_key": public_key, "fingerprint": ssh.fingerprint(blob)})
+
+    @extend_schema(parameters=[HistoryQuerySerializer], responses=HistoryPointSerializer(many=True))
+    @action(detail=True, methods=["get"])
+    def history(self, request, pk=None):
+        """Per hour, oldest first: heartbeats answered and GPU utilization (the machine
+        page's uptime and utilization charts)."""
+        machine = self.get_object()
+        params = HistoryQuerySerializer(data=request.query_params)
+        params.is_valid(raise_exception=True)
+        points = hourly_history(machine, hours=params.validated_data["hours"])
+        return Response(HistoryPointSerializer(points, many=True).data)
+
+    @extend_schema(parameters=[EarningsQuerySerializer], responses=EarningsDaySerializer(many=True))
+    @action(detail=True, methods=["get"])
+    def earnings(self, request, pk=None):
+        """Per day, oldest first, days without charges included: what renters were charged
+        on this machine, the platform fee and the net earnings (the machine page's chart)."""
+        machine = self.get_object()
+        params = EarningsQuerySerializer(data=request.query_params)
+        params.is_valid(raise_exception=True)
+        rows = machine_earnings_by_day(self.team, machine, days=params.validated_data["days"])
+        return Response(EarningsDaySerializer(rows, many=True).data)
 
     @extend_schema(request=MachineRegisterSerializer, responses={201: MachineSerializer})
     def create(self, request):

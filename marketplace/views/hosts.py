@@ -16,11 +16,13 @@ from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from billing.errors import InvalidAmount
-from billing.money import parse_usd
+from billing.money import format_usd, parse_usd
+from billing.selectors import EarningsRow
 from hosts import services, tasks
 from hosts.keys import platform_public_key
 from hosts.models import Machine, MachineStatus
 from hosts.selectors import HourPoint, gpu_occupancy, hourly_history
+from marketplace.fleet import EARNINGS_DAYS, fleet_summary, machine_earnings_by_day
 from marketplace.models import Role
 from marketplace.tenancy import team_object_or_404, team_objects
 
@@ -42,24 +44,22 @@ def _errors(error: ValidationError) -> str:
 def machines(request: HttpRequest) -> HttpResponse:
     found = list(team_objects(request.team, Machine.objects.all()))
     grid = gpu_occupancy(found)
-    rows = [(m, grid[m.pk]) for m in found]
-    gpus = sum(len(cells) for cells in grid.values())
-    rented = sum(state == "rented" for cells in grid.values() for _, state in cells)
-    totals = {
-        "machines": len(found),
-        "online": sum(m.status == MachineStatus.ONLINE for m in found),
-        "attention": sum(
-            m.status in (MachineStatus.OFFLINE, MachineStatus.KEY_MISMATCH, MachineStatus.ERROR)
-            for m in found
-        ),
-        "gpus": gpus,
-        "rented": rented,
-        "utilization": rented / gpus if gpus else 0.0,
-    }
+    fleet = fleet_summary(request.team, found, grid)
+    rows = [(m, grid[m.pk], fleet.earnings_by_machine[m.pk]) for m in found]
+    statuses = [
+        (status.value, status.label, fleet.by_status[status.value])
+        for status in MachineStatus
+        if fleet.by_status[status.value]
+    ]
     return render(
         request,
         "hosts/machines.html",
-        {"rows": rows, "totals": totals, "can_admin": request.membership.allows(Role.ADMIN)},
+        {
+            "rows": rows,
+            "fleet": fleet,
+            "statuses": statuses,
+            "can_admin": request.membership.allows(Role.ADMIN),
+        },
     )
 
 
@@ -97,14 +97,24 @@ def machine_detail(request: HttpRequest, pk: int) -> HttpResponse:
     machine = team_object_or_404(request.team, Machine.objects.all(), pk=pk)
     cells = gpu_occupancy([machine])[machine.pk]
     history = hourly_history(machine)
+    earnings = machine_earnings_by_day(request.team, machine)
     now = timezone.now()
     context = {
         "machine": machine,
         "cells": cells,
         "rented": sum(state == "rented" for _, state in cells),
+        "unit_memory_gb": machine.unit_memory_mb / 1024,
         "events": machine.events.all()[:40],
         "uptime_chart": _bar_chart(history, lambda p: p.answered, bad_below=0.99),
         "utilization_chart": _bar_chart(history, lambda p: p.utilization),
+        "earnings_chart": _earnings_chart(earnings),
+        "earnings_days": EARNINGS_DAYS,
+        "earnings_total": EarningsRow(
+            "total",
+            sum(r.gross for r in earnings),
+            sum(r.fee for r in earnings),
+            sum(r.net for r in earnings),
+        ),
         "windows": machine.maintenance_windows.filter(ends_at__gt=now),
         "in_maintenance": machine.maintenance_windows.filter(
             starts_at__lte=now, ends_at__gt=now
@@ -142,6 +152,48 @@ def _bar_chart(
             "bad": share < bad_below, "show_label": i % max(len(points) // 6, 1) == 0,
         })  # fmt: skip
     return {"bars": bars, "width": width, "height": height, "grid": grid, "left": left}
+
+
+def _earnings_chart(rows: list[EarningsRow]) -> dict[str, object]:
+    """One bar per day of gross charges, its platform fee drawn as the bar's top part, in the
+    utilization chart's style and coordinates; grid lines at $0, half and the top."""
+    width, height, left, bottom = 560, 130, 44, 16
+    plot_h = height - bottom - 6
+    top = max([row.gross for row in rows] + [0])
+    # A round top for the axis: the next "nice" figure above the largest day.
+    scale = _nice_ceiling(top) if top else 1_000_000
+    grid = [
+        {"y": round(6 + plot_h * (1 - f), 1), "label": format_usd(int(scale * f))}
+        for f in (0, 0.5, 1)
+    ]
+    chart: dict[str, object] = {"width": width, "height": height, "grid": grid, "left": left}
+    if not top:
+        chart["bars"] = []
+        return chart
+    step = (width - left) / len(rows)
+    bars = []
+    for i, row in enumerate(rows):
+        gross_h = row.gross / scale * plot_h
+        fee_h = row.fee / scale * plot_h
+        x, w = round(left + i * step + 1, 1), round(max(step - 2, 1.5), 1)
+        bars.append({
+            "x": x, "w": w, "y": round(6 + plot_h - gross_h, 1), "h": round(gross_h, 1),
+            "fee_h": round(fee_h, 1), "label": f"{row.key:%m-%d}", "gross": format_usd(row.gross),
+            "fee": format_usd(row.fee), "net": format_usd(row.net), "empty": not row.gross,
+            "show_label": i % max(len(rows) // 6, 1) == 0,
+        })  # fmt: skip
+    chart["bars"] = bars
+    return chart
+
+
+def _nice_ceiling(value: int) -> int:
+    """The smallest of 1, 2, 5 × 10^k micro-dollars at or above ``value``."""
+    magnitude = 1
+    while True:
+        for factor in (1, 2, 5):
+            if factor * magnitude >= value:
+                return factor * magnitude
+        magnitude *= 10
 
 
 @login_required
