@@ -1,0 +1,716 @@
+"""Tenancy matrix: owner, teammate and outsider over every console page and API endpoint.
+
+Two teams hold the same kinds of data (a machine with a rental on it, credit, a capture, an SSH
+key, an API key, an invitation, a top-up, a maintenance window): Acme (owner + teammate) and
+the outsider's personal team. For every route:
+
+- a page or list answers the owner and the teammate with Acme's data, and the outsider with
+  their own data and none of Acme's;
+- an object of Acme's answers the owner and the teammate (GET), and the outsider 404 for
+  every method, with nothing changed in the database and no task queued.
+
+The route list comes from the URL conf: a route that is neither in ``MATRIX`` nor in
+``EXEMPT`` (with the reason) fails ``test_every_route_is_in_the_matrix``, listed as uncovered,
+and so does an API action method the matrix does not try.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from django.apps import apps
+from django.test import Client
+from django.urls import URLPattern, URLResolver, get_resolver
+from django.utils import timezone
+from django.utils.html import escape
+
+from billing.models import Entry, Hold, TopUp
+from billing.selectors import invoice_months, team_balance
+from billing.services import credit_grant, hold_capture_usage
+from hosts.models import Gpu, Machine, MaintenanceWindow
+from hosts.services import maintenance_window_add
+from marketplace.models import ApiKey, Invitation, Membership, SshKey, Team
+from marketplace.services.rentals import RentalRequest, offer_refresh, rental_create, ssh_key_add
+from marketplace.services.tenancy import api_key_create, invitation_create
+from scheduler.models import Instance
+from tests.conftest import client_for
+
+pytestmark = pytest.mark.django_db
+
+# --- two teams with the same kinds of data ---------------------------------------------------
+
+
+@dataclass
+class World:
+    """One team's data; ``tag`` makes every name in it unique to the team."""
+
+    tag: str
+    team: Team
+    machine: Machine
+    instance: Instance
+    hold: Hold
+    entry: Entry
+    ssh_key: SshKey
+    api_key: ApiKey
+    invitation: Invitation
+    invitation_token: str
+    topup: TopUp
+    window: MaintenanceWindow
+    member: Membership  # a membership other teams must not touch
+    member_email: str
+    month: str = field(default_factory=lambda: f"{timezone.now():%Y-%m}")
+
+
+def public_key() -> str:
+    key = Ed25519PrivateKey.generate().public_key()
+    return key.public_bytes(
+        serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
+    ).decode()
+
+
+def build_world(
+    *, tag: str, team: Team, admin: Membership, member: Membership, n: int, dollars: int
+) -> World:
+    # An address from TEST-NET-1 (RFC 5737): nothing here may connect to it, and nothing does,
+    # because the outsider is refused before any command would run.
+    machine = Machine.objects.create(
+        team=team, name=f"{tag}-rig", address=f"192.0.2.{n}", port=22, status="online",
+        listed=True, price_per_gpu_hour=500_000, storage_price_per_gb_month=100_000,
+        cpu_cores=16, ram_mb=65536, disk_free_gb=200, host_key_type="ssh-ed25519",
+        host_key="AAAA", host_key_fingerprint=f"SHA256:{tag}-pinned",
+        offered_key_fingerprint=f"SHA256:{tag}-offered", location="US",
+    )  # fmt: skip
+    Gpu.objects.bulk_create(
+        Gpu(machine=machine, index=i, uuid=f"GPU-{tag}-{i}", name="NVIDIA RTX 4090",
+            memory_mib=24564, present=True)
+        for i in range(2)
+    )  # fmt: skip
+    offer_refresh(machine_id=machine.pk)
+    credit_grant(
+        team_id=team.pk, amount=dollars * 1_000_000, reason="matrix credit",
+        idempotency_key=f"matrix-{tag}-{team.pk}",
+    )  # fmt: skip
+    contract = rental_create(
+        team=team,
+        request=RentalRequest(
+            machine_id=machine.pk, gpu_count=1, image=f"{tag}/trainer:1", hours=2
+        ),
+    )
+    hold_capture_usage(hold_id=contract.hold_id, kind="gpu", owed_total=dollars * 1_000)
+    now = timezone.now()
+    window = maintenance_window_add(
+        machine_id=machine.pk,
+        starts_at=now + timedelta(days=10),
+        ends_at=now + timedelta(days=10, hours=2),
+        note=f"{tag} maintenance",
+    )
+    issued = invitation_create(membership=admin, email=f"{tag}-invitee@example.com")
+    return World(
+        tag=tag,
+        team=team,
+        machine=machine,
+        instance=contract.instance,
+        hold=Hold.objects.get(pk=contract.hold_id),
+        entry=Entry.objects.filter(team=team).order_by("pk").first(),
+        ssh_key=ssh_key_add(team=team, name=f"{tag}-laptop", public_key=public_key()),
+        api_key=api_key_create(membership=admin, name=f"{tag}-ci-key").api_key,
+        invitation=issued.invitation,
+        invitation_token=issued.token,
+        topup=TopUp.objects.create(
+            team=team,
+            amount=25_000_000,
+            checkout_session_id=f"cs_test_{tag}",
+            checkout_url=f"https://checkout.stripe.com/c/pay/cs_test_{tag}",
+        ),  # fmt: skip
+        window=window,
+        member=member,
+        member_email=member.user.email,
+    )
+
+
+@dataclass
+class Worlds:
+    acme: World
+    theirs: World  # the outsider's own team
+
+
+@pytest.fixture
+def worlds(team, owner, teammate, outsider) -> Worlds:
+    owner_membership = Membership.objects.get(team=team, user=owner)
+    acme = build_world(
+        tag="acme", team=team, admin=owner_membership,
+        member=Membership.objects.get(team=team, user=teammate), n=10, dollars=120,
+    )  # fmt: skip
+    own = Membership.objects.get(user=outsider, team__personal=True)
+    theirs = build_world(tag="theirco", team=own.team, admin=own, member=own, n=11, dollars=50)
+    return Worlds(acme=acme, theirs=theirs)
+
+
+# --- the checks ------------------------------------------------------------------------------
+
+Url = Callable[[World], str]
+
+
+@dataclass(frozen=True)
+class Page:
+    """A page or list (GET): each side sees its own markers and never the other's."""
+
+    url: Url
+    markers: Callable[[World], list[str]] = lambda w: []
+
+
+@dataclass(frozen=True)
+class Listing:
+    """An API list (GET): the ids in it are the acting team's only."""
+
+    url: Url
+    ids: Callable[[World], list[object]]
+    key: str = "id"
+
+
+@dataclass(frozen=True)
+class Obj:
+    """One of Acme's objects: the owner and the teammate reach it (GET), the outsider gets 404
+    for ``method`` and nothing changes."""
+
+    url: Url
+    method: str = "get"
+    data: dict | None = None
+
+
+@dataclass(frozen=True)
+class Creates:
+    """A create (POST) with Acme's team id smuggled into the body: whatever it makes is the
+    caller's own, and Acme's rows stay as they were."""
+
+    url: Url
+    data: Callable[[World], dict]
+
+
+@dataclass(frozen=True)
+class Custom:
+    run: Callable[..., None]
+
+
+Check = Page | Listing | Obj | Creates | Custom
+
+
+def smuggled(w: World, **data: object) -> dict:
+    return {**data, "team": w.team.pk, "team_id": w.team.pk}
+
+
+def console_page(url: Url, *markers: Callable[[World], str]) -> Page:
+    """A console page; every page shows the active team's name in the header."""
+    return Page(url, lambda w: [w.team.name, *(m(w) for m in markers)])
+
+
+def instance_link(w: World) -> str:
+    return f'href="/instances/{w.instance.pk}/"'
+
+
+def rental_reference(w: World) -> str:
+    return f"rental:{w.instance.pk}"
+
+
+def machine_reference(w: World) -> str:
+    return f"machine:{w.machine.pk}"
+
+
+def inst(suffix: str = "") -> Url:
+    return lambda w: f"/instances/{w.instance.pk}/{suffix}"
+
+
+def api_inst(suffix: str = "") -> Url:
+    return lambda w: f"/api/v1/instances/{w.instance.pk}/{suffix}"
+
+
+def mach(suffix: str = "") -> Url:
+    return lambda w: f"/machines/{w.machine.pk}/{suffix}"
+
+
+def api_mach(suffix: str = "") -> Url:
+    return lambda w: f"/api/v1/machines/{w.machine.pk}/{suffix}"
+
+
+def check_team_switch(c: Checker) -> None:
+    client = c.outsider()
+    client.post("/team/switch/", {"team": c.acme.team.pk, "next": "/instances/"})
+    assert client.session.get("active_team_id") != c.acme.team.pk
+    page = client.get("/instances/").content.decode()
+    assert c.acme.team.name not in page and instance_link(c.acme) not in page
+
+
+def check_invitation_create(c: Checker) -> None:
+    """The form acts on the caller's own team, whatever team id is smuggled in."""
+    before = c.rows(Invitation.objects.filter(team=c.acme.team))
+    c.outsider().post(
+        "/team/invitations/",
+        {"email": "sneak@example.com", "role": "owner", "team": c.acme.team.pk},
+    )
+    assert c.rows(Invitation.objects.filter(team=c.acme.team)) == before
+    assert Invitation.objects.filter(team=c.theirs.team, email="sneak@example.com").exists()
+
+
+def check_me(c: Checker) -> None:
+    for client in c.outsider_api_clients():
+        body = client.get("/api/v1/me/").json()
+        assert body["team"]["id"] == c.theirs.team.pk
+    teammate = c.session(c.teammate_user, c.acme.team)
+    assert teammate.get("/api/v1/me/").json()["team"]["id"] == c.acme.team.pk
+
+
+def check_balance(c: Checker) -> None:
+    # The two teams were granted and charged different amounts, so their figures differ.
+    acme = c.session(c.owner_user, c.acme.team).get("/api/v1/billing/balance/").json()
+    assert acme["available"] == team_balance(c.acme.team.pk).available
+    for client in c.outsider_api_clients():
+        theirs = client.get("/api/v1/billing/balance/").json()
+        assert theirs["available"] == team_balance(c.theirs.team.pk).available
+        assert theirs["available"] != acme["available"]
+
+
+def invoice_totals(w: World) -> list[int]:
+    return [total for _, total in invoice_months(Entry.objects.filter(team=w.team))]
+
+
+MATRIX: dict[str, list[Check]] = {
+    # --- console: accounts and teams
+    "console-home": [console_page(lambda w: "/")],
+    "team-settings": [console_page(lambda w: "/team/", lambda w: w.member_email)],
+    "team-switch": [Custom(check_team_switch)],
+    "invitation-create": [Custom(check_invitation_create)],
+    "invitation-revoke": [Obj(lambda w: f"/team/invitations/{w.invitation.pk}/revoke/", "post")],
+    "member-update": [
+        Obj(lambda w: f"/team/members/{w.member.pk}/", "post", {"role": "viewer"}),
+        Obj(lambda w: f"/team/members/{w.member.pk}/", "post", {"action": "remove"}),
+    ],
+    "api-keys": [console_page(lambda w: "/team/api-keys/", lambda w: w.api_key.name)],
+    "api-key-revoke": [Obj(lambda w: f"/team/api-keys/{w.api_key.pk}/revoke/", "post")],
+    # --- console: renting
+    "instances": [console_page(lambda w: "/instances/", instance_link, lambda w: w.instance.image)],
+    "instance-detail": [Obj(inst())],
+    "instance-logs": [Obj(inst("logs/"))],
+    "instance-exec": [Obj(inst("exec/"), "post", {"command": "touch /tmp/pwned"})],
+    "instance-action": [
+        Obj(inst("stop/"), "post"),
+        Obj(inst("start/"), "post"),
+        Obj(inst("extend/"), "post", {"hours": "5"}),
+        Obj(inst("destroy/"), "post"),
+    ],
+    "ssh-keys": [
+        console_page(lambda w: "/ssh-keys/", lambda w: w.ssh_key.name),
+        Obj(lambda w: "/ssh-keys/", "post", {"delete": "{ssh_key}"}),
+    ],
+    # --- console: hosting
+    "machines": [console_page(lambda w: "/machines/", lambda w: w.machine.name)],
+    "machine-add": [console_page(lambda w: "/machines/add/")],
+    "machine-detail": [Obj(mach())],
+    "machine-action": [
+        Obj(mach("confirm/"), "post", {"fingerprint": "SHA256:acme-offered"}),
+        Obj(mach("terms/"), "post", {"price": "9.99", "storage_price": "1", "min_gpus": "1"}),
+        Obj(mach("list/"), "post"),
+        Obj(mach("unlist/"), "post"),
+        Obj(mach("probe/"), "post"),
+        Obj(mach("reconnect/"), "post"),
+        Obj(mach("self-test/"), "post"),
+        Obj(
+            mach("maintenance/"),
+            "post",
+            {"starts_at": "2031-01-01T10:00", "ends_at": "2031-01-01T12:00"},
+        ),
+        Obj(mach("maintenance-cancel/"), "post", {"window": "{window}"}),
+        Obj(mach("remove/"), "post"),
+    ],  # fmt: skip
+    # --- console: billing
+    "billing-balance": [console_page(lambda w: "/billing/", rental_reference)],
+    "billing-ledger-csv": [Page(lambda w: "/billing/ledger.csv", lambda w: [rental_reference(w)])],
+    "billing-invoices": [console_page(lambda w: "/billing/invoices/")],
+    "billing-invoice": [console_page(lambda w: f"/billing/invoices/{w.month}/", rental_reference)],
+    "billing-topup-return": [Obj(lambda w: f"/billing/topup/return/?session_id=cs_test_{w.tag}")],
+    "earnings": [console_page(lambda w: "/earnings/", machine_reference)],
+    # --- API: who am I, team
+    "api-me": [Custom(check_me)],
+    "api-member-list": [Listing(lambda w: "/api/v1/team/members/", lambda w: [w.member.pk])],
+    "api-member-detail": [
+        Obj(lambda w: f"/api/v1/team/members/{w.member.pk}/"),
+        Obj(lambda w: f"/api/v1/team/members/{w.member.pk}/", "patch", {"role": "viewer"}),
+        Obj(lambda w: f"/api/v1/team/members/{w.member.pk}/", "delete"),
+    ],
+    "api-invitation-list": [
+        Listing(lambda w: "/api/v1/team/invitations/", lambda w: [w.invitation.pk]),
+        Creates(
+            lambda w: "/api/v1/team/invitations/",
+            lambda w: smuggled(w, email="sneak@example.com", role="owner"),
+        ),
+    ],
+    "api-invitation-detail": [
+        Obj(lambda w: f"/api/v1/team/invitations/{w.invitation.pk}/", "delete")
+    ],
+    "api-apikey-list": [
+        Listing(lambda w: "/api/v1/api-keys/", lambda w: [w.api_key.pk]),
+        Creates(lambda w: "/api/v1/api-keys/", lambda w: smuggled(w, name="sneak", access="write")),
+    ],
+    "api-apikey-detail": [
+        Obj(lambda w: f"/api/v1/api-keys/{w.api_key.pk}/"),
+        Obj(lambda w: f"/api/v1/api-keys/{w.api_key.pk}/", "delete"),
+    ],
+    # --- API: renting
+    "api-instance-list": [
+        Listing(lambda w: "/api/v1/instances/", lambda w: [w.instance.pk]),
+        Creates(
+            lambda w: "/api/v1/instances/",
+            lambda w: smuggled(
+                w, machine_id=w.machine.pk, num_gpus=1, image="busybox", duration_hours=1
+            ),
+        ),
+    ],
+    "api-instance-detail": [Obj(api_inst()), Obj(api_inst(), "delete")],
+    "api-instance-stop": [Obj(api_inst("stop/"), "post")],
+    "api-instance-start": [Obj(api_inst("start/"), "post")],
+    "api-instance-extend": [Obj(api_inst("extend/"), "post", {"hours": 5})],
+    "api-instance-logs": [Obj(api_inst("logs/"))],
+    "api-instance-exec-command": [Obj(api_inst("exec/"), "post", {"command": "id"})],
+    "api-sshkey-list": [
+        Listing(lambda w: "/api/v1/ssh-keys/", lambda w: [w.ssh_key.pk]),
+        Creates(
+            lambda w: "/api/v1/ssh-keys/",
+            lambda w: smuggled(w, name="sneak", public_key=public_key()),
+        ),
+    ],
+    "api-sshkey-detail": [Obj(lambda w: f"/api/v1/ssh-keys/{w.ssh_key.pk}/", "delete")],
+    # --- API: hosting
+    "api-machine-list": [
+        Listing(lambda w: "/api/v1/machines/", lambda w: [w.machine.pk]),
+        Creates(lambda w: "/api/v1/machines/", lambda w: smuggled(w, address="192.0.2.99")),
+    ],
+    "api-machine-detail": [Obj(api_mach()), Obj(api_mach(), "delete")],
+    "api-machine-confirm": [
+        Obj(api_mach("confirm/"), "post", {"fingerprint": "SHA256:acme-offered"})
+    ],
+    "api-machine-probe": [Obj(api_mach("probe/"), "post")],
+    "api-machine-reconnect": [Obj(api_mach("reconnect/"), "post")],
+    "api-machine-self-test": [Obj(api_mach("self-test/"), "post")],
+    "api-machine-events": [Obj(api_mach("events/"))],
+    "api-machine-history": [Obj(api_mach("history/"))],
+    "api-machine-earnings": [Obj(api_mach("earnings/"))],
+    "api-machine-terms": [
+        Obj(
+            api_mach("terms/"),
+            "put",
+            {"price_per_gpu_hour": 9_000_000, "storage_price_per_gb_month": 1},
+        )
+    ],  # fmt: skip
+    "api-machine-listing": [Obj(api_mach("listing/"), "put", {"listed": False})],
+    "api-machine-maintenance": [
+        Obj(api_mach("maintenance/")),
+        Obj(
+            api_mach("maintenance/"),
+            "post",
+            {"starts_at": "2031-01-01T10:00:00Z", "ends_at": "2031-01-01T12:00:00Z"},
+        ),
+    ],  # fmt: skip
+    "api-machine-maintenance-cancel": [
+        Obj(lambda w: f"/api/v1/machines/{w.machine.pk}/maintenance/{w.window.pk}/", "delete")
+    ],
+    # --- API: billing
+    "billing-balance-list": [Custom(check_balance)],
+    "billing-ledger-list": [Listing(lambda w: "/api/v1/billing/ledger/", lambda w: [w.entry.pk])],
+    "billing-ledger-detail": [Obj(lambda w: f"/api/v1/billing/ledger/{w.entry.pk}/")],
+    "billing-hold-list": [Listing(lambda w: "/api/v1/billing/holds/", lambda w: [w.hold.pk])],
+    "billing-hold-detail": [Obj(lambda w: f"/api/v1/billing/holds/{w.hold.pk}/")],
+    "billing-topup-list": [
+        Listing(lambda w: "/api/v1/billing/topups/", lambda w: [w.topup.pk]),
+        Creates(
+            lambda w: "/api/v1/billing/topups/",
+            lambda w: smuggled(
+                w,
+                amount_usd="25.00",
+                success_url="https://example.com/ok",
+                cancel_url="https://example.com/cancel",
+            ),  # fmt: skip
+        ),
+    ],
+    "billing-topup-detail": [Obj(lambda w: f"/api/v1/billing/topups/{w.topup.pk}/")],
+    "billing-invoice-list": [
+        Listing(lambda w: "/api/v1/billing/invoices/", invoice_totals, key="total")
+    ],
+    "billing-invoice-detail": [
+        Listing(
+            lambda w: f"/api/v1/billing/invoices/{w.month}/",
+            lambda w: [rental_reference(w)],
+            key="reference",
+        )
+    ],
+    "billing-earnings-list": [
+        Listing(
+            lambda w: "/api/v1/billing/earnings/",
+            lambda w: [machine_reference(w)],
+            key="machine_reference",
+        )
+    ],
+}
+
+# Routes with no team object to reach, each with the reason.
+EXEMPT: dict[str, str] = {
+    "login": "anonymous sign-in form; no team data",
+    "logout": "ends the caller's own session",
+    "signup": "anonymous; makes a new user and their personal team",
+    "team-create": "makes a new team owned by the caller; takes no other team's id",
+    "invitation-accept": "a bearer link; acceptance checks the email "
+    "(test_invitation_for_another_email_is_refused)",
+    "offers": "the public market: every team sees every listed machine by design",
+    "rent": "renting another team's listed machine is the product (tests/marketplace/test_rentals)",
+    "billing-topup": "acts for the caller's active team only; takes no object id",
+    "billing-topup-cancel": "a redirect with a message; reads nothing",
+    "billing-test-credit": "DEBUG only; credits the caller's active team",
+    "stripe-webhook": "Stripe-signed and sessionless (tests/billing)",
+    "api-offers": "the public market, as the console's offers page",
+    "api-offer-quote": "the price of a public offer",
+    "api-schema": "the API's description; no data",
+    "api-docs": "the API's description; no data",
+    "api-root": "DRF's index of endpoints; no data",
+    "api-machine-platform-key": "the platform's public SSH key, the same for every team",
+}
+# Unnamed routes, by pattern.
+EXEMPT_UNNAMED: dict[str, str] = {
+    r"api/v1/^.*$": "the API's JSON 404 for unknown endpoints",
+    r"^api(/.*)?$": "the API's JSON 404 outside /api/v1/",
+}
+
+
+# --- running the checks ----------------------------------------------------------------------
+
+
+def _all_models():
+    for label in ("marketplace", "scheduler", "hosts", "billing"):
+        yield from apps.get_app_config(label).get_models()
+
+
+VOLATILE = {"last_used_at"}  # touched by the outsider's own key on every request
+
+
+@dataclass
+class Checker:
+    acme: World
+    theirs: World
+    owner_user: object
+    teammate_user: object
+    outsider_user: object
+    capture: Callable
+    outsider_key: str = ""
+
+    def session(self, user, team: Team | None = None) -> Client:
+        return client_for(Client(), user, team)
+
+    def outsider(self) -> Client:
+        return self.session(self.outsider_user)
+
+    def outsider_api_clients(self) -> list[Client]:
+        keyed = Client(HTTP_AUTHORIZATION=f"Bearer {self.outsider_key}")
+        return [self.outsider(), keyed]
+
+    def members(self) -> list[Client]:
+        return [
+            self.session(self.owner_user, self.acme.team),
+            self.session(self.teammate_user, self.acme.team),
+        ]
+
+    @staticmethod
+    def rows(queryset) -> list[dict]:
+        return [
+            {k: v for k, v in row.items() if k not in VOLATILE}
+            for row in queryset.order_by("pk").values()
+        ]
+
+    def database(self) -> dict[str, list[dict]]:
+        return {model._meta.label: self.rows(model.objects.all()) for model in _all_models()}
+
+    def team_rows(self, team: Team) -> dict[str, list[dict]]:
+        """Every row that belongs to ``team`` (models with a ``team`` field)."""
+        return {
+            model._meta.label: self.rows(model.objects.filter(team=team))
+            for model in _all_models()
+            if any(f.name == "team" for f in model._meta.get_fields())
+        }
+
+
+def _send(client: Client, method: str, url: str, data: dict | None):
+    if url.startswith("/api/"):
+        body = json.dumps(data or {})
+        return client.generic(method.upper(), url, body, content_type="application/json")
+    if method == "get":
+        return client.get(url)
+    return client.post(url, data or {})
+
+
+def _content(response) -> str:
+    if getattr(response, "streaming", False):
+        return b"".join(response.streaming_content).decode()
+    return response.content.decode()
+
+
+def _fill(data: dict | None, w: World) -> dict | None:
+    """Form values that name one of the world's objects: {"delete": "{ssh_key}"}."""
+    if data is None:
+        return None
+    refs = {"{ssh_key}": str(w.ssh_key.pk), "{window}": str(w.window.pk)}
+    return {k: refs.get(v, v) if isinstance(v, str) else v for k, v in data.items()}
+
+
+def _rows(body) -> list[dict]:
+    if isinstance(body, dict):
+        for key in ("results", "lines", "by_machine"):
+            if key in body:
+                return body[key]
+        return [body]
+    return body
+
+
+def _has(text: str, marker: str) -> bool:
+    """``marker`` in the text, not as the start of a longer number (rental:1 vs rental:12)."""
+    return any(re.search(re.escape(form) + r"(?!\d)", text) for form in {marker, escape(marker)})
+
+
+def _session_only(url: str) -> bool:
+    from django.urls import resolve
+
+    callback = resolve(url.split("?")[0]).func
+    return getattr(getattr(callback, "cls", None), "session_only", False)
+
+
+def run_check(c: Checker, check: Check) -> None:
+    acme, theirs = c.acme, c.theirs
+    if isinstance(check, Custom):
+        check.run(c)
+    elif isinstance(check, Page):
+        for client in c.members():
+            response = client.get(check.url(acme))
+            assert response.status_code == 200, check.url(acme)
+            text = _content(response)
+            assert all(_has(text, m) for m in check.markers(acme)), check.markers(acme)
+        response = c.outsider().get(check.url(theirs))
+        assert response.status_code == 200
+        text = _content(response)
+        assert all(_has(text, m) for m in check.markers(theirs)), check.markers(theirs)
+        leaked = [m for m in check.markers(acme) if _has(text, m)]
+        assert not leaked, f"{check.url(theirs)} shows the outsider Acme's {leaked}"
+    elif isinstance(check, Creates):
+        # The outsider's own world is the target; Acme's id rides along in the body.
+        for client in c.outsider_api_clients():
+            before = c.team_rows(acme.team)
+            with c.capture():
+                response = _send(client, "post", check.url(theirs), check.data(acme))
+            assert response.status_code != 500, (check.url(theirs), response.content)
+            assert c.team_rows(acme.team) == before, f"POST {check.url(theirs)} wrote for Acme"
+    elif isinstance(check, Listing):
+        for client in c.members():
+            response = client.get(check.url(acme))
+            assert response.status_code == 200, (check.url(acme), response.content)
+            found = [row[check.key] for row in _rows(response.json())]
+            assert set(check.ids(acme)) <= set(found), (check.url(acme), found)
+        for client in c.outsider_api_clients():
+            response = client.get(check.url(theirs))
+            if response.status_code == 403 and _session_only(check.url(theirs)):
+                continue  # a key may not list this at all
+            assert response.status_code == 200, (check.url(theirs), response.content)
+            found = [row[check.key] for row in _rows(response.json())]
+            assert set(check.ids(theirs)) <= set(found)
+            assert not set(check.ids(acme)) & set(found), f"{check.url(theirs)} leaks Acme's ids"
+    else:
+        url = check.url(acme)
+        data = _fill(check.data, acme)
+        if check.method == "get":
+            for client in c.members():
+                response = _send(client, "get", url, None)
+                assert response.status_code == 200, (url, response.status_code)
+        clients = c.outsider_api_clients() if url.startswith("/api/") else [c.outsider()]
+        for client in clients:
+            before = c.database()
+            with c.capture() as queued:
+                response = _send(client, check.method, url, data)
+            keyed = "HTTP_AUTHORIZATION" in client.defaults
+            expected = {404, 403} if keyed and _session_only(url) else {404}
+            assert response.status_code in expected, (check.method, url, response.status_code)
+            if url.startswith("/api/"):
+                assert response.json()["error"]["code"] in ("not_found", "permission_denied")
+            assert queued == [], f"{check.method} {url} queued work for the outsider"
+            assert c.database() == before, f"{check.method} {url} changed the database"
+
+
+@pytest.fixture
+def checker(worlds, owner, teammate, outsider, django_capture_on_commit_callbacks) -> Checker:
+    own = Membership.objects.get(user=outsider, team=worlds.theirs.team)
+    key = api_key_create(
+        membership=own, name="outsider bot", access=ApiKey.Access.WRITE,
+        audience=ApiKey.Audience.ALL,
+    )  # fmt: skip
+    return Checker(
+        acme=worlds.acme,
+        theirs=worlds.theirs,
+        owner_user=owner,
+        teammate_user=teammate,
+        outsider_user=outsider,
+        capture=django_capture_on_commit_callbacks,
+        outsider_key=key.secret,
+    )
+
+
+@pytest.mark.parametrize("route", sorted(MATRIX))
+def test_tenancy(route, checker):
+    for check in MATRIX[route]:
+        run_check(checker, check)
+
+
+# --- the route list comes from the URL conf --------------------------------------------------
+
+
+def _routes(patterns=None, prefix: str = "", namespace: str | None = None):
+    for pattern in patterns if patterns is not None else get_resolver().url_patterns:
+        if isinstance(pattern, URLResolver):
+            yield from _routes(
+                pattern.url_patterns, prefix + str(pattern.pattern), pattern.namespace or namespace
+            )
+        elif isinstance(pattern, URLPattern):
+            yield namespace, pattern.name, prefix + str(pattern.pattern), pattern.callback
+
+
+def _tried_methods(route: str) -> set[str]:
+    checks = MATRIX.get(route, [])
+    return (
+        {c.method for c in checks if isinstance(c, Obj)}
+        | {"get" for c in checks if isinstance(c, Page | Listing)}
+        | {"post" for c in checks if isinstance(c, Creates)}
+    )
+
+
+def test_every_route_is_in_the_matrix():
+    uncovered, unnamed, untried = set(), set(), {}
+    for namespace, name, pattern, callback in _routes():
+        if namespace == "admin":
+            continue  # Django's admin: staff only, its own permissions
+        if name is None:
+            if pattern not in EXEMPT_UNNAMED:
+                unnamed.add(pattern)
+            continue
+        if name not in MATRIX and name not in EXEMPT:
+            uncovered.add(f"{name} ({pattern})")
+            continue
+        # A viewset route lists its methods: each one must be tried (or the route exempt).
+        actions = getattr(callback, "actions", None) or {}
+        if name in MATRIX and actions and not any(isinstance(c, Custom) for c in MATRIX[name]):
+            allowed = set(callback.cls.http_method_names) - {"options", "head", "trace"}
+            missing = (set(actions) & allowed) - _tried_methods(name)
+            if missing:
+                untried[name] = sorted(missing)
+    assert not uncovered, f"routes uncovered yet (add cases or an exemption): {sorted(uncovered)}"
+    assert not unnamed, f"unnamed routes uncovered yet: {sorted(unnamed)}"
+    assert not untried, f"methods the matrix does not try: {untried}"
+    names = {name for _, name, _, _ in _routes()}
+    assert not (set(MATRIX) | set(EXEMPT)) - names, "stale matrix entries"
