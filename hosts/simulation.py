@@ -288,6 +288,78 @@ def ensure_image(tag: str = IMAGE) -> str:
     return tag
 
 
+SSH_IMAGE = "gpumkt/sshbox:latest"
+SSH_KEYGEN = "/usr/bin/ssh-keygen"
+# What the image's sshd reads: keys only, the renter's keys in root's authorized_keys.
+SSHBOX_SSHD_CONFIG = """\
+Port 22
+PermitRootLogin prohibit-password
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UsePAM no
+PrintMotd no
+PidFile /run/sshd.pid
+AuthorizedKeysFile .ssh/authorized_keys
+Subsystem sftp internal-sftp
+"""
+
+
+def ensure_ssh_image(tag: str = SSH_IMAGE) -> str:
+    """Make a small image with a real sshd, with no registry: for SSH launch mode.
+
+    The host's own ``sshd`` and ``ssh-keygen`` with every shared library ``ldd`` lists for
+    them, busybox for the shell and tools, and what sshd needs to start: its privilege
+    separation user and directory (``/run/sshd``), passwd/group/nsswitch and an sshd_config.
+    Host keys are made per container at start (the SSH bootstrap runs ``ssh-keygen -A``).
+    Made once and kept, like ``ensure_image``.
+    """
+    found = subprocess.run(["docker", "image", "inspect", tag], capture_output=True, check=False)
+    if found.returncode == 0:
+        return tag
+    for program, package in ((SSHD, "openssh-server"), (SSH_KEYGEN, "openssh-client"),
+                             (BUSYBOX, "busybox-static")):  # fmt: skip
+        if not Path(program).exists():
+            raise RuntimeError(f"{program} is missing: apt-get install {package}")
+    applets = subprocess.run([BUSYBOX, "--list"], capture_output=True, text=True, check=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        rootfs = Path(tmp, "rootfs")
+        for directory in ("bin", "usr/sbin", "usr/bin", "etc/ssh", "root", "tmp", "proc",
+                          "sys", "dev", "run/sshd", "var/empty"):  # fmt: skip
+            (rootfs / directory).mkdir(parents=True)
+        (rootfs / "tmp").chmod(0o1777)
+        shutil.copy2(BUSYBOX, rootfs / "bin" / "busybox")
+        for applet in applets.stdout.split():
+            if applet != "busybox":
+                (rootfs / "bin" / applet).symlink_to("busybox")
+        for program in (SSHD, SSH_KEYGEN):
+            for path in [program, *_shared_libraries(program)]:
+                target = rootfs / path.lstrip("/")
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(path, target)  # follows symlinks: the library itself
+        etc = rootfs / "etc"
+        (etc / "passwd").write_text(
+            "root:x:0:0:root:/root:/bin/sh\nsshd:x:102:65534::/run/sshd:/bin/false\n"
+        )
+        (etc / "group").write_text("root:x:0:\nnogroup:x:65534:\n")
+        (etc / "nsswitch.conf").write_text("passwd: files\ngroup: files\nshadow: files\n")
+        (etc / "ssh" / "sshd_config").write_text(SSHBOX_SSHD_CONFIG)
+        archive = Path(tmp, "rootfs.tar")
+        with tarfile.open(archive, "w") as tar:
+            tar.add(rootfs, arcname=".")
+        subprocess.run(
+            ["docker", "import", "-c", 'CMD ["/bin/sh"]',
+             "-c", "ENV PATH=/usr/sbin:/usr/bin:/bin", "-c", "WORKDIR /root", str(archive), tag],
+            check=True, capture_output=True,
+        )  # fmt: skip
+    return tag
+
+
+def _shared_libraries(program: str) -> list[str]:
+    """The absolute paths ``ldd`` lists for a program (its libraries and the loader)."""
+    out = subprocess.run(["ldd", program], capture_output=True, text=True, check=True).stdout
+    return [word for line in out.splitlines() for word in line.split() if word.startswith("/")]
+
+
 def _docker_ready() -> bool:
     if shutil.which("docker") is None:
         return False

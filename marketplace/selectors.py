@@ -15,7 +15,9 @@ def instance_connection(instance: Instance) -> dict[str, object]:
     ]  # fmt: skip
     by_container = {p["container_port"]: p["host_port"] for p in ports}
     details: dict[str, object] = {"host": host, "ports": ports, "ssh": None, "jupyter": None}
-    live = instance.state in (InstanceState.RUNNING, InstanceState.LAUNCHING)
+    # Only a running instance gets a line to use: its launch checked that the image has the
+    # mode's sshd or jupyter (a launching one may yet fail for want of it).
+    live = instance.state == InstanceState.RUNNING
     if instance.launch_mode == LaunchMode.SSH and 22 in by_container:
         details["ssh"] = f"ssh -p {by_container[22]} root@{host}" if live else None
     if instance.launch_mode == LaunchMode.JUPYTER and 8888 in by_container:

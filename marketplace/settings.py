@@ -198,6 +198,8 @@ CELERY_BEAT_SCHEDULE: dict[str, dict] = {
 CONTAINER_EXTRA_LABELS = dict(
     item.split("=", 1) for item in env_list("CONTAINER_EXTRA_LABELS") if "=" in item
 )
+# An expired rental's data is kept this long (free of charge), then deleted.
+DATA_GRACE_HOURS = int(os.environ.get("DATA_GRACE_HOURS", "48"))
 
 # --- REST API -----------------------------------------------------------------------------
 REST_FRAMEWORK = {

@@ -49,6 +49,10 @@ def rental_launch(self, instance_id: int) -> str:
             only_from={InstanceState.LAUNCHING},
         )
         return "failed"
+    if outcome.state == "busy" and not self.request.is_eager:
+        # Another worker holds the launch. Look again when its claim would run out: by then
+        # it has finished (and this finds nothing to do) or died (and this takes over).
+        raise self.retry(countdown=outcome.retry_after, max_retries=None)
     return outcome.state
 
 
@@ -80,16 +84,25 @@ def metering_sweep() -> int:
 
 @shared_task(name="marketplace.tasks.expiry_sweep")
 def expiry_sweep() -> int:
-    """Stop rentals whose time is up; delete the data of those past the grace period."""
+    """Stop rentals whose time is up; delete the data of those past the grace period.
+
+    Each instance is its own attempt: one machine that cannot be reached, or that presents a
+    changed host key, is logged and retried on the next sweep, never stopping the others.
+    """
     done = 0
     for instance_id in list(rentals.contracts_due_to_expire()):
         try:
             if scheduler.instance_expire(instance_id=instance_id) is not None:
                 done += 1
-        except HostUnreachable:
-            logger.warning("could not reach the host to expire instance %s", instance_id)
+        except Exception:
+            logger.exception(
+                "could not expire instance %s; the next sweep tries again", instance_id
+            )
     for instance_id in list(rentals.contracts_due_for_data_deletion()):
-        rental_destroy.delay(instance_id, "Data deleted after the grace period")
+        try:
+            rental_destroy.delay(instance_id, "Data deleted after the grace period")
+        except Exception:
+            logger.exception("could not delete the data of instance %s", instance_id)
     return done
 
 

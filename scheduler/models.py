@@ -67,6 +67,10 @@ class Instance(models.Model):
         default=dict, blank=True, help_text="Encrypted private-registry login, if any."
     )
     launch_attempts = models.PositiveSmallIntegerField(default=0)
+    # The worker launching it now: a random token and when the lease was taken or renewed
+    # (see scheduler.services.launch_claim). Empty when no launch is under way.
+    launch_claim = models.CharField(max_length=32, blank=True)
+    launch_claimed_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     state_changed_at = models.DateTimeField(auto_now_add=True)
 

@@ -10,11 +10,13 @@ row locks, and a rolled-back rental must not leave a container behind.
 from __future__ import annotations
 
 import logging
+import secrets
 from dataclasses import dataclass
+from datetime import timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Exists, OuterRef, QuerySet
+from django.db.models import Exists, F, OuterRef, Q, QuerySet
 from django.utils import timezone
 
 from hosts.models import Gpu, Machine
@@ -164,12 +166,23 @@ def instance_gpu_uuids(instance: Instance) -> list[str]:
 
 
 def instance_transition(
-    *, instance_id: int, to_state: str, reason: str, only_from: set[str] | None = None, **fields
+    *,
+    instance_id: int,
+    to_state: str,
+    reason: str,
+    only_from: set[str] | None = None,
+    keep_gpus: bool = False,
+    **fields,
 ) -> Instance | None:
     """Move an instance to ``to_state`` and record why; publish on commit.
 
     Returns None (and changes nothing) when the instance is not in ``only_from`` — the way a
     re-delivered or late task learns someone else already moved it on.
+
+    Leaving the GPU-holding states gives the GPUs back, unless ``keep_gpus``: the caller could
+    not confirm the container stopped (its host was unreachable), so renting those GPUs to
+    someone else would put two renters on them. ``machine_reconcile`` releases them once it
+    has seen the container stopped.
     """
     with transaction.atomic():
         instance = Instance.objects.select_for_update().get(pk=instance_id)
@@ -187,7 +200,7 @@ def instance_transition(
         InstanceEvent.objects.create(
             instance=instance, from_state=from_state, to_state=to_state, reason=reason[:500]
         )
-        if to_state not in GPU_HOLDING_STATES:
+        if to_state not in GPU_HOLDING_STATES and not keep_gpus:
             gpu_allocation_release(instance=instance)
         if to_state == InstanceState.DESTROYED:
             allocation_release_all(instance=instance)
@@ -205,10 +218,14 @@ def instance_transition(
     return instance
 
 
-def instance_report_progress(*, instance: Instance, progress: int, message: str) -> None:
-    Instance.objects.filter(pk=instance.pk, state=InstanceState.LAUNCHING).update(
-        progress=progress, status_message=message[:500]
-    )
+def instance_report_progress(
+    *, instance: Instance, progress: int, message: str, claim: str = ""
+) -> None:
+    """Show launch progress; a launcher's progress also renews its claim (a long pull)."""
+    launching = Instance.objects.filter(pk=instance.pk, state=InstanceState.LAUNCHING)
+    launching.update(progress=progress, status_message=message[:500])
+    if claim:
+        launching.filter(launch_claim=claim).update(launch_claimed_at=timezone.now())
     instance_progress.send_robust(
         sender=Instance,
         instance_id=instance.pk,
@@ -261,22 +278,63 @@ def container_spec_for(instance: Instance, *, ssh_keys: list[str] | None = None)
         gpu_uuids=instance_gpu_uuids(instance),
         entrypoint=entrypoint,
         args=args,
+        # Recorded on the container as a label; Docker cannot cap a container's disk on most
+        # storage drivers (see hosts.runtime.DISK_LABEL), so the page says it is not enforced.
+        disk_gb=instance.disk_gb,
     )
 
 
 # Launch modes for images that bring their own sshd / Jupyter. The keys arrive in an env var,
-# never pasted into a command line.
+# never pasted into a command line. An image without the program exits with MISSING_PROGRAM
+# and a line saying so, and the launch fails with that reason (instance_launch checks): a
+# container that only sleeps behind an ssh line or a token URL would be a lie.
+MISSING_PROGRAM = 78
+MISSING_SSHD = "image has no sshd; use an image with an OpenSSH server installed"
+MISSING_JUPYTER = "image has no jupyter; use an image with Jupyter installed"
 SSH_BOOTSTRAP = (
     'mkdir -p /root/.ssh && printf "%s\\n" "$GPUMKT_SSH_AUTHORIZED_KEYS" '
-    "> /root/.ssh/authorized_keys && chmod 600 /root/.ssh/authorized_keys; "
-    "if command -v sshd >/dev/null; then mkdir -p /run/sshd; exec $(command -v sshd) -D; "
-    "else echo 'image has no sshd; keeping the container up'; exec sleep 2147483647; fi"
+    "> /root/.ssh/authorized_keys && chmod 700 /root/.ssh && chmod 600 /root/.ssh/authorized_keys; "
+    "if command -v sshd >/dev/null; then mkdir -p /run/sshd /etc/ssh; "
+    "ls /etc/ssh/ssh_host_*_key >/dev/null 2>&1 || ssh-keygen -A >&2; "
+    "exec $(command -v sshd) -D -e; "
+    f"else echo '{MISSING_SSHD}' >&2; exit {MISSING_PROGRAM}; fi"
 )
 JUPYTER_BOOTSTRAP = (
     "if command -v jupyter >/dev/null; then exec jupyter lab --ip=0.0.0.0 --port=8888 "
     '--allow-root --no-browser --ServerApp.token="$JUPYTER_TOKEN"; '
-    "else echo 'image has no jupyter; keeping the container up'; exec sleep 2147483647; fi"
+    f"else echo '{MISSING_JUPYTER}' >&2; exit {MISSING_PROGRAM}; fi"
 )
+# What a launch mode's bootstrap runs, and what a launch says when the image lacks it.
+MODE_PROGRAMS = {
+    LaunchMode.SSH: ("sshd", MISSING_SSHD),
+    LaunchMode.JUPYTER: ("jupyter", MISSING_JUPYTER),
+}
+
+
+class LaunchModeUnavailable(ValueError):
+    """The image cannot serve the launch mode (no sshd, no jupyter)."""
+
+
+def _check_launch_mode(host: DockerHost, instance: Instance, container_id: str) -> None:
+    """Raise LaunchModeUnavailable when the image lacks the mode's program.
+
+    Asked inside the container (``command -v``), so the answer does not depend on how fast
+    the bootstrap gets to its own check. A container that already exited tells by its exit
+    code which of the two it was: the program missing, or the program dying at once. Asked
+    with the renter's own command too: without the program the mode's line is no use.
+    """
+    if instance.launch_mode not in MODE_PROGRAMS:
+        return
+    program, missing = MODE_PROGRAMS[instance.launch_mode]
+    found = host.exec(container_id, ["sh", "-c", f"command -v {program}"], timeout=30)
+    if found.exit_code == 0:
+        return
+    state = host.inspect(container_id).get("State", {})
+    if state.get("Running") or state.get("ExitCode") == MISSING_PROGRAM:
+        raise LaunchModeUnavailable(missing)
+    raise LaunchModeUnavailable(
+        f"{program} exited at once (exit code {state.get('ExitCode')}); see the logs"
+    )
 
 
 @dataclass(frozen=True)
@@ -284,6 +342,47 @@ class LaunchOutcome:
     instance_id: int
     state: str
     container_id: str = ""
+    # "busy": another worker holds the launch; try again after this many seconds.
+    retry_after: float = 0
+
+
+# How long a launch claim holds without being renewed. Pull progress renews it, so only a
+# launcher that died (or a pull silent for this long) loses its claim to the next worker.
+LAUNCH_LEASE = timedelta(minutes=15)
+
+
+def launch_claim(*, instance_id: int) -> str | None:
+    """Claim the launch of a launching instance for this worker: a token, or None when another
+    worker's unexpired claim holds it.
+
+    One conditional UPDATE decides (as healthchecks' sendalerts claims a check): two workers
+    that both read "launching, 0 attempts" cannot both win, so only one runs ``docker run``
+    and no loser's clean-up removes the winner's container.
+    """
+    token = secrets.token_hex(8)
+    now = timezone.now()
+    claimed = (
+        Instance.objects.filter(pk=instance_id, state=InstanceState.LAUNCHING)
+        .filter(Q(launch_claimed_at=None) | Q(launch_claimed_at__lt=now - LAUNCH_LEASE))
+        .update(launch_claim=token, launch_claimed_at=now, launch_attempts=F("launch_attempts") + 1)
+    )
+    return token if claimed == 1 else None
+
+
+def launch_claim_release(*, instance_id: int, token: str) -> None:
+    Instance.objects.filter(pk=instance_id, launch_claim=token).update(
+        launch_claim="", launch_claimed_at=None
+    )
+
+
+def _claim_retry_after(instance_id: int) -> float:
+    claimed_at = (
+        Instance.objects.filter(pk=instance_id).values_list("launch_claimed_at", flat=True).first()
+    )
+    if claimed_at is None:
+        return 1.0
+    left = (claimed_at + LAUNCH_LEASE - timezone.now()).total_seconds()
+    return max(left, 1.0)
 
 
 def instance_launch(
@@ -294,26 +393,45 @@ def instance_launch(
 ) -> LaunchOutcome:
     """Start the instance's container on its machine; idempotent.
 
-    The container name is derived from the instance, so a second run of this (a re-delivered
-    task, a worker killed mid-way) finds the container the first one made and adopts it
-    instead of starting another.
+    Only the worker that claims the launch (``launch_claim``) touches the host; another one
+    gets "busy" and a time to try again. The container name is derived from the instance, so
+    a later attempt (a worker killed mid-way, its claim expired) finds the container the
+    first one made and adopts it instead of starting another.
     """
     instance = Instance.objects.select_related("machine").filter(pk=instance_id).first()
     if instance is None or instance.state != InstanceState.LAUNCHING:
         return LaunchOutcome(instance_id, instance.state if instance else "gone")
-    first_attempt = instance.launch_attempts == 0
-    Instance.objects.filter(pk=instance_id).update(launch_attempts=instance.launch_attempts + 1)
+    token = launch_claim(instance_id=instance_id)
+    if token is None:
+        return LaunchOutcome(instance_id, "busy", retry_after=_claim_retry_after(instance_id))
+    try:
+        return _launch_claimed(instance_id, token, ssh_keys, registry_credentials)
+    finally:
+        launch_claim_release(instance_id=instance_id, token=token)
+
+
+def _launch_claimed(
+    instance_id: int,
+    token: str,
+    ssh_keys: list[str] | None,
+    registry_credentials: tuple[str, str] | None,
+) -> LaunchOutcome:
+    instance = Instance.objects.select_related("machine").get(pk=instance_id)
+    # Attempts are counted when claimed, so only a later attempt can find a container an
+    # earlier one made; the first skips that look-up.
+    first_attempt = instance.launch_attempts == 1
     host = DockerHost(instance.machine)
     try:
         spec = container_spec_for(instance, ssh_keys=ssh_keys)
-        # Only a retry can find a container an earlier attempt made (attempts are counted
-        # before `docker run`), so the first attempt skips that look-up.
         existing = "" if first_attempt else _existing_container(host, instance.container_name)
         if existing:
             host.start(existing)  # a no-op when it is already running
             container_id = existing
         else:
-            container_id = _run_pulling_if_needed(host, instance, spec, registry_credentials)
+            container_id = _run_pulling_if_needed(
+                host, instance, spec, registry_credentials, claim=token
+            )
+        _check_launch_mode(host, instance, container_id)
     except (HostUnreachable, HostKeyMismatch):
         # Transient or operator-level: leave it launching; the task retries, and the
         # expiry sweep ends it if the machine never comes back.
@@ -338,12 +456,17 @@ def instance_launch(
         progress=100,
     )
     if moved is None:
-        # Destroyed or stopped while we were launching: do not leave a container behind.
+        # Stopped, expired, failed or destroyed while we were launching: whatever it became,
+        # it must not keep a container running on GPUs it no longer holds.
         current = Instance.objects.get(pk=instance_id)
-        if current.state in (InstanceState.DESTROYED, InstanceState.STOPPED):
-            _remove_quietly(host, container_id, stop_only=current.state == InstanceState.STOPPED)
+        if current.state not in GPU_HOLDING_STATES:
+            _remove_quietly(host, container_id, stop_only=current.state != InstanceState.DESTROYED)
         return LaunchOutcome(instance_id, current.state, container_id)
     return LaunchOutcome(instance_id, moved.state, container_id)
+
+
+def _name_taken(error: CommandFailed) -> bool:
+    return "is already in use" in error.stderr
 
 
 def _run_pulling_if_needed(
@@ -351,29 +474,51 @@ def _run_pulling_if_needed(
     instance: Instance,
     spec: ContainerSpec,
     credentials: tuple[str, str] | None = None,
+    *,
+    claim: str = "",
 ) -> str:
-    """Run with the image as it is; pull (with progress) only when the host lacks it."""
+    """Run with the image as it is; pull (with progress) only when the host lacks it.
+
+    A container of this name appearing meanwhile (a launcher whose claim had expired, still
+    at work) is adopted, never removed: it may be the one that is running.
+    """
     try:
         return host.run(spec, pull=False)
     except CommandFailed as error:
+        if _name_taken(error):
+            return _adopt(host, instance, error)
         if "No such image" not in error.stderr and "not found" not in error.stderr:
             raise
     _remove_quietly(host, instance.container_name)
-    instance_report_progress(instance=instance, progress=5, message="Pulling image")
+    report = lambda pct, msg: instance_report_progress(  # noqa: E731
+        instance=instance, progress=pct, message=msg, claim=claim
+    )
+    report(5, "Pulling image")
     try:
         host.pull(
             instance.image,
-            progress_callback=lambda pct, msg: instance_report_progress(
-                instance=instance, progress=5 + int(pct * 0.85), message=msg
-            ),
+            progress_callback=lambda pct, msg: report(5 + int(pct * 0.85), msg),
             credentials=credentials,
         )
     except CommandFailed as error:
         raise CommandFailed(
             error.argv, error.exit_code, f"could not pull {instance.image}: {error.stderr}"
         ) from error
-    instance_report_progress(instance=instance, progress=92, message="Starting container")
-    return host.run(spec, pull=False)
+    report(92, "Starting container")
+    try:
+        return host.run(spec, pull=False)
+    except CommandFailed as error:
+        if _name_taken(error):
+            return _adopt(host, instance, error)
+        raise
+
+
+def _adopt(host: DockerHost, instance: Instance, error: CommandFailed) -> str:
+    existing = _existing_container(host, instance.container_name)
+    if not existing:
+        raise error
+    host.start(existing)
+    return existing
 
 
 def _existing_container(host: DockerHost, name: str) -> str:
@@ -458,56 +603,152 @@ def instance_destroy(*, instance_id: int, reason: str = "Destroyed by the renter
     )
 
 
+# States whose container should be running (or may be, having exited on its own).
+LIVE_STATES = (InstanceState.LAUNCHING, InstanceState.RUNNING, InstanceState.EXITED)
+
+
+def _container_stopped(host: DockerHost, instance: Instance) -> tuple[bool, str]:
+    """Stop the instance's container; (True, "") once it is known not to run.
+
+    (False, why) when that cannot be known: the host did not answer, or answered with a
+    changed key. Launching instances are stopped by their deterministic name, which also
+    catches a container a launch in flight has just made.
+    """
+    if instance.state not in LIVE_STATES:
+        return True, ""  # stopped or failed already, its GPUs given back then
+    try:
+        host.stop(instance.container_id or instance.container_name)
+    except CommandFailed as error:
+        if "No such container" in error.stderr:
+            return True, ""
+        return False, f"docker stop failed: {error.stderr.strip()[:200]}"
+    except (HostUnreachable, HostKeyMismatch) as error:
+        return False, str(error)
+    return True, ""
+
+
 def instance_expire(*, instance_id: int) -> Instance | None:
-    """The contract's end: stop the container; data stays until the grace period ends."""
+    """The contract's end: stop the container; data stays until the grace period ends.
+
+    The rental ends on time whatever the host says (the renter is not charged past it). But
+    its GPUs are given back only when the container is known to have stopped: with the host
+    unreachable the container may still be running on them, so they stay reserved until
+    ``machine_reconcile`` stops it and releases them.
+    """
     instance = Instance.objects.select_related("machine").get(pk=instance_id)
     if instance.state in (InstanceState.EXPIRED, InstanceState.DESTROYED):
         return None
-    if instance.container_id and instance.state in (InstanceState.RUNNING, InstanceState.LAUNCHING):
-        try:
-            DockerHost(instance.machine).stop(instance.container_id)
-        except (CommandFailed, HostUnreachable):
-            logger.warning("could not stop expired instance %s", instance_id, exc_info=True)
+    stopped, why = _container_stopped(DockerHost(instance.machine), instance)
+    reason = "The rental period ended"
+    if not stopped:
+        logger.warning("could not stop expired instance %s: %s", instance_id, why)
+        reason += (
+            f"; the container could not be stopped yet ({why}), so its GPUs stay reserved "
+            "until the host answers"
+        )
     return instance_transition(
-        instance_id=instance_id, to_state=InstanceState.EXPIRED, reason="The rental period ended"
+        instance_id=instance_id,
+        to_state=InstanceState.EXPIRED,
+        reason=reason,
+        keep_gpus=not stopped,
     )
 
 
 def machine_reconcile(*, machine_id: int) -> int:
     """Compare the machine's platform containers (one ``docker ps``) with our instances.
 
-    Returns how many instances changed state.
+    Running and exited instances follow their containers. Containers of instances that are
+    no longer supposed to run (stopped, failed, expired, destroyed — say, their host was
+    unreachable when they ended) are stopped, or removed for destroyed ones, and GPUs those
+    instances still hold are released once their container is seen stopped.
+
+    Returns how many instances changed state or gave GPUs back.
     """
     machine = Machine.objects.get(pk=machine_id)
-    containers = {c.name: c for c in DockerHost(machine).list_platform_containers()}
+    host = DockerHost(machine)
+    containers = {c.name: c for c in host.list_platform_containers()}
     changed = 0
     watched = Instance.objects.filter(
         machine=machine, state__in=[InstanceState.RUNNING, InstanceState.EXITED]
     )
     for instance in watched:
-        container = containers.get(instance.container_name)
-        if container is None:
-            moved = instance_transition(
-                instance_id=instance.pk,
-                to_state=InstanceState.FAILED,
-                reason="The container disappeared from the host",
-                only_from={instance.state},
-            )
-        elif container.running and instance.state == InstanceState.EXITED:
-            moved = instance_transition(
-                instance_id=instance.pk,
-                to_state=InstanceState.RUNNING,
-                reason="The container is running again",
-                only_from={InstanceState.EXITED},
-            )
-        elif not container.running and instance.state == InstanceState.RUNNING:
-            moved = instance_transition(
-                instance_id=instance.pk,
-                to_state=InstanceState.EXITED,
-                reason=f"The container exited ({container.status})",
-                only_from={InstanceState.RUNNING},
-            )
-        else:
-            moved = None
-        changed += moved is not None
+        changed += _follow_container(instance, containers.get(instance.container_name))
+    running_uuids = [c.instance for c in containers.values() if c.running and c.instance]
+    holding = live_gpu_allocations().filter(instance=OuterRef("pk"))
+    ended = (
+        Instance.objects.filter(machine=machine)
+        .exclude(state__in=LIVE_STATES)
+        .filter(Q(uuid__in=running_uuids) | Exists(holding))
+    )
+    for instance in ended:
+        changed += _end_leftover_container(host, instance, containers.get(instance.container_name))
     return changed
+
+
+def _follow_container(instance: Instance, container) -> bool:
+    if container is None:
+        moved = instance_transition(
+            instance_id=instance.pk,
+            to_state=InstanceState.FAILED,
+            reason="The container disappeared from the host",
+            only_from={instance.state},
+        )
+    elif container.running and instance.state == InstanceState.EXITED:
+        moved = instance_transition(
+            instance_id=instance.pk,
+            to_state=InstanceState.RUNNING,
+            reason="The container is running again",
+            only_from={InstanceState.EXITED},
+        )
+    elif not container.running and instance.state == InstanceState.RUNNING:
+        moved = instance_transition(
+            instance_id=instance.pk,
+            to_state=InstanceState.EXITED,
+            reason=f"The container exited ({container.status})",
+            only_from={InstanceState.RUNNING},
+        )
+    else:
+        moved = None
+    return moved is not None
+
+
+def _end_leftover_container(host: DockerHost, instance: Instance, container) -> bool:
+    """Stop (or, for a destroyed instance, remove) a container that should not be running,
+    then give back the GPUs its instance kept for it. Same-state transition: an event with
+    the reason, nothing else changes."""
+    if container is not None and (container.running or instance.state == InstanceState.DESTROYED):
+        try:
+            if instance.state == InstanceState.DESTROYED:
+                host.remove(container.id)
+            else:
+                host.stop(container.id)
+        except CommandFailed:
+            logger.warning("could not stop leftover container of %s", instance, exc_info=True)
+            return False
+        what = "removed" if instance.state == InstanceState.DESTROYED else "stopped"
+        reason = f"Its container was still running on the host; {what} it"
+    else:
+        reason = "Its container is confirmed stopped"
+    if live_gpu_allocations().filter(instance=instance).exists():
+        reason += "; its GPUs are free again"
+    moved = instance_transition(
+        instance_id=instance.pk,
+        to_state=instance.state,
+        reason=reason,
+        only_from={instance.state},
+    )
+    return moved is not None
+
+
+def machines_needing_reconcile() -> QuerySet[Machine]:
+    """Online machines with containers to watch: live instances, or ended ones still holding
+    GPUs because their container was not confirmed stopped."""
+    live = Instance.objects.filter(state__in=[InstanceState.RUNNING, InstanceState.EXITED]).values(
+        "machine_id"
+    )
+    unconfirmed = (
+        live_gpu_allocations()
+        .exclude(instance__state__in=GPU_HOLDING_STATES)
+        .values("instance__machine_id")
+    )
+    return Machine.objects.filter(status="online").filter(Q(pk__in=live) | Q(pk__in=unconfirmed))

@@ -4,25 +4,17 @@ import logging
 
 from celery import shared_task
 
-from hosts.models import Machine
 from hosts.runtime import HostKeyMismatch, HostUnreachable
-from scheduler.models import Instance, InstanceState
-from scheduler.services import machine_reconcile
+from scheduler.services import machine_reconcile, machines_needing_reconcile
 
 logger = logging.getLogger(__name__)
 
 
 @shared_task(name="scheduler.tasks.machines_reconcile")
 def machines_reconcile() -> int:
-    """Fan out one reconcile per online machine that has live instances."""
-    machine_ids = (
-        Instance.objects.filter(state__in=[InstanceState.RUNNING, InstanceState.EXITED])
-        .values_list("machine_id", flat=True)
-        .distinct()
-    )
-    online = Machine.objects.filter(pk__in=list(machine_ids), status="online")
+    """Fan out one reconcile per online machine with containers to watch."""
     count = 0
-    for machine_id in online.values_list("pk", flat=True):
+    for machine_id in machines_needing_reconcile().values_list("pk", flat=True):
         machine_reconcile_one.delay(machine_id)
         count += 1
     return count

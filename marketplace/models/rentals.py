@@ -17,6 +17,13 @@ class Contract(models.Model):
     is online; storage time runs from creation until expiry or destruction (stopped or not),
     also paused while the machine is offline. Each clock is ``seconds`` accumulated plus the
     time since ``…_since`` when it is running.
+
+    Both clocks stop at ``ends_at``: the renter bought (and the hold covers) the time up to
+    the end, and the expiry sweep that stops the container runs a little later. Storage is
+    not charged during the data grace period either: the rental is over and cannot be
+    restarted, so the kept data is a courtesy until it is deleted, not a service sold (and
+    there is no hold left to capture it from). Extending before the end moves ``ends_at``,
+    and the time up to the new end counts again.
     """
 
     team = models.ForeignKey("marketplace.Team", on_delete=models.CASCADE, related_name="contracts")
@@ -59,14 +66,20 @@ class Contract(models.Model):
     def reference(self) -> str:
         return f"contract:{self.pk}"
 
+    def billable_until(self, now: datetime) -> datetime:
+        """The clocks' reading time: ``now``, but never past the end of the rental."""
+        return min(now, self.ends_at)
+
     def gpu_seconds_at(self, now: datetime) -> int:
-        running = int((now - self.gpu_clock_since).total_seconds()) if self.gpu_clock_since else 0
-        return self.gpu_seconds + max(running, 0)
+        return self.gpu_seconds + self._running_seconds(self.gpu_clock_since, now)
 
     def storage_seconds_at(self, now: datetime) -> int:
-        since = self.storage_clock_since
-        running = int((now - since).total_seconds()) if since else 0
-        return self.storage_seconds + max(running, 0)
+        return self.storage_seconds + self._running_seconds(self.storage_clock_since, now)
+
+    def _running_seconds(self, since: datetime | None, now: datetime) -> int:
+        if since is None:
+            return 0
+        return max(int((self.billable_until(now) - since).total_seconds()), 0)
 
 
 class SshKey(models.Model):

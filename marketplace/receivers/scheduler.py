@@ -14,8 +14,8 @@ def on_instance_state_changed(
     sender, *, instance_id, team_id, machine_id, from_state, to_state, reason, **kwargs
 ):
     contract_follow_instance(instance_id=instance_id, to_state=to_state)
-    if from_state != to_state:
-        offer_refresh(machine_id=machine_id)
+    # Also on a same-state event: it may be GPUs released once a container was seen stopped.
+    offer_refresh(machine_id=machine_id)
     publish_team_event(
         team_id,
         "instance.state",

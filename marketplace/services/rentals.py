@@ -15,6 +15,7 @@ import secrets
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.db.models import Count, Exists, OuterRef, Q
@@ -37,7 +38,11 @@ from scheduler.services import (
 
 SECONDS_PER_MONTH = 30 * 24 * 3600
 MAX_RENTAL_HOURS = 24 * 365
-DATA_GRACE = timedelta(hours=48)
+
+
+def data_grace() -> timedelta:
+    """How long an expired rental's data is kept before it is deleted (DATA_GRACE_HOURS)."""
+    return timedelta(hours=getattr(settings, "DATA_GRACE_HOURS", 48))
 
 
 class OfferUnavailable(Exception):
@@ -385,9 +390,9 @@ def contract_meter(*, contract: Contract, now: datetime | None = None) -> int:
     return captured
 
 
-def metering_sweep(*, batch_size: int = 5000) -> int:
+def metering_sweep(*, batch_size: int = 5000, now: datetime | None = None) -> int:
     """Capture every open contract's usage so far, in batches. Returns what was captured."""
-    now = timezone.now()
+    now = now or timezone.now()
     total = 0
     open_contracts = Contract.objects.filter(settled_at=None).order_by("pk")
     last_pk = 0
@@ -412,10 +417,15 @@ def _clock_start(since: datetime | None, now: datetime) -> datetime:
     return since or now
 
 
-def _clock_stop(seconds: int, since: datetime | None, now: datetime) -> int:
-    if since is None:
-        return seconds
-    return seconds + max(int((now - since).total_seconds()), 0)
+def _gpu_clock_stop(contract: Contract, now: datetime) -> None:
+    """Bank the GPU clock's running time (never past the contract's end) and stop it."""
+    contract.gpu_seconds = contract.gpu_seconds_at(now)
+    contract.gpu_clock_since = None
+
+
+def _storage_clock_stop(contract: Contract, now: datetime) -> None:
+    contract.storage_seconds = contract.storage_seconds_at(now)
+    contract.storage_clock_since = None
 
 
 GPU_CLOCK_STATES = {InstanceState.RUNNING, InstanceState.EXITED}
@@ -443,20 +453,16 @@ def contract_follow_instance(*, instance_id: int, to_state: str) -> Contract | N
         if to_state in GPU_CLOCK_STATES and online:
             contract.gpu_clock_since = _clock_start(contract.gpu_clock_since, now)
         else:
-            contract.gpu_seconds = _clock_stop(contract.gpu_seconds, contract.gpu_clock_since, now)
-            contract.gpu_clock_since = None
+            _gpu_clock_stop(contract, now)
         if to_state in ENDED_STATES:
-            contract.storage_seconds = _clock_stop(
-                contract.storage_seconds, contract.storage_clock_since, now
-            )
-            contract.storage_clock_since = None
+            _storage_clock_stop(contract, now)
         contract.save()
         contract_meter(contract=contract, now=now)
         if to_state in ENDED_STATES:
             billing.hold_release(hold_id=contract.hold_id)
             contract.settled_at = now
             if to_state == InstanceState.EXPIRED:
-                contract.data_delete_after = now + DATA_GRACE
+                contract.data_delete_after = now + data_grace()
             contract.save(update_fields=["settled_at", "data_delete_after"])
     return contract
 
@@ -480,14 +486,8 @@ def contracts_pause_for_machine(*, machine_id: int, online: bool) -> int:
                 if state not in ENDED_STATES:
                     contract.storage_clock_since = _clock_start(contract.storage_clock_since, now)
             else:
-                contract.gpu_seconds = _clock_stop(
-                    contract.gpu_seconds, contract.gpu_clock_since, now
-                )
-                contract.gpu_clock_since = None
-                contract.storage_seconds = _clock_stop(
-                    contract.storage_seconds, contract.storage_clock_since, now
-                )
-                contract.storage_clock_since = None
+                _gpu_clock_stop(contract, now)
+                _storage_clock_stop(contract, now)
             contract.save()
             contract_meter(contract=contract, now=now)
             changed += 1
