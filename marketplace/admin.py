@@ -3,7 +3,20 @@ from django.contrib.auth.admin import UserAdmin
 
 from marketplace.models import ApiKey, Invitation, Membership, Team, User
 
-admin.site.register(User, UserAdmin)
+
+@admin.register(User)
+class MarketplaceUserAdmin(UserAdmin):
+    # Emails are unique, so the add form must ask for one (two users without one would
+    # collide on ""). The new user's personal team comes from the user_created receiver.
+    add_fieldsets = (
+        (
+            None,
+            {
+                "classes": ("wide",),
+                "fields": ("username", "email", "usable_password", "password1", "password2"),
+            },
+        ),
+    )
 
 
 class MembershipInline(admin.TabularInline):
