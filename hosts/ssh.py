@@ -15,6 +15,7 @@ the details go to the log.
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import logging
 import os
@@ -200,7 +201,11 @@ class Connection:
             ) from error
         except (paramiko.SSHException, OSError, EOFError) as error:
             transport = self.client.get_transport()
-            offered = transport.get_remote_server_key() if transport is not None else None
+            offered = None
+            if transport is not None and transport.is_active():
+                # Before the key exchange (a silent or non-SSH peer) there is no key to read.
+                with contextlib.suppress(paramiko.SSHException):
+                    offered = transport.get_remote_server_key()
             self.client.close()
             if "not found in known_hosts" in str(error) and offered is not None:
                 # The machine no longer offers a key of the pinned type at all: as changed
@@ -222,6 +227,18 @@ class Connection:
 
     def close(self) -> None:
         self.client.close()
+
+    def _dropped_midway(self, argv: list[str]) -> HostUnreachable | None:
+        """After a channel ended without an exit status: was the connection lost (rather than
+        the command killed by a signal)? The transport notes why it died before it closes
+        its channels, so this is not a race."""
+        transport = self.client.get_transport()
+        if transport is not None and transport.is_active() and transport.saved_exception is None:
+            return None
+        return HostUnreachable(
+            f"The connection to {self.address}:{self.port} dropped while {argv[0]} ran; it may "
+            "or may not have finished."
+        )
 
     def _open(self, timeout: float) -> paramiko.Channel:
         """A session channel; CommandNotStarted if it cannot be opened (nothing ran)."""
@@ -254,6 +271,8 @@ class Connection:
             while chunk := channel.recv_stderr(65536):
                 stderr += chunk
             code = channel.recv_exit_status()
+            if code == -1 and (dropped := self._dropped_midway(argv)):
+                raise dropped
         except TimeoutError as error:
             raise CommandTimeout(f"{argv[0]} did not finish within {timeout:.0f}s") from error
         except (paramiko.SSHException, OSError, EOFError) as error:
@@ -293,6 +312,8 @@ class Connection:
                 last_lines.append(pending)
                 yield pending
             code = channel.recv_exit_status()
+            if code == -1 and (dropped := self._dropped_midway(argv)):
+                raise dropped
             if code != 0:
                 raise CommandFailed(argv, code, "\n".join(last_lines))
         except (TimeoutError, paramiko.SSHException, OSError, EOFError) as error:
