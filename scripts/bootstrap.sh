@@ -6,13 +6,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 mode="${1:-run}"
 
-packages=(redis-server openssh-server docker.io busybox-static iproute2)
+# python3-venv: Debian's python3 cannot make a virtualenv without it (no ensurepip).
+packages=(python3 python3-venv redis-server openssh-server docker.io busybox-static iproute2)
 if [ "$mode" = test ]; then packages+=(postgresql chromium fonts-dejavu-core); fi
 
 missing=()
-for package in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")
-done
+if command -v dpkg-query >/dev/null; then
+  for package in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")
+  done
+fi
 if [ "${#missing[@]}" -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     echo "==> installing Debian packages: ${missing[*]}"
@@ -26,14 +29,32 @@ if [ "${#missing[@]}" -gt 0 ]; then
 fi
 
 python=${PYTHON:-python3}
-if [ ! -x .venv/bin/python ]; then
+if ! command -v "$python" >/dev/null; then
+  echo "!! $python is not installed: apt-get install python3 python3-venv"
+  exit 1
+fi
+
+# A usable .venv runs its python and its pip. One left half-made (an interrupted first run, a
+# venv made before python3-venv was installed, a Python upgraded underneath it) is made again.
+venv_works() {
+  [ -x .venv/bin/python ] && .venv/bin/python -m pip --version >/dev/null 2>&1
+}
+if ! venv_works; then
+  if [ -e .venv ]; then
+    echo "==> .venv is incomplete or broken; making it again"
+    rm -rf .venv
+  fi
   echo "==> creating .venv"
-  "$python" -m venv .venv
+  if ! "$python" -m venv .venv; then
+    rm -rf .venv
+    echo "!! could not create .venv with $python; install python3-venv (apt-get install python3-venv)"
+    exit 1
+  fi
 fi
 stamp=$(sha256sum pyproject.toml | cut -d' ' -f1)
 if [ "$(cat .venv/.installed 2>/dev/null)" != "$stamp" ]; then
   echo "==> installing Python packages"
-  .venv/bin/pip install -q --upgrade pip
-  .venv/bin/pip install -q -e ".[dev]"
-  echo "$stamp" > .venv/.installed
+  .venv/bin/python -m pip install -q --upgrade pip
+  .venv/bin/python -m pip install -q -e ".[dev]"
+  echo "$stamp" > .venv/.installed  # written last: an interrupted install runs again next time
 fi

@@ -1,10 +1,17 @@
 #!/usr/bin/env bash
 # `make run`: install what is missing and start the whole marketplace on the embedded defaults.
-# Ctrl-C stops everything this script started.
+# Ctrl-C stops everything this script started (and nothing it found running).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 scripts/bootstrap.sh run || echo "!! set-up was incomplete; starting what can start"
 . scripts/services.sh
+
+die() {
+  echo "!! $*"
+  exit 1
+}
+
+[ -x .venv/bin/python ] || die "no Python environment (.venv); see the messages above"
 
 export DEBUG=1
 export REDIS_URL="${REDIS_URL:-redis://127.0.0.1:6390/0}"
@@ -12,18 +19,27 @@ PORT="${PORT:-8000}"
 mkdir -p var/log
 py=.venv/bin/python
 pids=()
+
+# Redis: start one on REDIS_URL's port when it points at this machine and nothing answers;
+# a Redis elsewhere (or already running here) is used as it is and never shut down.
+read -r _ redis_port <<<"$(redis_url_address "$REDIS_URL")"
+
 cleanup() {
   echo; echo "==> stopping"
   for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null; done
   wait 2>/dev/null
-  redis-cli -p 6390 shutdown nosave >/dev/null 2>&1 || true
+  if [ "$REDIS_STARTED" = 1 ]; then
+    redis-cli -p "$redis_port" shutdown nosave >/dev/null 2>&1 || true
+  fi
 }
 trap cleanup EXIT
 trap 'exit 0' INT TERM
 
-start_redis 6390 var/redis || { echo "!! Redis is required: apt-get install redis-server"; exit 1; }
-$py manage.py migrate --noinput -v0
-$py manage.py collectstatic --noinput -v0
+start_redis_for_url "$REDIS_URL" var/redis \
+  || die "Redis is required at $REDIS_URL: apt-get install redis-server"
+
+$py manage.py migrate --noinput -v0 || die "migrate failed (see above); the database at DATABASE_URL is not usable"
+$py manage.py collectstatic --noinput -v0 || die "collectstatic failed (see above)"
 
 simulated=0
 if [ "$(id -u)" = 0 ] && [ -x /usr/sbin/sshd ] && command -v dockerd >/dev/null && start_dockerd; then
@@ -36,16 +52,33 @@ if [ "$(id -u)" = 0 ] && [ -x /usr/sbin/sshd ] && command -v dockerd >/dev/null 
 else
   echo "!! simulated hosts need root, openssh-server and docker.io; starting without them"
 fi
-$py manage.py demo_data --simhosts "$([ $simulated = 1 ] && echo var/simhosts/hosts.json)"
+$py manage.py demo_data --simhosts "$([ $simulated = 1 ] && echo var/simhosts/hosts.json)" \
+  || die "demo_data failed (see above); not starting the web server"
 
 .venv/bin/celery -A marketplace worker -l info --concurrency 2 > var/log/worker.log 2>&1 &
 pids+=($!)
 .venv/bin/celery -A marketplace beat -l info --schedule var/celerybeat-schedule > var/log/beat.log 2>&1 &
 pids+=($!)
 .venv/bin/uvicorn marketplace.asgi:application --host 127.0.0.1 --port "$PORT" > var/log/web.log 2>&1 &
-pids+=($!)
+web=$!
+pids+=($web)
 
-for _ in $(seq 100); do curl -fs "http://127.0.0.1:$PORT/accounts/login/" >/dev/null 2>&1 && break; sleep 0.1; done
+# Wait for the login page (with Python: a fresh Debian has no curl).
+up() {
+  $py -c "import sys, urllib.request
+try:
+    urllib.request.urlopen('http://127.0.0.1:$PORT/accounts/login/', timeout=2)
+except Exception:
+    sys.exit(1)"
+}
+answered=0
+for _ in $(seq 150); do
+  if up; then answered=1; break; fi
+  kill -0 "$web" 2>/dev/null || die "the web server exited; see var/log/web.log"
+  sleep 0.2
+done
+[ "$answered" = 1 ] || die "the web server did not answer on port $PORT; see var/log/web.log"
+
 cat <<MSG
 
   GPU Marketplace is running:  http://127.0.0.1:$PORT/

@@ -1,43 +1,141 @@
 #!/usr/bin/env bash
 # Starts the real parts the project needs, if they are not running. Sourced by run.sh/test.sh.
 #   start_redis PORT DIR   start_postgres   start_dockerd
+# Each function returns non-zero with a line starting "!!" that says what is wrong and what to
+# do; none of them stops a service it did not start.
+
+REDIS_STARTED=0  # set to 1 by start_redis when it started a server (callers stop only those)
 
 start_redis() {
   local port="$1" dir
   dir="$(realpath -m "$2")"
   mkdir -p "$dir"
-  if redis-cli -p "$port" ping >/dev/null 2>&1; then return; fi
+  if ! command -v redis-server >/dev/null; then
+    echo "!! redis-server is not installed: apt-get install redis-server"; return 1
+  fi
+  if redis-cli -p "$port" ping >/dev/null 2>&1; then return 0; fi
   redis-server --port "$port" --bind 127.0.0.1 --dir "$dir" --daemonize yes \
     --save "" --appendonly no --pidfile "$dir/redis.pid" --logfile "$dir/redis.log" \
-    --maxclients 20000
-  for _ in $(seq 50); do redis-cli -p "$port" ping >/dev/null 2>&1 && return; sleep 0.1; done
+    --maxclients 20000 || { echo "!! redis-server would not start on port $port (see $dir/redis.log)"; return 1; }
+  for _ in $(seq 50); do
+    if redis-cli -p "$port" ping >/dev/null 2>&1; then REDIS_STARTED=1; return 0; fi
+    sleep 0.1
+  done
   echo "!! redis did not start on port $port (see $dir/redis.log)"; return 1
 }
 
-start_postgres() {
-  local version
-  version=$(ls /etc/postgresql 2>/dev/null | sort -V | tail -1)
-  [ -n "$version" ] || { echo "!! PostgreSQL is not installed"; return 1; }
-  if ! pg_lsclusters -h | awk '{print $4}' | grep -q online; then
-    # Test databases need no durability; this makes the suite several times faster.
-    local conf="/etc/postgresql/$version/main/conf.d/gpumkt-test.conf"
-    if [ ! -f "$conf" ]; then
-      printf "fsync = off\nsynchronous_commit = off\nfull_page_writes = off\nmax_connections = 300\n" > "$conf"
-    fi
-    pg_ctlcluster "$version" main start
+# "HOST PORT" of a redis:// URL (port 6379 when it names none).
+redis_url_address() {
+  local address=${1#*://}
+  address=${address#*@}
+  address=${address%%/*}
+  if [ "${address%:*}" = "$address" ] || [ "${address%]}" != "$address" ]; then
+    echo "$address 6379"
+  else
+    echo "${address%:*} ${address##*:}"
   fi
-  for _ in $(seq 50); do su postgres -c "pg_isready -q" && break; sleep 0.2; done
-  su postgres -c "psql -qtAc \"SELECT 1 FROM pg_roles WHERE rolname='gpumkt'\"" | grep -q 1 \
-    || su postgres -c "psql -qc \"CREATE ROLE gpumkt LOGIN SUPERUSER PASSWORD 'gpumkt'\""
-  su postgres -c "psql -qtAc \"SELECT 1 FROM pg_database WHERE datname='gpumkt'\"" | grep -q 1 \
-    || su postgres -c "createdb -O gpumkt gpumkt"
+}
+
+# Start a Redis for URL when it points at this machine; one elsewhere is only used.
+start_redis_for_url() {
+  local url="$1" dir="$2" host port
+  read -r host port <<<"$(redis_url_address "$url")"
+  case "$host" in
+    127.0.0.1 | localhost | "[::1]") start_redis "$port" "$dir" ;;
+    *) echo "==> using the Redis at $host:$port" ;;
+  esac
+}
+
+# The first PostgreSQL cluster as "VERSION NAME PORT STATUS", or nothing when there is none.
+_pg_cluster() {
+  pg_lsclusters -h 2>/dev/null | awk 'NR == 1 {print $1, $2, $3, $4}'
+}
+
+_pg_as_postgres() {
+  su postgres -s /bin/sh -c "$1"
+}
+
+start_postgres() {
+  if ! command -v pg_lsclusters >/dev/null; then
+    echo "!! PostgreSQL is not installed: apt-get install postgresql"; return 1
+  fi
+  if [ "$(id -u)" != 0 ]; then
+    # Managing the Debian cluster (pg_ctlcluster, su postgres) needs root. Without it, use a
+    # server that is already up and has the gpumkt role and database.
+    if PGPASSWORD=gpumkt psql -h 127.0.0.1 -U gpumkt -d gpumkt -qtAc "SELECT 1" >/dev/null 2>&1; then
+      return 0
+    fi
+    echo "!! start_postgres needs root to start PostgreSQL and create the gpumkt role and database."
+    echo "!! Run as root, or start PostgreSQL yourself and create them:"
+    echo "!!   CREATE ROLE gpumkt LOGIN SUPERUSER PASSWORD 'gpumkt'; CREATE DATABASE gpumkt OWNER gpumkt;"
+    echo "!! (or set TEST_DATABASE_URL to a database you have)"
+    return 1
+  fi
+  local version name port status
+  read -r version name port status <<<"$(_pg_cluster)"
+  if [ -z "${version:-}" ]; then
+    version=$(ls /usr/lib/postgresql 2>/dev/null | sort -V | tail -1)
+    [ -n "$version" ] || { echo "!! no PostgreSQL server binaries under /usr/lib/postgresql"; return 1; }
+    echo "==> creating PostgreSQL cluster $version/main"
+    pg_createcluster "$version" main >/dev/null || { echo "!! pg_createcluster $version main failed"; return 1; }
+    read -r version name port status <<<"$(_pg_cluster)"
+  fi
+  [ "$port" = 5432 ] || echo "!! PostgreSQL cluster $version/$name listens on port $port; the tests expect 5432 (or set TEST_DATABASE_URL)"
+  if [ "$status" != online ]; then
+    # Test databases need no durability; this makes the suite several times faster.
+    local confdir="/etc/postgresql/$version/$name/conf.d"
+    mkdir -p "$confdir"
+    if [ ! -f "$confdir/gpumkt-test.conf" ]; then
+      printf "fsync = off\nsynchronous_commit = off\nfull_page_writes = off\nmax_connections = 300\n" \
+        > "$confdir/gpumkt-test.conf"
+    fi
+    pg_ctlcluster "$version" "$name" start \
+      || { echo "!! PostgreSQL $version/$name would not start (see /var/log/postgresql/postgresql-$version-$name.log)"; return 1; }
+  fi
+  local ready=0
+  for _ in $(seq 100); do
+    if pg_isready -q -p "$port"; then ready=1; break; fi
+    sleep 0.2
+  done
+  if [ "$ready" != 1 ]; then
+    echo "!! PostgreSQL $version/$name did not accept connections within 20 s (see /var/log/postgresql/postgresql-$version-$name.log)"
+    return 1
+  fi
+  _pg_as_postgres "psql -p $port -qtAc \"SELECT 1 FROM pg_roles WHERE rolname='gpumkt'\"" | grep -q 1 \
+    || _pg_as_postgres "psql -p $port -qc \"CREATE ROLE gpumkt LOGIN SUPERUSER PASSWORD 'gpumkt'\"" \
+    || { echo "!! could not create the PostgreSQL role gpumkt"; return 1; }
+  _pg_as_postgres "psql -p $port -qtAc \"SELECT 1 FROM pg_database WHERE datname='gpumkt'\"" | grep -q 1 \
+    || _pg_as_postgres "createdb -p $port -O gpumkt gpumkt" \
+    || { echo "!! could not create the PostgreSQL database gpumkt"; return 1; }
+}
+
+# dockerd refuses to start while its pid file names a live process, and after a crash or a
+# container restart that pid may belong to anything. Remove the file unless the process it
+# names is a dockerd (which may still be starting; then it is left alone).
+clear_stale_docker_pid() {
+  local pidfile="${1:-/var/run/docker.pid}" pid comm
+  [ -f "$pidfile" ] || return 0
+  pid=$(tr -dc '0-9' <"$pidfile")
+  if [ -n "$pid" ] && [ -r "/proc/$pid/comm" ]; then
+    comm=$(cat "/proc/$pid/comm" 2>/dev/null)
+    [ "$comm" = dockerd ] && return 0
+  fi
+  echo "==> removing stale $pidfile (pid ${pid:-none} is not a running dockerd)"
+  rm -f "$pidfile"
 }
 
 start_dockerd() {
+  if ! docker info >/dev/null 2>&1; then
+    if [ "$(id -u)" != 0 ]; then
+      echo "!! Docker Engine is not answering and starting it needs root (or start it: systemctl start docker)"
+      return 1
+    fi
+    clear_stale_docker_pid /var/run/docker.pid
+  fi
   .venv/bin/python -c "
 from pathlib import Path
 from hosts.simulation import ensure_dockerd, ensure_image
 Path('var').mkdir(exist_ok=True)
 ensure_dockerd(log_path=Path('var/dockerd.log'))
-ensure_image()"
+ensure_image()" || { echo "!! Docker Engine did not start (see var/dockerd.log)"; return 1; }
 }

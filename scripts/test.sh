@@ -7,8 +7,9 @@ scripts/bootstrap.sh test
 . scripts/services.sh
 
 mkdir -p var
+test_redis_url="${TEST_REDIS_URL:-redis://127.0.0.1:6391/0}"
 start_postgres
-start_redis 6391 var/test-redis
+start_redis_for_url "$test_redis_url" var/test-redis
 start_dockerd
 
 echo "==> ruff"
@@ -17,6 +18,6 @@ echo "==> ruff"
 
 echo "==> pytest"
 export DATABASE_URL="${TEST_DATABASE_URL:-postgres://gpumkt:gpumkt@127.0.0.1:5432/gpumkt}"
-export REDIS_URL="${TEST_REDIS_URL:-redis://127.0.0.1:6391/0}"
+export REDIS_URL="$test_redis_url"
 mkdir -p var/staticfiles  # whitenoise serves through finders in tests; it wants the root to exist
 exec .venv/bin/pytest -n "${PYTEST_WORKERS:-3}" --dist loadfile "$@"
