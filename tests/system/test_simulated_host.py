@@ -61,3 +61,48 @@ def test_container_prints_and_exits_through_ssh(sim_host, docker_engine):
         )
     assert code == 0, err
     assert out.startswith("hello from ")
+
+
+def test_simulated_gpu_uuids_follow_the_host_name_and_index():
+    from hosts.runtime import GPU_UUID
+    from hosts.simulation import SimHostSpec, default_gpus
+
+    def uuids(name: str) -> list[str]:
+        spec = SimHostSpec(name=name, address="127.0.0.10", port=2201, gpus=default_gpus(3))
+        return [gpu.uuid for gpu in spec.gpus]
+
+    first = uuids("sim-a100")
+    assert first == uuids("sim-a100")  # every `make run` makes the same GPUs
+    assert len(set(first)) == 3 and not set(first) & set(uuids("sim-rtx4090"))
+    assert all(GPU_UUID.fullmatch(uuid) for uuid in first)  # GPU-xxxxxxxx-xxxx-… as nvidia-smi
+
+
+def test_simhosts_never_leaves_a_stale_hosts_json(tmp_path, docker_engine):
+    """A run that fails to start its hosts leaves no hosts.json behind (the run command would
+    hand the last run's file to demo_data); one that starts them writes the file whole."""
+    import json
+    import os
+
+    from django.core.management import call_command
+
+    namespace = int(os.environ.get("TEST_NAMESPACE", "0"))
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+    port = 26000 + namespace * 100 + worker * 10
+    listing = tmp_path / "hosts.json"
+    listing.write_text('[{"name": "from the last run"}]')
+    blocker = tmp_path / "sim-rtx4090"
+    blocker.write_text("a file where the host's directory goes: the host cannot be made")
+    with pytest.raises(FileExistsError):
+        call_command("simhosts", count=1, dir=str(tmp_path), base_port=port, detach=True)
+    assert not listing.exists()
+    blocker.unlink()
+    call_command("simhosts", count=1, dir=str(tmp_path), base_port=port, detach=True)
+    try:
+        hosts = json.loads(listing.read_text())
+        assert [(h["name"], h["port"]) for h in hosts] == [("sim-rtx4090", port)]
+        assert not list(tmp_path.glob("*.tmp"))
+    finally:
+        from hosts.simulation import SimHost, SimHostSpec
+
+        spec = SimHostSpec(name="sim-rtx4090", address="127.0.0.10", port=port, gpus=())
+        SimHost(spec=spec, root=tmp_path / "sim-rtx4090").stop()
