@@ -1,4 +1,6 @@
-"""A command on a pooled SSH connection vs on a fresh connection, on a simulated host.
+"""A command on a pooled SSH connection vs on a fresh connection, on a simulated host; and the
+same command while the machine's whole stream budget is taken by long streams (log follows,
+pulls), which must not starve it.
 
 Budget (DESIGN.md): pooled ≤ 50 ms and ≥ 5× faster than a fresh connection.
 
@@ -10,6 +12,7 @@ from __future__ import annotations
 import os
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -45,13 +48,45 @@ def main() -> None:
             connection.run(["true"])
             connection.close()
             fresh.append((time.perf_counter() - started) * 1000)
+        busy = _beside_streams(ssh, machine)
     p, f = statistics.median(pooled), statistics.median(fresh)
     print(f"SSH command (`true`), median of {RUNS} pooled / {RUNS // 5} fresh connections:")
     print(f"  pooled {p:6.2f} ms   budget ≤ 50 ms   ratio {p / 50:.2f}")
     print(
         f"  fresh  {f:6.2f} ms   pooled is {f / p:.1f}× faster   budget ≥ 5×   ratio {(f / p) / 5:.2f}"
     )
-    print("  within budget" if p <= 50 and f / p >= 5 else "  OVER BUDGET")
+    b = statistics.median(busy)
+    print(
+        f"  pooled beside {ssh.MAX_STREAMS_PER_HOST} open streams {b:6.2f} ms   budget ≤ 50 ms   ratio {b / 50:.2f}"
+    )
+    print("  within budget" if max(p, b) <= 50 and f / p >= 5 else "  OVER BUDGET")
+
+
+def _beside_streams(ssh, machine) -> list[float]:
+    """`true` timings while every stream session of the machine is held open."""
+    opened = threading.Barrier(ssh.MAX_STREAMS_PER_HOST + 1)
+    stop = threading.Event()
+
+    def follow() -> None:
+        lines = ssh.pool.stream(machine, ["sh", "-c", "echo open; exec sleep 60"], timeout=90)
+        next(lines)
+        opened.wait()
+        stop.wait()
+        lines.close()
+
+    followers = [threading.Thread(target=follow) for _ in range(ssh.MAX_STREAMS_PER_HOST)]
+    for follower in followers:
+        follower.start()
+    opened.wait()
+    timings = []
+    for _ in range(RUNS):
+        started = time.perf_counter()
+        ssh.pool.run(machine, ["true"])
+        timings.append((time.perf_counter() - started) * 1000)
+    stop.set()
+    for follower in followers:
+        follower.join()
+    return timings
 
 
 if __name__ == "__main__":
