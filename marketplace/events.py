@@ -1,7 +1,9 @@
 """Live events to the console: published to Channels groups after the transaction commits.
 
-Groups: ``team.<id>`` for everything a team's console shows; consumers subscribe to the
-acting team's group only, so an event never reaches another team.
+Groups: ``team.<id>`` for everything a team's console shows, and ``instance.<id>`` for one
+instance's page (its state, progress, and the log socket that lives there). Consumers join
+only after the tenancy check (the acting team's group; an instance of the acting team), so an
+event never reaches another team.
 """
 
 from __future__ import annotations
@@ -20,18 +22,42 @@ def team_group(team_id: int) -> str:
     return f"team.{team_id}"
 
 
-def publish_team_event(team_id: int, event_type: str, data: dict[str, Any]) -> None:
+def instance_group(instance_id: int) -> str:
+    return f"instance.{instance_id}"
+
+
+def _send_on_commit(messages: list[tuple[str, dict[str, Any]]], what: str) -> None:
     """Send on commit; a rolled-back change never reaches a browser."""
 
     def send() -> None:
         layer = get_channel_layer()
         if layer is None:
             return
-        try:
-            async_to_sync(layer.group_send)(
-                team_group(team_id), {"type": "team.event", "event": event_type, "data": data}
-            )
-        except Exception:  # a push is best-effort; the page reloads state on reconnect
-            logger.exception("could not publish %s to team %s", event_type, team_id)
+        for group, message in messages:
+            try:
+                async_to_sync(layer.group_send)(group, message)
+            except Exception:  # a push is best-effort; the page reloads state on reconnect
+                logger.exception("could not publish %s to %s", what, group)
 
     transaction.on_commit(send)
+
+
+def publish_team_event(team_id: int, event_type: str, data: dict[str, Any]) -> None:
+    message = {"type": "team.event", "event": event_type, "data": data}
+    _send_on_commit([(team_group(team_id), message)], event_type)
+
+
+def publish_instance_event(
+    team_id: int, instance_id: int, event_type: str, data: dict[str, Any]
+) -> None:
+    """To the team's consoles (lists, overview) and to the instance's own page."""
+    _send_on_commit(
+        [
+            (team_group(team_id), {"type": "team.event", "event": event_type, "data": data}),
+            (
+                instance_group(instance_id),
+                {"type": "instance.event", "event": event_type, "data": data},
+            ),
+        ],
+        event_type,
+    )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.dispatch import receiver
 
-from marketplace.events import publish_team_event
+from marketplace.events import publish_instance_event
 from marketplace.services.rentals import contract_follow_instance, offer_refresh
 from scheduler.signals import instance_progress, instance_state_changed
 
@@ -16,8 +16,9 @@ def on_instance_state_changed(
     contract_follow_instance(instance_id=instance_id, to_state=to_state)
     # Also on a same-state event: it may be GPUs released once a container was seen stopped.
     offer_refresh(machine_id=machine_id)
-    publish_team_event(
+    publish_instance_event(
         team_id,
+        instance_id,
         "instance.state",
         {"id": instance_id, "state": to_state, "from": from_state, "reason": reason},
     )
@@ -25,6 +26,9 @@ def on_instance_state_changed(
 
 @receiver(instance_progress, dispatch_uid="marketplace.instance_progress")
 def on_instance_progress(sender, *, instance_id, team_id, progress, message, **kwargs):
-    publish_team_event(
-        team_id, "instance.progress", {"id": instance_id, "progress": progress, "message": message}
+    publish_instance_event(
+        team_id,
+        instance_id,
+        "instance.progress",
+        {"id": instance_id, "progress": progress, "message": message},
     )

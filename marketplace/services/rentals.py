@@ -25,6 +25,7 @@ from billing import services as billing
 from billing.money import MICRO_PER_DOLLAR, usage_owed
 from hosts.models import Machine
 from hosts.runtime import CommandResult, DockerHost
+from marketplace.events import publish_instance_event
 from marketplace.models import Contract, Offer, SshKey, Team
 from marketplace.secrets_box import seal, unseal
 from scheduler.models import GpuAllocation, Instance, InstanceEvent, InstanceState, LaunchMode
@@ -251,6 +252,13 @@ def rental_create(*, team: Team, request: RentalRequest) -> Contract:
             instance=instance,
             to_state=InstanceState.LAUNCHING,
             reason="Rented; waiting for a worker",
+        )
+        # The team's other consoles list it at once (sent only if this commits).
+        publish_instance_event(
+            team.pk,
+            instance.pk,
+            "instance.state",
+            {"id": instance.pk, "state": "launching", "from": "", "reason": "Rented"},
         )
         offer_refresh(machine_id=machine.pk)
         transaction.on_commit(lambda: _enqueue_launch(instance.pk))
