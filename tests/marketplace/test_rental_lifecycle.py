@@ -366,3 +366,30 @@ def test_the_disk_share_is_recorded_on_the_container(funded_team, machine):
     instance = rented(key_client(funded_team), machine, disk_gb=7)
     labels = docker_inspect(instance.container_id)["Config"]["Labels"]
     assert labels["gpumkt.disk_gb"] == "7"
+
+
+def test_image_pull_progress_reaches_the_instance(funded_team, machine):
+    """An image the host lacks is pulled (from a registry on loopback, so Docker really
+    downloads and extracts a layer), and the launch reports the pull as it goes."""
+    from scheduler.signals import instance_progress
+    from tests.marketplace.registry import Registry
+
+    registry = Registry("gpumkt/busybox:latest")
+    reports: list[tuple[int, str]] = []
+
+    def record(sender, *, instance_id, progress, message, **kwargs):
+        reports.append((progress, message))
+
+    instance_progress.connect(record)
+    try:
+        instance = rented(key_client(funded_team), machine, image=registry.image)
+        pulled = docker_inspect(instance.container_id)["Config"]["Image"]
+    finally:
+        instance_progress.disconnect(record)
+        registry.close()
+    assert pulled == registry.image
+    assert reports[0] == (5, "Pulling image")
+    assert (90, "Pulling image: 1/1 layers") in reports
+    assert reports[-1] == (92, "Starting container")
+    assert [p for p, _ in reports] == sorted(p for p, _ in reports)
+    assert instance.progress == 100 and instance.status_message == "Container started"
