@@ -16,8 +16,10 @@ and so does an API action method the matrix does not try.
 
 from __future__ import annotations
 
+import importlib
 import json
 import re
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -88,7 +90,7 @@ def build_world(
         offered_key_fingerprint=f"SHA256:{tag}-offered", location="US",
     )  # fmt: skip
     Gpu.objects.bulk_create(
-        Gpu(machine=machine, index=i, uuid=f"GPU-{tag}-{i}", name="NVIDIA RTX 4090",
+        Gpu(machine=machine, index=i, uuid=f"GPU-{uuid.uuid4()}", name="NVIDIA RTX 4090",
             memory_mib=24564, present=True)
         for i in range(2)
     )  # fmt: skip
@@ -714,3 +716,25 @@ def test_every_route_is_in_the_matrix():
     assert not untried, f"methods the matrix does not try: {untried}"
     names = {name for _, name, _, _ in _routes()}
     assert not (set(MATRIX) | set(EXEMPT)) - names, "stale matrix entries"
+
+
+# WebSocket routes (marketplace/routing.py), each with the test that shows another team's
+# subscription is refused before accept.
+WEBSOCKET_TENANCY: dict[str, str] = {
+    "ws/events/": "tests.marketplace.test_websocket:test_member_receives_own_team_events_only",
+    "ws/instances/<int:instance_id>/": (
+        "tests.marketplace.test_websocket:test_instance_socket_is_refused_for_another_teams_instance"
+    ),
+}
+
+
+def test_every_websocket_route_has_a_tenancy_test():
+    from marketplace.routing import websocket_urlpatterns
+
+    routes = {str(pattern.pattern) for pattern in websocket_urlpatterns}
+    uncovered = routes - set(WEBSOCKET_TENANCY)
+    assert not uncovered, f"WebSocket routes uncovered yet: {sorted(uncovered)}"
+    assert not set(WEBSOCKET_TENANCY) - routes, "stale WebSocket entries"
+    for reference in WEBSOCKET_TENANCY.values():
+        module, name = reference.split(":")
+        assert callable(getattr(importlib.import_module(module), name, None)), reference

@@ -63,3 +63,41 @@ async def test_member_receives_own_team_events_only(owner, team, outsider):
     assert message == {"event": "instance.updated", "data": {"id": 2}}
     assert await ws.receive_nothing(timeout=0.3)
     await ws.disconnect()
+
+
+def instance_socket(cookie: str, instance_id: int) -> WebsocketCommunicator:
+    headers = [
+        (b"origin", b"http://testserver"),
+        (b"host", b"testserver"),
+        (b"cookie", cookie.encode()),
+    ]
+    return WebsocketCommunicator(application, f"/ws/instances/{instance_id}/", headers=headers)
+
+
+async def test_instance_socket_is_refused_for_another_teams_instance(teammate, team, outsider):
+    """The outsider cannot subscribe to Acme's instance, whichever team is active; the teammate
+    can. (No container is needed: the refusal comes before anything is read from a host.)"""
+    from asgiref.sync import sync_to_async
+
+    from hosts.models import Machine
+    from scheduler.models import Instance
+
+    def rented_instance() -> Instance:
+        # Rows only: a transactional test would run the launch task of a real rental.
+        machine = Machine.objects.create(
+            team=team, name="acme-rig", address="192.0.2.40", port=22, status="online"
+        )
+        return Instance.objects.create(team=team, machine=machine, gpu_count=1, image="x")
+
+    instance = await sync_to_async(rented_instance)()
+    for active in (None, team.id):  # their own team, or a smuggled-in id of Acme's
+        cookie = await sync_to_async(session_cookie_for)(outsider, active)
+        connected, code = await instance_socket(cookie, instance.pk).connect()
+        assert (connected, code) == (False, 4404)
+    cookie = await sync_to_async(session_cookie_for)(teammate, team.id)
+    ws = instance_socket(cookie, instance.pk)
+    connected, _ = await ws.connect()
+    assert connected
+    hello = await ws.receive_json_from(timeout=5)
+    assert hello == {"event": "hello", "data": {"id": instance.pk, "state": "launching"}}
+    await ws.disconnect()
