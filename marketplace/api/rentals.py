@@ -79,6 +79,37 @@ class OfferSerializer(serializers.ModelSerializer):
             return None
         return round(max((offer.end_date - timezone.now()).total_seconds(), 0) / 86400, 2)
 
+    def to_representation(self, offer: Offer) -> dict:
+        """The declared fields' values, built in one go. Walking DRF's fields for each of a
+        page's 64 offers was most of a search's time; the result is the same (a test holds
+        the two to each other)."""
+        end_date = offer.end_date
+        return {
+            "id": offer.machine_id,
+            "machine_id": offer.machine_id,
+            "gpu_name": offer.gpu_name,
+            "num_gpus": offer.num_gpus,
+            "total_gpus": offer.total_gpus,
+            "min_gpus": offer.min_gpus,
+            "gpu_ram": float(offer.gpu_ram),
+            "gpu_total_ram": self.get_gpu_total_ram(offer),
+            "cpu_cores_effective": self.get_cpu_cores_effective(offer),
+            "cpu_ram": self.get_cpu_ram(offer),
+            "disk_space": self.get_disk_space(offer),
+            "dph_total": self.get_dph_total(offer),
+            "dph_per_gpu": self.get_dph_per_gpu(offer),
+            "storage_cost": self.get_storage_cost(offer),
+            "reliability": float(offer.reliability),
+            "duration": self.get_duration(offer),
+            "end_date": self.fields["end_date"].to_representation(end_date) if end_date else None,
+            "geolocation": offer.geolocation,
+            "driver_version": offer.driver_version,
+            "cuda_max_good": float(offer.cuda_max_good),
+            "verified": offer.verified,
+            "rentable": offer.rentable,
+            "score": float(offer.score),
+        }
+
 
 def search_offers(query: offer_query.OfferQuery, limit: int, offset: int) -> list[Offer]:
     return list(offer_query.apply(Offer.objects.all(), query)[offset : offset + limit])

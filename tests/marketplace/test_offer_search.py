@@ -271,3 +271,16 @@ def test_console_pages_through_offers_64_at_a_time(console, provider):
     assert set(page_machines(first)).isdisjoint(page_machines(second))
     past_the_end = console.get("/offers/", {"sort": "dph_total", "page": "9"}).content.decode()
     assert "No more offers on page 9" in past_the_end and 'id="first-page"' in past_the_end
+
+
+def test_the_offer_representation_is_what_the_declared_fields_give(market):
+    """The API builds offers directly for speed; the declared (schema) fields must agree."""
+    from rest_framework import serializers
+
+    from marketplace.api.rentals import OfferSerializer
+
+    serializer = OfferSerializer()
+    for offer in Offer.objects.all():
+        by_fields = serializers.ModelSerializer.to_representation(serializer, offer)
+        assert serializer.to_representation(offer) == by_fields
+        assert list(serializer.to_representation(offer)) == list(by_fields)
