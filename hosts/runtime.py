@@ -370,6 +370,10 @@ class DockerHost:
         layers: dict[str, bool] = {}
         for line in ssh.pool.stream(self.machine, argv, timeout=3600, stdin=stdin):
             layer, _, status = line.partition(": ")
+            # "<tag>: Pulling from <repo>" names the tag, not a layer, even when the tag
+            # looks like a layer id (a 12-character git SHA, say).
+            if status.startswith("Pulling from"):
+                continue
             if len(layer) == 12 and all(c in "0123456789abcdef" for c in layer):
                 layers[layer] = status.startswith(("Pull complete", "Already exists"))
                 if progress_callback and layers:

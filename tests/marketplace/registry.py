@@ -69,8 +69,9 @@ class Registry:
     """Serves ``<address>/<name>:<tag>`` until ``close()``."""
 
     def __init__(self, base_image: str, name: str = "gpumkt/pulltest"):
-        # Not 12 hex digits: the pull progress would take "<tag>: Pulling from …" for a layer.
-        self.name, self.tag = name, "t" + uuid.uuid4().hex[:12]
+        # 12 hex digits on purpose, like a short git SHA: the pull's "<tag>: Pulling from …"
+        # line looks like a layer's and must not be counted as one.
+        self.name, self.tag = name, uuid.uuid4().hex[:12]
         manifest, blobs = _image_blobs(base_image)
         handler = _handler(name, self.tag, manifest, blobs)
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
