@@ -18,7 +18,14 @@ from pathlib import Path
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
-from hosts.simulation import SimHostSpec, create_host, default_gpus, ensure_dockerd, ensure_image
+from hosts.simulation import (
+    SimHostSpec,
+    create_host,
+    default_gpus,
+    ensure_dockerd,
+    ensure_image,
+    ensure_ssh_image,
+)
 
 # A small fleet with different shapes, so search and placement have something to choose from.
 FLEET = [
@@ -44,6 +51,7 @@ class Command(BaseCommand):
         listing.unlink(missing_ok=True)
         ensure_dockerd(log_path=settings.VAR_DIR / "dockerd.log")
         ensure_image()
+        ensure_ssh_image()  # so SSH launch mode has an image with sshd to try
         keys = [Path(path).read_text().strip() for path in authorize]
         hosts = []
         for i in range(count):
