@@ -14,12 +14,15 @@ import re
 import secrets
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import NamedTuple
 
+import psycopg
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Count, Exists, OuterRef, Q
 from django.utils import timezone
+from psycopg.types.datetime import TimestamptzLoader
 
 from billing import services as billing
 from billing.money import MICRO_PER_DOLLAR, usage_owed
@@ -373,6 +376,8 @@ def rental_extend(*, contract: Contract, hours: float) -> Contract:
 
 
 def contract_owed(contract: Contract, now: datetime) -> Quote:
+    """What the contract owes for GPU time and storage up to ``now`` (cumulative), each
+    rounded once from its clock's seconds."""
     return Quote(
         gpu=usage_owed(
             rate_per_hour=contract.price_per_gpu_hour * contract.gpu_count,
@@ -398,27 +403,71 @@ def contract_meter(*, contract: Contract, now: datetime | None = None) -> int:
     return captured
 
 
+class _MeteredContract(NamedTuple):
+    """The columns of an open contract that metering reads. It borrows Contract's own clock
+    methods, so the sweep reads the clocks exactly as ``contract_meter`` does, without a model
+    instance per contract (building 100,000 of them costs a second of every sweep)."""
+
+    pk: int
+    hold_id: int
+    gpu_count: int
+    price_per_gpu_hour: int
+    storage_price_per_gb_month: int
+    disk_gb: int
+    ends_at: datetime
+    gpu_seconds: int
+    gpu_clock_since: datetime | None
+    storage_seconds: int
+    storage_clock_since: datetime | None
+
+    billable_until = Contract.billable_until
+    gpu_seconds_at = Contract.gpu_seconds_at
+    storage_seconds_at = Contract.storage_seconds_at
+    _running_seconds = Contract._running_seconds
+
+
+def _open_contracts_after(last_pk: int, limit: int) -> list[_MeteredContract]:
+    """The next ``limit`` open contracts after ``last_pk``, in primary-key order.
+
+    On PostgreSQL the rows are read with psycopg's own timestamp loader (in C): Django's
+    (in Python) costs a few microseconds a value, 1.5 s of every sweep over 100,000 contracts.
+    """
+    query = (
+        Contract.objects.filter(settled_at=None, pk__gt=last_pk)
+        .order_by("pk")
+        .values_list(*_MeteredContract._fields)[:limit]
+    )
+    if connection.vendor != "postgresql":
+        return [_MeteredContract(*row) for row in query]
+    sql, params = query.query.sql_with_params()
+    connection.ensure_connection()
+    with psycopg.Cursor(connection.connection) as cursor:
+        cursor.adapters.register_loader("timestamptz", TimestamptzLoader)
+        cursor.execute(sql, params)
+        return [_MeteredContract(*row) for row in cursor]
+
+
 def metering_sweep(*, batch_size: int = 5000, now: datetime | None = None) -> int:
-    """Capture every open contract's usage so far, in batches. Returns what was captured."""
+    """Capture every open contract's usage up to ``now``, in batches; return what was captured.
+
+    Each batch of contracts (read in primary-key order, outside any transaction: the capture
+    is a difference of cumulative totals taken under the hold's lock, so a contract that
+    changed meanwhile is simply caught up by the next sweep) becomes one
+    ``holds_settle_usage`` call: one transaction and one capture per hold for both kinds.
+    Run again at the same ``now``, it captures nothing.
+    """
     now = now or timezone.now()
     total = 0
-    open_contracts = Contract.objects.filter(settled_at=None).order_by("pk")
     last_pk = 0
-    while True:
-        batch = list(open_contracts.filter(pk__gt=last_pk)[:batch_size])
-        if not batch:
-            return total
-        items = []
-        for contract in batch:
-            owed = contract_owed(contract, now)
-            items.append(
-                billing.UsageOwed(hold_id=contract.hold_id, kind="gpu", owed_total=owed.gpu)
-            )
-            items.append(
-                billing.UsageOwed(hold_id=contract.hold_id, kind="storage", owed_total=owed.storage)
-            )
-        total += billing.holds_settle_usage(items)
-        last_pk = batch[-1].pk
+    with billing.cyclic_gc_paused():
+        while batch := _open_contracts_after(last_pk, batch_size):
+            usage = []
+            for contract in batch:
+                owed = contract_owed(contract, now)
+                usage.append(billing.HoldUsage(contract.hold_id, owed.gpu, owed.storage))
+            total += billing.holds_settle_usage(usage)
+            last_pk = batch[-1].pk
+    return total
 
 
 def _clock_start(since: datetime | None, now: datetime) -> datetime:

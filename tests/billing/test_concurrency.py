@@ -108,7 +108,7 @@ def test_concurrent_captures_and_release_of_one_hold_stay_within_it():
     )  # fmt: skip
     results = race(
         [lambda: services.hold_capture_usage(hold_id=hold.pk, kind="gpu", owed_total=3 * USD)] * 3
-        + [lambda: services.holds_settle_usage([services.UsageOwed(hold.pk, "gpu", 3 * USD)])] * 2
+        + [lambda: services.holds_settle_usage([services.HoldUsage(hold.pk, 3 * USD, 0)])] * 2
     )
     assert sorted(results) == [0, 0, 0, 0, 3 * USD]
     assert services.hold_release(hold_id=hold.pk) == USD

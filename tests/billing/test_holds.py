@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from django.db import IntegrityError, connection, transaction
+from django.utils import timezone
 
 from billing import services
 from billing.errors import (
@@ -16,7 +17,7 @@ from billing.errors import (
 )
 from billing.models import Account, AccountKind, Entry, Hold, HoldStatus, Transfer, TransferKind
 from billing.selectors import team_balance, team_earnings_balance, team_low_balance
-from billing.services import UsageOwed
+from billing.services import HoldUsage
 from tests.billing.ledger_checks import assert_ledger_consistent, ledger_counts
 
 pytestmark = pytest.mark.django_db
@@ -215,8 +216,12 @@ def test_capture_rejects_unknown_kind_and_negative_totals(renter_team, provider_
         services.hold_capture_usage(hold_id=hold.pk, kind="bandwidth", owed_total=1)
     with pytest.raises(InvalidAmount):
         services.hold_capture_usage(hold_id=hold.pk, kind="gpu", owed_total=-1)
-    with pytest.raises(InvalidAmount):
-        services.holds_settle_usage([UsageOwed(hold.pk, "gpu", -5)])
+    before = ledger_counts()
+    with pytest.raises(InvalidAmount, match="gpu"):
+        services.holds_settle_usage([HoldUsage(hold.pk, gpu=-5, storage=0)])
+    with pytest.raises(InvalidAmount, match="storage"):
+        services.holds_settle_usage([HoldUsage(hold.pk, gpu=5, storage=1.5)])
+    assert ledger_counts() == before
 
 
 def test_settle_usage_batch_matches_single_captures(renter_team, provider_team, monkeypatch):
@@ -227,11 +232,12 @@ def test_settle_usage_batch_matches_single_captures(renter_team, provider_team, 
         for i in range(7)
     ]
     services.hold_release(hold_id=holds[6].pk)
-    items = [UsageOwed(h.pk, "gpu", 1_000_000 + i) for i, h in enumerate(holds)]
-    items += [UsageOwed(holds[0].pk, "storage", 10), UsageOwed(holds[1].pk, "gpu", 6 * USD)]
-    items += [UsageOwed(999_999_999, "gpu", USD)]  # unknown hold: skipped
+    items = [HoldUsage(h.pk, gpu=1_000_000 + i, storage=0) for i, h in enumerate(holds)]
+    items += [HoldUsage(holds[0].pk, gpu=0, storage=10), HoldUsage(holds[1].pk, 6 * USD, 0)]
+    items += [HoldUsage(999_999_999, gpu=USD, storage=0)]  # unknown hold: skipped
     captured = services.holds_settle_usage(items)
-    # hold 1 is capped at its 5 USD (the larger of its two totals wins); hold 6 is closed.
+    # hold 1 is capped at its 5 USD (the larger of its two totals wins); hold 6 is closed;
+    # hold 0 is listed twice: its larger GPU total and its storage make one capture.
     assert captured == sum(1_000_000 + i for i in (0, 2, 3, 4, 5)) + 10 + 5 * USD
     assert services.holds_settle_usage(items) == 0  # a repeated sweep captures nothing
     assert_ledger_consistent()
@@ -334,3 +340,53 @@ def test_database_refuses_an_unbalanced_insert(renter_team):
             balance_after=0,
             created_at=transfer.created_at,
         )
+
+
+def _balanced_entries(transfer_id: int, account_ids: tuple[int, int], team_id: int) -> list:
+    return [
+        Entry(transfer_id=transfer_id, account_id=account_id, team_id=team_id,
+              account_kind="available", amount=amount, balance_after=0, created_at=timezone.now())
+        for account_id, amount in zip(account_ids, (1, -1), strict=True)
+    ]  # fmt: skip
+
+
+def test_database_refuses_entries_for_missing_transfers_or_accounts(renter_team):
+    transfer = grant(renter_team, USD)
+    available = Account.objects.get(team=renter_team, kind=AccountKind.AVAILABLE)
+    grants = Account.objects.get(kind=AccountKind.GRANTS)
+    before = ledger_counts()
+    for entries, message in (
+        (_balanced_entries(999_999_999, (available.pk, grants.pk), renter_team.pk), "transfer"),
+        (_balanced_entries(transfer.pk, (available.pk, 999_999_999), renter_team.pk), "account"),
+    ):
+        with (
+            pytest.raises(IntegrityError, match=f"entry for an? {message} that does not exist"),
+            transaction.atomic(),
+        ):
+            Entry.objects.bulk_create(entries)
+    assert ledger_counts() == before
+
+
+def test_database_refuses_transfers_for_missing_holds_or_teams(renter_team):
+    before = ledger_counts()
+    for fields, message in (({"hold_id": 999_999_999}, "hold"), ({"team_id": 999_999_999}, "team")):
+        transfer = Transfer(kind="capture", idempotency_key=f"bad-{message}", amount=1, **fields)
+        with (
+            pytest.raises(IntegrityError, match=f"transfer for a {message} that does not exist"),
+            transaction.atomic(),
+        ):
+            Transfer.objects.bulk_create([transfer])
+    assert ledger_counts() == before
+
+
+def test_database_refuses_deleting_accounts_and_holds(renter_team, provider_team):
+    grant(renter_team, 10 * USD)
+    hold = make_hold(renter_team, provider_team, 4 * USD)
+    for table in ("billing_account", "billing_hold"):
+        with (
+            pytest.raises(IntegrityError, match="immutable"),
+            transaction.atomic(),
+            connection.cursor() as cursor,
+        ):
+            cursor.execute(f"DELETE FROM {table}")  # noqa: S608 (a constant)
+    assert Hold.objects.filter(pk=hold.pk).exists()

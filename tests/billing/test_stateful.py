@@ -156,7 +156,8 @@ class LedgerMachine(RuleBasedStateMachine):
         if hold_id is None:
             return
         model = self.model_holds[hold_id]
-        assert services.holds_settle_usage([services.UsageOwed(hold_id, kind, model[kind])]) == 0
+        usage = services.HoldUsage(hold_id, model["gpu"], model["storage"])
+        assert services.holds_settle_usage([usage]) == 0
 
     @rule(hold_id=holds, amount=st.integers(1, 10**8))
     def extend(self, hold_id, amount):
