@@ -202,6 +202,20 @@ class Transfer(ImmutableModel):
     def __str__(self) -> str:
         return f"{self.get_kind_display()} {self.reference} ({self.idempotency_key})"
 
+    @property
+    def usage_split(self) -> tuple[int, int] | None:
+        """(GPU time, storage) parts of a usage charge's amount; None for other transfers.
+
+        Read from ``usage_kind``: a single-kind charge is all of that kind, a GPU time +
+        storage charge splits by ``storage_amount`` (the invoices split the same way)."""
+        if self.kind != TransferKind.CAPTURE or not self.usage_kind:
+            return None
+        if self.usage_kind == ChargeUsage.GPU:
+            return self.amount, 0
+        if self.usage_kind == ChargeUsage.STORAGE:
+            return 0, self.amount
+        return self.amount - self.storage_amount, self.storage_amount
+
 
 class Entry(ImmutableModel):
     """One leg of a transfer: a signed change of one account, with the balance after it."""

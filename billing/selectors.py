@@ -142,6 +142,8 @@ class InvoiceLine(NamedTuple):
     reference: str
     usage_kind: str
     amount: int
+    # Usage charges that charged this kind: a charge covering GPU time and storage (one per
+    # hold and metering sweep) counts on both its lines; ``Invoice.charges`` counts it once.
     charges: int
     first_at: datetime
     last_at: datetime
@@ -156,6 +158,7 @@ class Invoice:
     month: date  # first day of the month
     lines: list[InvoiceLine]
     credit_added: int
+    charges: int = 0  # usage charges in the month, each counted once
 
     @property
     def number(self) -> str:
@@ -164,6 +167,12 @@ class Invoice:
     @property
     def total(self) -> int:
         return sum(line.amount for line in self.lines)
+
+    @property
+    def line_charges(self) -> int:
+        """The lines' charge counts added up (more than ``charges`` when charges combined
+        GPU time and storage)."""
+        return sum(line.charges for line in self.lines)
 
     @property
     def period_end(self) -> date:
@@ -255,7 +264,12 @@ def invoice_for_month(entries: QuerySet[Entry], month: date) -> Invoice:
         ).aggregate(total=Sum("amount"))["total"]
         or 0
     )
-    return Invoice(month=month.replace(day=1), lines=lines, credit_added=credit)
+    return Invoice(
+        month=month.replace(day=1),
+        lines=lines,
+        credit_added=credit,
+        charges=_charges(in_month).count(),
+    )
 
 
 # --- host earnings -------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from rest_framework.routers import SimpleRouter
 
 from billing import selectors, services
 from billing.errors import InvalidAmount
-from billing.models import Account, Entry, Hold, TopUp, TransferKind
+from billing.models import Account, ChargeUsage, Entry, Hold, TopUp, TransferKind
 from billing.money import parse_usd
 from marketplace.api.base import TeamScopedViewSet
 
@@ -48,18 +48,46 @@ class BalanceViewSet(TeamScopedViewSet):
 
 class EntrySerializer(serializers.ModelSerializer):
     transfer_id = serializers.IntegerField(read_only=True)
-    kind = serializers.CharField(source="transfer.kind", read_only=True)
+    kind = serializers.ChoiceField(
+        source="transfer.kind", choices=TransferKind.choices, read_only=True
+    )
     reference = serializers.CharField(source="transfer.reference", read_only=True)
     description = serializers.CharField(source="transfer.description", read_only=True)
-    usage_kind = serializers.CharField(source="transfer.usage_kind", read_only=True)
+    usage_kind = serializers.ChoiceField(
+        source="transfer.usage_kind",
+        choices=[("", "Not a usage charge"), *ChargeUsage.choices],
+        read_only=True,
+        help_text='What a usage charge ("capture") charges for: "gpu", "storage", or'
+        ' "gpu+storage" (the metering sweep charges both at once; gpu_amount and'
+        " storage_amount split it). Empty for other kinds.",
+    )
+    gpu_amount = serializers.SerializerMethodField(
+        help_text=MICRO + " The GPU time part of a usage charge's gross amount (what the renter"
+        " paid, platform fee included); null for other kinds."
+    )
+    storage_amount = serializers.SerializerMethodField(
+        help_text=MICRO + " The storage part of a usage charge's gross amount; null for other"
+        " kinds. gpu_amount + storage_amount is the charge's gross amount."
+    )
     account = serializers.CharField(source="account_kind", read_only=True)
+    amount = serializers.IntegerField(
+        read_only=True, help_text=MICRO + " This account's change (negative: money out)."
+    )
 
     class Meta:
         model = Entry
         fields = [
             "id", "created_at", "transfer_id", "kind", "reference", "description", "usage_kind",
-            "account", "amount", "balance_after",
+            "account", "amount", "gpu_amount", "storage_amount", "balance_after",
         ]  # fmt: skip
+
+    def get_gpu_amount(self, entry: Entry) -> int | None:
+        split = entry.transfer.usage_split
+        return None if split is None else split[0]
+
+    def get_storage_amount(self, entry: Entry) -> int | None:
+        split = entry.transfer.usage_split
+        return None if split is None else split[1]
 
 
 class EntryFilter(django_filters.FilterSet):
@@ -153,14 +181,20 @@ class TopUpViewSet(
 
 class InvoiceLineSerializer(serializers.Serializer):
     reference = serializers.CharField()
-    usage_kind = serializers.CharField()
+    usage_kind = serializers.CharField(help_text='"gpu", "storage", or "" (other charges).')
     amount = serializers.IntegerField(help_text=MICRO)
-    charges = serializers.IntegerField()
+    charges = serializers.IntegerField(
+        help_text="Usage charges that charged this kind. A charge covering GPU time and storage"
+        " counts on both of its lines; the invoice's charges count it once."
+    )
 
 
 class InvoiceSerializer(serializers.Serializer):
     month = serializers.CharField(help_text="YYYY-MM")
     total = serializers.IntegerField(help_text=MICRO)
+    charges = serializers.IntegerField(
+        required=False, help_text="Usage charges in the month, each counted once."
+    )
     lines = InvoiceLineSerializer(many=True, required=False)
     credit_added = serializers.IntegerField(required=False, help_text=MICRO)
 
@@ -190,6 +224,7 @@ class InvoiceViewSet(TeamScopedViewSet):
             {
                 "month": month,
                 "total": invoice.total,
+                "charges": invoice.charges,
                 "credit_added": invoice.credit_added,
                 "lines": [
                     {

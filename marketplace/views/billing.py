@@ -173,14 +173,24 @@ def _csv_text(value: str) -> str:
     return f"'{value}" if value[:1] in ("=", "+", "-", "@", "\t", "\r") else value
 
 
+def _usage_columns(transfer) -> tuple[str, str]:
+    """The GPU time and storage parts of a usage charge, as decimal dollars; empty otherwise."""
+    split = transfer.usage_split
+    if split is None:
+        return "", ""
+    return micro_to_decimal_str(split[0]), micro_to_decimal_str(split[1])
+
+
 @login_required
 def ledger_csv(request: HttpRequest) -> StreamingHttpResponse:
     filter_form = LedgerFilterForm(request.GET or None)
     entries = selectors.ledger_entries(_entries(request), filter_form.to_filter())
     writer = csv.writer(_Echo())
+    # gpu_usd and storage_usd split a usage charge's gross amount (what the renter paid, fee
+    # included) by kind; they are empty on other rows. amount_usd is this account's change.
     header = [
         "time_utc", "transfer_id", "kind", "reference", "usage", "account", "amount_usd",
-        "balance_after_usd", "description",
+        "gpu_usd", "storage_usd", "balance_after_usd", "description",
     ]  # fmt: skip
 
     def rows():
@@ -196,6 +206,7 @@ def ledger_csv(request: HttpRequest) -> StreamingHttpResponse:
                     transfer.usage_kind,
                     entry.account_kind,
                     micro_to_decimal_str(entry.amount),
+                    *_usage_columns(transfer),
                     micro_to_decimal_str(entry.balance_after),
                     _csv_text(transfer.description),
                 ]

@@ -8,10 +8,12 @@ from billing.models import (
     SOURCE_ACCOUNT_KINDS,
     Account,
     AccountKind,
+    ChargeUsage,
     Entry,
     Hold,
     HoldStatus,
     Transfer,
+    TransferKind,
 )
 
 
@@ -43,6 +45,29 @@ def assert_ledger_consistent() -> None:
         .exclude(amount=F("captured_gpu") + F("captured_storage") + F("released"))
         .exists()
     )
+    # Per hold, its usage charges add up to what it captured of each kind. A "gpu" charge is
+    # all GPU time, a "storage" charge all storage, and a "gpu+storage" charge (the metering
+    # sweep's) has both, its storage_amount being the storage part.
+    captured: dict[int, list[int]] = {}
+    for transfer in Transfer.objects.filter(kind=TransferKind.CAPTURE):
+        assert transfer.hold_id is not None and transfer.usage_kind, transfer
+        if transfer.usage_kind == ChargeUsage.GPU:
+            assert transfer.storage_amount == 0, transfer
+        elif transfer.usage_kind == ChargeUsage.STORAGE:
+            assert transfer.storage_amount == transfer.amount, transfer
+        else:
+            assert transfer.usage_kind == ChargeUsage.GPU_AND_STORAGE, transfer
+            assert 0 < transfer.storage_amount < transfer.amount, transfer
+        parts = captured.setdefault(transfer.hold_id, [0, 0])
+        parts[0] += transfer.amount - transfer.storage_amount
+        parts[1] += transfer.storage_amount
+        assert transfer.usage_split == (
+            transfer.amount - transfer.storage_amount,
+            transfer.storage_amount,
+        )
+    for hold in Hold.objects.all():
+        assert [hold.captured_gpu, hold.captured_storage] == captured.get(hold.pk, [0, 0]), hold
+
     held_by_team: dict[int, int] = {}
     for hold in Hold.objects.filter(status=HoldStatus.OPEN):
         held_by_team[hold.team_id] = held_by_team.get(hold.team_id, 0) + hold.remaining

@@ -397,3 +397,100 @@ def test_balance_changes_are_pushed_to_the_team(
         "available": 7 * USD, "held": 0, "earnings": 0,
         "available_display": "$7.00", "held_display": "$0.00",
     })]  # fmt: skip
+
+
+# --- combined captures (the metering sweep charges GPU time and storage at once) ---------------
+
+
+@pytest.fixture
+def swept(team, owner):
+    """Two sweeps through holds_settle_usage: contract:10 is charged GPU time and storage
+    together twice, contract:11 GPU time only."""
+    from billing.services import HoldUsage
+
+    provider = TeamFactory(name="Sweep Host")
+    services.credit_grant(team_id=team.id, amount=100 * USD, reason="w", idempotency_key="sw")
+    both, gpu_only = (
+        services.hold_create(
+            team_id=team.id, provider_team_id=provider.id, amount=20 * USD,
+            reference=f"contract:{n}", idempotency_key=f"sweep-hold-{n}",
+            machine_reference="machine:9",
+        )
+        for n in (10, 11)
+    )  # fmt: skip
+    services.holds_settle_usage(
+        [HoldUsage(both.pk, gpu=2 * USD, storage=USD // 2), HoldUsage(gpu_only.pk, USD, 0)]
+    )
+    services.holds_settle_usage([HoldUsage(both.pk, gpu=3 * USD, storage=USD)])
+    return {"both": both, "gpu_only": gpu_only, "provider": provider}
+
+
+def test_a_combined_capture_is_split_by_kind_on_the_invoice_and_counted_once(
+    client, owner, team, swept
+):
+    from billing.selectors import invoice_for_month
+    from tests.billing.ledger_checks import assert_ledger_consistent
+
+    assert_ledger_consistent()
+    capture = Transfer.objects.filter(hold=swept["both"], kind="capture").first()
+    assert (capture.usage_kind, capture.amount, capture.storage_amount) == (
+        "gpu+storage", 2_500_000, 500_000,
+    )  # fmt: skip
+    invoice = invoice_for_month(Entry.objects.filter(team=team), timezone.localdate())
+    lines = {(line.reference, line.usage_kind): line for line in invoice.lines}
+    assert {key: (line.amount, line.charges) for key, line in lines.items()} == {
+        ("contract:10", "gpu"): (3 * USD, 2),
+        ("contract:10", "storage"): (USD, 2),
+        ("contract:11", "gpu"): (USD, 1),
+    }
+    assert invoice.total == 5 * USD and invoice.charges == 3 and invoice.line_charges == 5
+
+    month = timezone.localdate().strftime("%Y-%m")
+    html = client_for(client, owner, team).get(f"/billing/invoices/{month}/").content.decode()
+    assert "$5.00" in html and '<th class="num">3</th>' in html
+    assert 'id="combined-charges"' in html and "counts each charge once" in html
+
+    body = key_client(team).get(f"/api/v1/billing/invoices/{month}/").json()
+    assert body["charges"] == 3 and body["total"] == 5 * USD
+    assert sorted((line["usage_kind"], line["amount"], line["charges"]) for line in body["lines"]) == [
+        ("gpu", USD, 1), ("gpu", 3 * USD, 2), ("storage", USD, 2),
+    ]  # fmt: skip
+
+
+def test_ledger_csv_and_api_show_the_gpu_and_storage_parts(client, owner, team, swept):
+    response = client_for(client, owner, team).get(
+        "/billing/ledger.csv", {"reference": "contract:10"}
+    )
+    rows = list(csv.DictReader(io.StringIO(b"".join(response.streaming_content).decode())))
+    charges = [row for row in rows if row["kind"] == "capture"]
+    assert sorted((r["usage"], r["amount_usd"], r["gpu_usd"], r["storage_usd"]) for r in charges) == [
+        ("gpu+storage", "-1.500000", "1.000000", "0.500000"),
+        ("gpu+storage", "-2.500000", "2.000000", "0.500000"),
+    ]  # fmt: skip
+    hold_row = next(row for row in rows if row["kind"] == "hold" and row["account"] == "held")
+    assert hold_row["gpu_usd"] == hold_row["storage_usd"] == ""
+
+    api = key_client(team)
+    ledger = api.get("/api/v1/billing/ledger/").json()["results"]
+    by_kind = {}
+    for row in ledger:
+        by_kind.setdefault((row["kind"], row["usage_kind"]), []).append(row)
+    gpu_only = by_kind[("capture", "gpu")][0]
+    assert (gpu_only["amount"], gpu_only["gpu_amount"], gpu_only["storage_amount"]) == (
+        -USD, USD, 0,
+    )  # fmt: skip
+    combined = sorted(
+        (row["amount"], row["gpu_amount"], row["storage_amount"])
+        for row in by_kind[("capture", "gpu+storage")]
+    )
+    assert combined == [(-2_500_000, 2 * USD, 500_000), (-1_500_000, USD, 500_000)]
+    hold = by_kind[("hold", "")][0]
+    assert hold["gpu_amount"] is None and hold["storage_amount"] is None
+
+    schema = api.get("/api/v1/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json").json()
+    entry = schema["components"]["schemas"]["Entry"]["properties"]
+    assert entry["gpu_amount"]["nullable"] and "GPU time part" in entry["gpu_amount"]["description"]
+    assert "storage part" in entry["storage_amount"]["description"]
+    assert "gpu+storage" in entry["usage_kind"]["description"]
+    invoice = schema["components"]["schemas"]["Invoice"]["properties"]
+    assert "counted once" in invoice["charges"]["description"]
