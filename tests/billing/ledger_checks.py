@@ -1,8 +1,12 @@
-"""Whole-ledger invariant checks shared by the billing tests (read-only SQL over everything)."""
+"""Whole-ledger invariant checks shared by the billing tests (read-only SQL over everything).
+
+A handful of queries however big the ledger is, so the state-machine test can run them after
+every step of hundreds of examples.
+"""
 
 from __future__ import annotations
 
-from django.db.models import F, Sum
+from django.db import connection
 
 from billing.models import (
     SOURCE_ACCOUNT_KINDS,
@@ -17,67 +21,90 @@ from billing.models import (
 )
 
 
+def _rows(sql: str) -> list[tuple]:
+    with connection.cursor() as cursor:
+        cursor.execute(sql)
+        return cursor.fetchall()
+
+
 def assert_ledger_consistent() -> None:
-    # Every transfer's entries sum to zero, and every transfer has entries.
-    unbalanced = Entry.objects.values("transfer_id").annotate(total=Sum("amount")).exclude(total=0)
-    assert list(unbalanced) == []
-    assert not Transfer.objects.filter(entries__isnull=True).exists()
-
-    # Each account's balance is the sum of its entries, and the last balance_after.
-    sums = dict(
-        Entry.objects.values("account_id").annotate(t=Sum("amount")).values_list("account_id", "t")
-    )
-    for account in Account.objects.all():
-        assert account.balance == sums.get(account.pk, 0), account
-        last = Entry.objects.filter(account=account).order_by("-id").first()
-        if last is not None:
-            assert last.balance_after == account.balance, account
-        if account.kind not in SOURCE_ACCOUNT_KINDS:
-            assert account.balance >= 0, account
-
-    # Holds: never over-resolved; closed holds fully resolved; the held account of each team
-    # is exactly what its open holds still hold.
-    assert not Hold.objects.filter(
-        amount__lt=F("captured_gpu") + F("captured_storage") + F("released")
-    ).exists()
+    # Every transfer's entries sum to zero, every transfer has entries, every entry an account.
     assert (
-        not Hold.objects.exclude(status=HoldStatus.OPEN)
-        .exclude(amount=F("captured_gpu") + F("captured_storage") + F("released"))
-        .exists()
+        _rows("SELECT transfer_id FROM billing_entry GROUP BY transfer_id HAVING sum(amount) <> 0")
+        == []
     )
+    assert (
+        _rows(
+            "SELECT id FROM billing_transfer t"
+            " WHERE NOT EXISTS (SELECT FROM billing_entry e WHERE e.transfer_id = t.id)"
+        )
+        == []
+    )
+    assert (
+        _rows(
+            "SELECT id FROM billing_entry e"
+            " WHERE NOT EXISTS (SELECT FROM billing_account a WHERE a.id = e.account_id)"
+        )
+        == []
+    )
+
+    # Each account's balance is the sum of its entries and its last entry's balance_after;
+    # only the sources of credit run negative.
+    totals: dict[str, int] = {}
+    held_accounts: dict[int, int] = {}
+    accounts = _rows(
+        "SELECT a.id, a.team_id, a.kind, a.balance, coalesce(sum(e.amount), 0),"
+        " (array_agg(e.balance_after ORDER BY e.id DESC))[1]"
+        " FROM billing_account a LEFT JOIN billing_entry e ON e.account_id = a.id GROUP BY a.id"
+    )
+    for pk, team_id, kind, balance, entries_sum, last_after in accounts:
+        assert balance == entries_sum, (pk, kind, balance, entries_sum)
+        if last_after is not None:
+            assert last_after == balance, (pk, kind, balance, last_after)
+        if kind not in SOURCE_ACCOUNT_KINDS:
+            assert balance >= 0, (pk, kind, balance)
+        totals[kind] = totals.get(kind, 0) + balance
+        if kind == AccountKind.HELD:
+            held_accounts[team_id] = balance
+
     # Per hold, its usage charges add up to what it captured of each kind. A "gpu" charge is
     # all GPU time, a "storage" charge all storage, and a "gpu+storage" charge (the metering
     # sweep's) has both, its storage_amount being the storage part.
     captured: dict[int, list[int]] = {}
-    for transfer in Transfer.objects.filter(kind=TransferKind.CAPTURE):
-        assert transfer.hold_id is not None and transfer.usage_kind, transfer
-        if transfer.usage_kind == ChargeUsage.GPU:
-            assert transfer.storage_amount == 0, transfer
-        elif transfer.usage_kind == ChargeUsage.STORAGE:
-            assert transfer.storage_amount == transfer.amount, transfer
+    charges = Transfer.objects.filter(kind=TransferKind.CAPTURE).values_list(
+        "pk", "hold_id", "usage_kind", "amount", "storage_amount"
+    )
+    for pk, hold_id, usage_kind, amount, storage_amount in charges:
+        assert hold_id is not None, pk
+        if usage_kind == ChargeUsage.GPU:
+            assert storage_amount == 0, pk
+        elif usage_kind == ChargeUsage.STORAGE:
+            assert storage_amount == amount, pk
         else:
-            assert transfer.usage_kind == ChargeUsage.GPU_AND_STORAGE, transfer
-            assert 0 < transfer.storage_amount < transfer.amount, transfer
-        parts = captured.setdefault(transfer.hold_id, [0, 0])
-        parts[0] += transfer.amount - transfer.storage_amount
-        parts[1] += transfer.storage_amount
-        assert transfer.usage_split == (
-            transfer.amount - transfer.storage_amount,
-            transfer.storage_amount,
-        )
-    for hold in Hold.objects.all():
-        assert [hold.captured_gpu, hold.captured_storage] == captured.get(hold.pk, [0, 0]), hold
+            assert usage_kind == ChargeUsage.GPU_AND_STORAGE, pk
+            assert 0 < storage_amount < amount, pk
+        parts = captured.setdefault(hold_id, [0, 0])
+        parts[0] += amount - storage_amount
+        parts[1] += storage_amount
 
+    # Holds: never over-resolved; closed holds fully resolved; the held account of each team
+    # is exactly what its open holds still hold.
     held_by_team: dict[int, int] = {}
-    for hold in Hold.objects.filter(status=HoldStatus.OPEN):
-        held_by_team[hold.team_id] = held_by_team.get(hold.team_id, 0) + hold.remaining
-    for account in Account.objects.filter(kind=AccountKind.HELD):
-        assert account.balance == held_by_team.get(account.team_id, 0), account
+    holds = Hold.objects.values_list(
+        "pk", "team_id", "status", "amount", "captured_gpu", "captured_storage", "released"
+    )
+    for pk, team_id, status, amount, gpu, storage, released in holds:
+        assert [gpu, storage] == captured.get(pk, [0, 0]), pk
+        assert amount >= gpu + storage + released, pk
+        if status == HoldStatus.OPEN:
+            held_by_team[team_id] = held_by_team.get(team_id, 0) + amount - gpu - storage
+        else:
+            assert amount == gpu + storage + released, pk
+    for team_id, balance in held_accounts.items():
+        assert balance == held_by_team.get(team_id, 0), (team_id, balance)
+    assert all(team_id in held_accounts for team_id, held in held_by_team.items() if held)
 
     # Conservation: credit that came in = balances + earnings + revenue + payouts.
-    totals = dict(
-        Account.objects.values("kind").annotate(t=Sum("balance")).values_list("kind", "t")
-    )
     credit_in = -sum(totals.get(kind, 0) for kind in SOURCE_ACCOUNT_KINDS)
     held_somewhere = sum(
         totals.get(kind, 0)
