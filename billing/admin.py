@@ -1,4 +1,9 @@
-"""Operators see the books read-only and grant credit here (the embedded default has no Stripe)."""
+"""Operators see the books read-only here, grant credit and record payouts to providers.
+
+Both writes go through the billing services, so they are balanced ledger transfers like any
+other, idempotent per rendered form, and audited: the transfer names the operator
+(``created_by``) and the admin's history (LogEntry) records the action.
+"""
 
 from __future__ import annotations
 
@@ -6,15 +11,21 @@ import uuid
 
 from django import forms
 from django.contrib import admin, messages
-from django.core.exceptions import ValidationError
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.shortcuts import redirect
+from django.template.response import TemplateResponse
+from django.urls import reverse
+from django.utils.html import format_html
 
 from billing import services
-from billing.errors import BillingError
+from billing.errors import BillingError, IdempotencyConflict, InsufficientEarnings
 from billing.models import (
     Account,
+    AccountKind,
     CreditGrant,
     Entry,
     Hold,
+    Payout,
     StripeEvent,
     TopUp,
     Transfer,
@@ -47,10 +58,18 @@ def _usd(field: str, label: str):
 
 @admin.register(Account)
 class AccountAdmin(ReadOnlyAdmin):
-    list_display = ["id", "team", "kind", "balance_usd"]
+    list_display = ["id", "team", "kind", "balance_usd", "payout_link"]
     list_filter = ["kind"]
     search_fields = ["team__name"]
     balance_usd = _usd("balance", "Balance")
+
+    @admin.display(description="Payout")
+    def payout_link(self, account: Account) -> str:
+        """On a provider's earnings account: record a payout of them."""
+        if account.kind != AccountKind.EARNINGS or account.balance <= 0:
+            return ""
+        url = reverse("admin:billing_payout_add")
+        return format_html('<a href="{}?account={}">Record payout…</a>', url, account.pk)
 
 
 class EntryInline(admin.TabularInline):
@@ -164,3 +183,101 @@ class CreditGrantAdmin(admin.ModelAdmin):
 
     def save_related(self, request, form, formsets, change):
         pass
+
+
+class PayoutForm(forms.Form):
+    account = forms.ModelChoiceField(
+        queryset=Account.objects.filter(kind=AccountKind.EARNINGS, team__isnull=False)
+        .select_related("team")
+        .order_by("team__name"),
+        label="Provider",
+        help_text="The provider's unpaid earnings; the payout moves money from them to the"
+        " platform's payouts account.",
+    )
+    amount_usd = forms.CharField(label="Amount (USD)", help_text="For example 120 or 85.50.")
+    note = forms.CharField(
+        max_length=300,
+        help_text="Shown in the provider's ledger, e.g. the bank transfer's reference.",
+    )
+    idempotency_key = forms.CharField(widget=forms.HiddenInput)
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["account"].label_from_instance = lambda account: (
+            f"{account.team} — {format_usd(account.balance)} unpaid"
+        )
+
+    def clean_amount_usd(self) -> int:
+        try:
+            amount = parse_usd(self.cleaned_data["amount_usd"])
+        except BillingError as error:
+            raise ValidationError(str(error)) from error
+        if amount <= 0:
+            raise ValidationError("The amount must be positive.")
+        return amount
+
+
+@admin.register(Payout)
+class PayoutAdmin(admin.ModelAdmin):
+    """Record money paid out to a provider (the bank transfer itself happens elsewhere): a
+    ledger transfer from their earnings, never more than they have, once per form."""
+
+    list_display = ["id", "created_at", "team", "amount_usd", "description", "created_by"]
+    search_fields = ["team__name", "description"]
+    date_hierarchy = "created_at"
+    amount_usd = _usd("amount", "Amount")
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).filter(kind=TransferKind.PAYOUT)
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    def add_view(self, request, form_url="", extra_context=None):
+        """A form of our own, not a model form: the service checks the earnings under the
+        account's lock, and its refusal must come back as a form error, not a server error."""
+        if not self.has_add_permission(request):
+            raise PermissionDenied
+        # One payout per rendered form: submitting it twice records it once.
+        initial = {"idempotency_key": f"admin:{uuid.uuid4()}"}
+        if request.GET.get("account", "").isdigit():
+            initial["account"] = int(request.GET["account"])
+        form = PayoutForm(request.POST or None, initial=initial)
+        if request.method == "POST" and form.is_valid():
+            transfer = self._record(request, form)
+            if transfer is not None:
+                return redirect("admin:billing_payout_changelist")
+        context = {
+            **self.admin_site.each_context(request),
+            **(extra_context or {}),
+            "title": "Record a payout",
+            "form": form,
+            "opts": self.model._meta,
+        }
+        return TemplateResponse(request, "billing/admin_payout.html", context)
+
+    def _record(self, request, form: PayoutForm) -> Transfer | None:
+        data = form.cleaned_data
+        account = data["account"]
+        try:
+            transfer = services.payout_record(
+                provider_team_id=account.team_id,
+                amount=data["amount_usd"],
+                idempotency_key=data["idempotency_key"],
+                note=data["note"],
+                created_by_id=request.user.pk,
+            )
+        except InsufficientEarnings as error:
+            form.add_error("amount_usd", str(error))
+            return None
+        except IdempotencyConflict:
+            form.add_error(None, "This form already recorded another payout; reload the page.")
+            return None
+        self.log_addition(request, transfer, f"Recorded payout of {format_usd(transfer.amount)}")
+        messages.success(
+            request, f"Recorded a payout of {format_usd(transfer.amount)} to {account.team}."
+        )
+        return transfer

@@ -432,3 +432,11 @@ class CreditGrant(Transfer):
     class Meta:
         proxy = True
         verbose_name = "credit grant"
+
+
+class Payout(Transfer):
+    """Admin face of payouts to providers (a proxy: the payout *is* the ledger transfer)."""
+
+    class Meta:
+        proxy = True
+        verbose_name = "payout"

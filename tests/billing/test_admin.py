@@ -1,0 +1,111 @@
+"""Operator actions in the admin, logged in as staff: payouts to providers, credit grants."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.admin.models import LogEntry
+
+from billing import services
+from billing.models import Account, AccountKind, Transfer
+from billing.selectors import team_earnings_balance
+from tests.billing.ledger_checks import assert_ledger_consistent, ledger_counts
+from tests.conftest import client_for
+from tests.factories import UserFactory, add_member
+
+pytestmark = pytest.mark.django_db
+
+USD = 1_000_000
+PAYOUT_ADD = "/admin/billing/payout/add/"
+
+
+@pytest.fixture
+def earned(renter_team, provider_team):
+    """The provider earned $9.00: a $10.00 charge less the 10% platform fee."""
+    services.credit_grant(team_id=renter_team.pk, amount=50 * USD, reason="t", idempotency_key="e")
+    hold = services.hold_create(
+        team_id=renter_team.pk, provider_team_id=provider_team.pk, amount=20 * USD,
+        reference="rental:1", idempotency_key="earned-hold", machine_reference="machine:1",
+    )  # fmt: skip
+    services.hold_capture_usage(hold_id=hold.pk, kind="gpu", owed_total=10 * USD)
+    assert team_earnings_balance(provider_team.pk) == 9 * USD
+    return Account.objects.get(team=provider_team, kind=AccountKind.EARNINGS)
+
+
+@pytest.fixture
+def operator(client):
+    from marketplace.models import User
+
+    user = User.objects.create_superuser("op", "op@example.com", "pw-for-tests-123")
+    client.force_login(user)
+    return user
+
+
+def form_key(html: str) -> str:
+    return html.split('name="idempotency_key" value="')[1].split('"')[0]
+
+
+def test_operator_records_a_payout_from_a_providers_earnings_once(
+    client, operator, earned, provider_team
+):
+    accounts = client.get("/admin/billing/account/").content.decode()
+    assert f"{PAYOUT_ADD}?account={earned.pk}" in accounts and "Record payout" in accounts
+    page = client.get(PAYOUT_ADD, {"account": earned.pk}).content.decode()
+    assert f"{provider_team.name} — $9.00 unpaid" in page
+    assert f'<option value="{earned.pk}" selected>' in page
+    data = {"account": earned.pk, "amount_usd": "4", "note": "Wire 2026-11 #77",
+            "idempotency_key": form_key(page)}  # fmt: skip
+
+    response = client.post(PAYOUT_ADD, data)
+    assert response.status_code == 302 and response["Location"] == "/admin/billing/payout/"
+    assert client.post(PAYOUT_ADD, data).status_code == 302  # submitted twice: recorded once
+
+    payout = Transfer.objects.get(kind="payout")
+    assert (payout.team_id, payout.amount, payout.description) == (
+        provider_team.pk, 4 * USD, "Wire 2026-11 #77",
+    )  # fmt: skip
+    assert payout.created_by_id == operator.pk
+    assert LogEntry.objects.filter(user=operator, object_id=str(payout.pk)).exists()
+    assert team_earnings_balance(provider_team.pk) == 5 * USD
+    assert Account.objects.get(kind=AccountKind.PAYOUTS).balance == 4 * USD
+    listing = client.get("/admin/billing/payout/").content.decode()
+    assert "Wire 2026-11 #77" in listing and "$4.00" in listing
+    assert_ledger_consistent()
+
+    # The provider sees it on their earnings page.
+    host = UserFactory(username="host")
+    add_member(provider_team, host, "owner")
+    html = client_for(client, host, provider_team).get("/earnings/").content.decode()
+    assert "$4.00" in html and "$5.00" in html
+
+
+def test_a_payout_over_the_earnings_is_refused_with_a_clear_message(client, operator, earned):
+    page = client.get(PAYOUT_ADD).content.decode()
+    before = ledger_counts()
+    response = client.post(
+        PAYOUT_ADD,
+        {"account": earned.pk, "amount_usd": "9.01", "note": "too much",
+         "idempotency_key": form_key(page)},
+    )  # fmt: skip
+    html = response.content.decode()
+    assert response.status_code == 200
+    assert "Cannot pay out $9.01: the provider has $9.00 of earnings." in html
+    bad = client.post(
+        PAYOUT_ADD,
+        {"account": earned.pk, "amount_usd": "-3", "note": "x", "idempotency_key": "k2"},
+    )
+    assert "must not be negative" in bad.content.decode()
+    assert ledger_counts() == before
+
+
+def test_staff_without_the_permission_cannot_record_payouts(client, earned):
+    from marketplace.models import User
+
+    staff = User.objects.create_user("helpdesk", "h@example.com", "pw-for-tests-123")
+    staff.is_staff = True
+    staff.save()
+    client.force_login(staff)
+    before = ledger_counts()
+    assert client.get(PAYOUT_ADD).status_code == 403
+    data = {"account": earned.pk, "amount_usd": "1", "note": "x", "idempotency_key": "k"}
+    assert client.post(PAYOUT_ADD, data).status_code == 403
+    assert ledger_counts() == before
