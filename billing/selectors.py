@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from datetime import date, datetime, time, timedelta
 from typing import NamedTuple
 
-from django.db.models import Case, Count, F, Max, Min, QuerySet, Sum, Value, When
-from django.db.models.functions import TruncDate, TruncMonth
+from django.db.models import Case, Count, F, Max, Min, Q, QuerySet, Sum, Value, When
+from django.db.models.functions import Coalesce, TruncDate, TruncMonth
 from django.utils import timezone
 
 from billing.models import Account, AccountKind, ChargeUsage, Entry, TransferKind, UsageKind
@@ -290,8 +290,14 @@ def _earnings(entries: QuerySet[Entry], since: date | None) -> QuerySet[Entry]:
 
 
 def _earnings_rows(query, key: str) -> list[EarningsRow]:
+    """Gross and fee come from each charge's transfer, counted on its one credit to the
+    provider's earnings: a charge whose fee took all of it credits the gross and debits the
+    fee (see ``services._capture_legs``), and must count once."""
+    credit = Q(amount__gt=0)
     rows = query.values(key).annotate(
-        gross=Sum("transfer__amount"), fee=Sum("transfer__fee"), net=Sum("amount")
+        gross=Coalesce(Sum("transfer__amount", filter=credit), 0),
+        fee=Coalesce(Sum("transfer__fee", filter=credit), 0),
+        net=Sum("amount"),
     )
     return [
         EarningsRow(

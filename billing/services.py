@@ -632,14 +632,28 @@ def _capture_posting(
         machine_reference=hold.machine_reference,
         created_at=now,
     )
-    return _Posting(
-        transfer,
-        [
-            (accounts[(hold.team_id, AccountKind.HELD)], -delta),
-            (accounts[(hold.provider_team_id, AccountKind.EARNINGS)], delta - fee),
-            (accounts[(None, AccountKind.PLATFORM_REVENUE)], fee),
-        ],
+    legs = _capture_legs(
+        held=accounts[(hold.team_id, AccountKind.HELD)],
+        earnings=accounts[(hold.provider_team_id, AccountKind.EARNINGS)],
+        revenue=accounts[(None, AccountKind.PLATFORM_REVENUE)],
+        delta=delta,
+        fee=fee,
     )
+    return _Posting(transfer, legs)
+
+
+def _capture_legs(
+    *, held: Account, earnings: Account, revenue: Account, delta: int, fee: int
+) -> list[tuple[Account, int]]:
+    """A capture's legs: held → the provider's earnings, less the platform fee → revenue.
+
+    When rounding makes the fee the whole (tiny) charge, the net leg would be zero and the
+    provider's ledger would not show the charge at all (their earnings pages read it): then
+    the gross goes to their earnings and the fee comes back out of it.
+    """
+    if fee == delta:
+        return [(held, -delta), (earnings, delta), (earnings, -fee), (revenue, fee)]
+    return [(held, -delta), (earnings, delta - fee), (revenue, fee)]
 
 
 def _capture_account_keys(holds: Iterable[Hold]) -> set[AccountKey]:
@@ -829,11 +843,13 @@ def _settle_batch(hold_ids: list[int], owed: dict[int, tuple[int, int]]) -> int:
             machine_reference=machine,
             created_at=now,
         )
-        legs = [
-            (accounts[(team_id, AccountKind.HELD)], -delta),
-            (accounts[(provider_id, AccountKind.EARNINGS)], delta - fee),
-            (revenue, fee),
-        ]
+        legs = _capture_legs(
+            held=accounts[(team_id, AccountKind.HELD)],
+            earnings=accounts[(provider_id, AccountKind.EARNINGS)],
+            revenue=revenue,
+            delta=delta,
+            fee=fee,
+        )
         postings.append(_Posting(transfer, legs))
         changed.append(_SweptHold(pk, gpu, storage))
     _bulk_set(Hold, ["captured_gpu", "captured_storage"], changed)

@@ -494,3 +494,42 @@ def test_ledger_csv_and_api_show_the_gpu_and_storage_parts(client, owner, team, 
     assert "gpu+storage" in entry["usage_kind"]["description"]
     invoice = schema["components"]["schemas"]["Invoice"]["properties"]
     assert "counted once" in invoice["charges"]["description"]
+
+
+def test_earnings_count_a_charge_whose_fee_took_all_of_it(client, team, owner):
+    """With a 10% fee rounded half up on cumulative charges, a hold charged 4 µ$ pays no fee
+    and its next 1 µ$ pays 1 µ$ of fee: the provider nets nothing from that charge, yet their
+    earnings pages must still show its gross and fee."""
+    from billing.services import HoldUsage
+    from tests.billing.ledger_checks import assert_ledger_consistent
+    from tests.factories import UserFactory, add_member
+
+    provider = TeamFactory(name="Tiny Host")
+    services.credit_grant(team_id=team.id, amount=USD, reason="w", idempotency_key="tiny")
+    one, two = (
+        services.hold_create(
+            team_id=team.id, provider_team_id=provider.id, amount=USD // 10,
+            reference=f"contract:{n}", idempotency_key=f"tiny-{n}", machine_reference=f"machine:{n}",
+        )
+        for n in (7, 8)
+    )  # fmt: skip
+    services.hold_capture_usage(hold_id=one.pk, kind="gpu", owed_total=4)
+    services.hold_capture_usage(hold_id=one.pk, kind="gpu", owed_total=5)  # fee 1 of 1
+    services.holds_settle_usage([HoldUsage(two.pk, gpu=4, storage=0)])
+    services.holds_settle_usage([HoldUsage(two.pk, gpu=4, storage=1)])  # the sweep's, likewise
+    fee_only = Transfer.objects.filter(kind="capture", amount=1, fee=1)
+    assert fee_only.count() == 2
+    for transfer in fee_only:
+        legs = sorted(transfer.entries.filter(team=provider).values_list("amount", flat=True))
+        assert legs == [-1, 1]  # the gross in, the fee back out
+    assert_ledger_consistent()
+
+    add_member(provider, UserFactory(username="tiny-host"), "owner")
+    body = key_client(provider).get("/api/v1/billing/earnings/").json()
+    rows = {row["machine_reference"]: row for row in body["by_machine"]}
+    for machine in ("machine:7", "machine:8"):
+        assert rows[machine] == {"machine_reference": machine, "gross": 5, "fee": 1, "net": 4}
+    assert [(day["gross"], day["fee"], day["net"]) for day in body["by_day"]] == [(10, 2, 8)]
+    host = provider.memberships.get().user
+    html = client_for(client, host, provider).get("/earnings/").content.decode()
+    assert "$0.00001" in html and "$0.000002" in html and "$0.000008" in html
