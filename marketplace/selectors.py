@@ -1,7 +1,10 @@
-"""Reads that take thought: how to connect to an instance."""
+"""Reads that take thought: how to connect to an instance, whether credit covers the rentals."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from billing.money import format_usd, usage_owed
 from scheduler.models import Instance, InstanceState, LaunchMode
 
 
@@ -28,34 +31,63 @@ def instance_connection(instance: Instance) -> dict[str, object]:
     return details
 
 
-def team_hourly_burn(team_id: int) -> int:
-    """Micro-dollars an hour the team's live rentals cost (GPU time and storage)."""
+# A rental in these states has its GPUs: extending it pays for them as well as its storage.
+# A stopped (or failed) rental keeps only its disk, so only its storage counts.
+GPU_HOLDING_STATES = (InstanceState.LAUNCHING, InstanceState.RUNNING, InstanceState.EXITED)
+EXTENSION_SECONDS = 3600  # the console's default extension: one hour
+
+
+@dataclass(frozen=True)
+class ExtensionCost:
+    instance_id: int
+    machine_id: int
+    running: bool
+    cost: int  # micro-dollars for another hour
+
+
+def rental_extension_costs(team_id: int) -> list[ExtensionCost]:
+    """What another hour of each of the team's live rentals costs: GPUs and storage while it
+    holds its GPUs, storage alone while it is stopped. Dearest first."""
     from marketplace.models import Contract
     from marketplace.services.rentals import storage_owed
 
-    burn = 0
     live = Contract.objects.filter(team_id=team_id, settled_at=None).values_list(
-        "price_per_gpu_hour", "gpu_count", "storage_price_per_gb_month", "disk_gb"
-    )
-    for price, gpus, storage_price, disk in live:
-        burn += price * gpus + storage_owed(
-            price_per_gb_month=storage_price, disk_gb=disk, seconds=3600
+        "instance_id", "machine_id", "instance__state", "price_per_gpu_hour", "gpu_count",
+        "storage_price_per_gb_month", "disk_gb",
+    )  # fmt: skip
+    costs = []
+    for instance_id, machine_id, state, price, gpus, storage_price, disk in live:
+        running = state in GPU_HOLDING_STATES
+        storage = storage_owed(
+            price_per_gb_month=storage_price, disk_gb=disk, seconds=EXTENSION_SECONDS
         )
-    return burn
+        gpu = usage_owed(rate_per_hour=price * gpus, seconds=EXTENSION_SECONDS) if running else 0
+        costs.append(ExtensionCost(instance_id, machine_id, running, gpu + storage))
+    return sorted(costs, key=lambda c: (-c.cost, c.instance_id))
 
 
 def low_balance_notice(team_id: int) -> str | None:
-    """A warning when credit would not cover another hour of the team's running rentals."""
-    from billing.money import format_usd
-    from billing.selectors import team_balance, team_low_balance
+    """A warning when available credit would not cover extending one of the team's rentals by
+    an hour (each extension holds its cost up front, so each rental is checked on its own)."""
+    from billing.selectors import team_balance
 
-    burn = team_hourly_burn(team_id)
-    if burn == 0 or not team_low_balance(team_id, burn):
-        return None
+    costs = rental_extension_costs(team_id)
     available = team_balance(team_id).available
+    short = [c for c in costs if c.cost > available]
+    if not short:
+        return None
+    dearest = short[0]
+    what = "GPUs and storage" if dearest.running else "storage only: it is stopped"
+    if len(short) == 1:
+        rental = f"instance {dearest.instance_id} on machine {dearest.machine_id}"
+        return (
+            f"Low balance: {format_usd(available)} available, and another hour of {rental} "
+            f"needs {format_usd(dearest.cost)} ({what}). Top up so you can extend it."
+        )
     return (
-        f"Low balance: {format_usd(available)} available, and extending your running rentals "
-        f"by an hour needs {format_usd(burn)}. Top up so you can extend them."
+        f"Low balance: {format_usd(available)} available, not enough to extend {len(short)} of "
+        f"your rentals by an hour (instance {dearest.instance_id} needs the most: "
+        f"{format_usd(dearest.cost)}, {what}). Top up so you can extend them."
     )
 
 

@@ -6,52 +6,16 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from django.utils import timezone
 
 from billing import services
 from billing.models import Hold, Transfer, TransferKind
-from hosts.models import Machine
 from marketplace.models import Contract
 from marketplace.services.rentals import contract_meter, contract_owed, metering_sweep
-from scheduler.models import Instance
 from tests.billing.ledger_checks import assert_ledger_consistent, ledger_counts
 
 pytestmark = pytest.mark.django_db
 
 USD = 1_000_000
-
-
-@pytest.fixture
-def rent(renter_team, provider_team):
-    """Make a contract on one machine the way renting does (an instance, a hold for a day,
-    the contract), with clocks set by the caller."""
-    services.credit_grant(
-        team_id=renter_team.pk, amount=1000 * USD, reason="t", idempotency_key="meter"
-    )
-    machine = Machine.objects.create(
-        team=provider_team, name="m1", address="127.0.0.1", status="online", listed=True,
-        price_per_gpu_hour=600_000, storage_price_per_gb_month=150_000,
-    )  # fmt: skip
-    now = timezone.now()
-
-    def make(*, gpus=1, disk=20, ends_in=timedelta(hours=24), **clocks) -> Contract:
-        instance = Instance.objects.create(
-            team=renter_team, machine=machine, gpu_count=gpus, image="busybox", disk_gb=disk
-        )
-        hold = services.hold_create(
-            team_id=renter_team.pk, provider_team_id=provider_team.pk, amount=100 * USD,
-            reference=f"rental:{instance.pk}", idempotency_key=f"hold-{instance.pk}",
-            machine_reference=f"machine:{machine.pk}",
-        )  # fmt: skip
-        return Contract.objects.create(
-            team=renter_team, provider_team=provider_team, machine=machine, instance=instance,
-            gpu_count=gpus, price_per_gpu_hour=machine.price_per_gpu_hour,
-            storage_price_per_gb_month=machine.storage_price_per_gb_month, disk_gb=disk,
-            starts_at=now - timedelta(hours=3), ends_at=now + ends_in, hold_id=hold.pk, **clocks,
-        )  # fmt: skip
-
-    make.now = now
-    return make
 
 
 def owed_by(contract: Contract, at) -> tuple[int, int]:
