@@ -3,6 +3,12 @@
 Both writes go through the billing services, so they are balanced ledger transfers like any
 other, idempotent per rendered form, and audited: the transfer names the operator
 (``created_by``) and the admin's history (LogEntry) records the action.
+
+Credit grants stay in production, with Stripe configured: they are how support credit,
+refunds and goodwill reach a team. They come from the platform's own grants account, apart
+from card money (stripe_clearing), need the add-credit-grant permission, not just staff, and
+carry a reason the team sees in its ledger. The DEBUG test-credit button is another matter:
+it never exists with DEBUG off or with Stripe keys (settings.TEST_CREDIT_ENABLED).
 """
 
 from __future__ import annotations
@@ -126,7 +132,12 @@ class StripeEventAdmin(ReadOnlyAdmin):
 
 class CreditGrantForm(forms.ModelForm):
     amount_usd = forms.CharField(label="Amount (USD)", help_text="For example 50 or 12.50.")
-    reason = forms.CharField(max_length=300, help_text="Shown in the team's ledger.")
+    reason = forms.CharField(
+        max_length=300,
+        help_text="Shown in the team's ledger, e.g. “Refund: rental 42 failed to start”. "
+        "Grants are for support credit, refunds and goodwill; card payments arrive through "
+        "Stripe on their own. Your name is recorded with the grant.",
+    )
     idempotency_key = forms.CharField(widget=forms.HiddenInput)
 
     class Meta:
@@ -155,7 +166,8 @@ class CreditGrantAdmin(admin.ModelAdmin):
 
     form = CreditGrantForm
     list_display = ["id", "created_at", "team", "amount_usd", "description", "created_by"]
-    search_fields = ["team__name", "description"]
+    search_fields = ["team__name", "description", "created_by__username"]
+    date_hierarchy = "created_at"
     raw_id_fields = ["team"]
     amount_usd = _usd("amount", "Amount")
 

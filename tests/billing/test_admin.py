@@ -109,3 +109,64 @@ def test_staff_without_the_permission_cannot_record_payouts(client, earned):
     data = {"account": earned.pk, "amount_usd": "1", "note": "x", "idempotency_key": "k"}
     assert client.post(PAYOUT_ADD, data).status_code == 403
     assert ledger_counts() == before
+
+
+# --- credit grants stay an operator action in production ---------------------------------------
+
+
+def test_grants_work_in_production_settings_and_are_audited(
+    client, operator, renter_team, settings
+):
+    """With Stripe configured and DEBUG off there is no test-credit button, but an operator can
+    still grant support credit or a refund: recorded apart from card money, with their name,
+    the reason the team sees, and an admin log entry."""
+    settings.DEBUG = False
+    settings.STRIPE_SECRET_KEY = "sk_live_configured"
+    settings.TEST_CREDIT_ENABLED = False
+    form = client.get("/admin/billing/creditgrant/add/").content.decode()
+    assert "refunds and goodwill" in form
+    data = {"team": renter_team.pk, "amount_usd": "12.50", "reason": "Refund: rental 42 failed",
+            "idempotency_key": form_key(form)}  # fmt: skip
+    assert client.post("/admin/billing/creditgrant/add/", data).status_code == 302
+
+    grant = Transfer.objects.get(kind="grant")
+    assert (grant.team_id, grant.amount, grant.created_by_id) == (
+        renter_team.pk, 12_500_000, operator.pk,
+    )  # fmt: skip
+    assert LogEntry.objects.filter(user=operator, object_id=str(grant.pk)).exists()
+    entry = grant.entries.get(account__kind=AccountKind.AVAILABLE)
+    assert entry.team_id == renter_team.pk and grant.description == "Refund: rental 42 failed"
+    assert Account.objects.get(kind=AccountKind.GRANTS).balance == -12_500_000
+    assert not Account.objects.filter(kind=AccountKind.STRIPE_CLEARING).exclude(balance=0).exists()
+    listing = client.get("/admin/billing/creditgrant/", {"q": operator.username}).content.decode()
+    assert "Refund: rental 42 failed" in listing
+
+    member = UserFactory(username="renter")
+    add_member(renter_team, member, "owner")
+    page = client_for(client, member, renter_team).get("/billing/").content.decode()
+    assert "Refund: rental 42 failed" in page and "test credit" not in page
+    assert client.post("/billing/test-credit/", {"nonce": "n"}).status_code == 404
+
+
+def test_staff_need_the_grant_permission(client, renter_team):
+    from django.contrib.auth.models import Permission
+
+    from marketplace.models import User
+
+    staff = User.objects.create_user("support", "s@example.com", "pw-for-tests-123")
+    staff.is_staff = True
+    staff.save()
+    client.force_login(staff)
+    before = ledger_counts()
+    data = {"team": renter_team.pk, "amount_usd": "5", "reason": "x", "idempotency_key": "k"}
+    assert client.get("/admin/billing/creditgrant/add/").status_code == 403
+    assert client.post("/admin/billing/creditgrant/add/", data).status_code == 403
+    assert ledger_counts() == before
+
+    staff.user_permissions.add(
+        *Permission.objects.filter(codename__in=["add_creditgrant", "view_creditgrant"])
+    )
+    staff = User.objects.get(pk=staff.pk)  # drop the cached permissions
+    client.force_login(staff)
+    assert client.post("/admin/billing/creditgrant/add/", data).status_code == 302
+    assert Transfer.objects.get(kind="grant").created_by_id == staff.pk
