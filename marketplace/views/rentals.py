@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shlex
+
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied, ValidationError
@@ -152,6 +154,15 @@ def _parse_ints(text: str, field: str) -> list[int]:
     return values
 
 
+def _parse_args(text: str) -> list[str]:
+    """Arguments as a shell would split them (quotes group words); no shell ever runs them:
+    each becomes one element of the container's argv."""
+    try:
+        return shlex.split(text)
+    except ValueError as error:  # an unclosed quote
+        raise ValidationError({"args": f"Cannot split the arguments: {error}."}) from None
+
+
 def _number(value: str, field: str, kind=int):
     try:
         return kind(value)
@@ -167,7 +178,7 @@ def rent(request: HttpRequest, machine_id: int) -> HttpResponse:
     try:
         env = _parse_env(data.get("env", ""))
         ports = _parse_ints(data.get("ports", ""), "ports")
-        args = data.get("args", "").split() if data.get("args", "").strip() else []
+        args = _parse_args(data.get("args", ""))
         validate_launch(
             image=data.get("image", "").strip(),
             env=env,

@@ -41,13 +41,9 @@ document.addEventListener("DOMContentLoaded", function () {
 });
 """
 
-# The console splits arguments on spaces: ${IFS} stands in for them outside quotes, S holds
-# one space for inside them, and eval lets the loop's keywords be keywords. Prints its
+# Quoted as in a shell: the console splits it into ["-c", "env; i=0; while …"]. Prints its
 # environment, then tick-0, tick-1, … once a second.
-ARGS = (
-    '-c env;i=0;S=$(printf${IFS}"\\040");'
-    'eval${IFS}"while${S}:;do${S}echo${S}tick-\\$i;i=\\$((i+1));sleep${S}1;done"'
-)
+ARGS = "-c 'env; i=0; while :; do echo tick-$i; i=$((i+1)); sleep 1; done'"
 
 
 def log_in(page, live_server_url, user, team) -> None:
@@ -77,7 +73,7 @@ def rent_from_offers(page, live_server_url, machine) -> None:
     dialog.locator("input[name=duration_hours]").fill("2")
     expect(page.locator("#rent-price")).to_contain_text("$1.00/hour")
     dialog.locator("input[name=entrypoint]").fill("sh")
-    page.evaluate(f"document.querySelector('#rent-form input[name=args]').value = {ARGS!r}")
+    dialog.locator("input[name=args]").fill(ARGS)
     dialog.locator("textarea[name=env]").fill("MARKER=hello-from-the-browser")
     dialog.locator("#rent-confirm").click()
 

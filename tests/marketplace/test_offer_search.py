@@ -251,6 +251,7 @@ def test_console_bad_query_is_400_and_shows_where_and_why(console, market, q, sa
     page = response.content.decode()
     assert 'id="query-error"' in page and says in page
     assert page_machines(response) == []
+    assert "No offers match" not in page  # the error is the answer, not an empty market
 
 
 def test_console_pages_through_offers_64_at_a_time(console, provider):

@@ -391,3 +391,31 @@ def test_private_registry_login_is_stored_encrypted_and_used_for_the_pull(funded
     assert secret not in instance.status_message
     half = rent(client, machine, num_gpus=1, registry_username="robot")
     assert half.status_code == 400 and "registry_username" in half.json()["error"]["fields"]
+
+
+def test_console_rent_splits_arguments_like_a_shell_and_refuses_an_open_quote(
+    funded_team, owner, machine, client
+):
+    from tests.conftest import client_for
+
+    console = client_for(client, owner, funded_team)
+    form = {
+        "num_gpus": "1", "duration_hours": "1", "disk_gb": "10", "launch_mode": "entrypoint",
+        "image": "gpumkt/busybox:latest", "entrypoint": "sh",
+    }  # fmt: skip
+    response = console.post(
+        f"/offers/{machine.pk}/rent/", {**form, "args": "-c 'echo it; exec sleep 600"}
+    )
+    assert response.status_code == 302 and Hold.objects.count() == 0
+    messages = [m.message for m in response.wsgi_request._messages]
+    assert any("args" in m and "Cannot split" in m for m in messages), messages
+    assert Instance.objects.count() == 0 and GpuAllocation.objects.count() == 0
+
+    response = console.post(
+        f"/offers/{machine.pk}/rent/", {**form, "args": "-c 'echo \"a  b\"; exec sleep 600'"}
+    )
+    instance = Instance.objects.get()
+    assert response.status_code == 302 and response.url == f"/instances/{instance.pk}/"
+    instance.refresh_from_db()
+    assert instance.state == "running", instance.status_message
+    assert docker_inspect(instance.container_id)["Args"] == ["-c", 'echo "a  b"; exec sleep 600']
