@@ -557,34 +557,85 @@ def instance_stop(*, instance_id: int, reason: str = "Stopped by the renter") ->
 # States whose GPUs were given back, so starting must take them again.
 RECLAIMING_STATES = (InstanceState.STOPPED, InstanceState.FAILED)
 
+# How long a start may hold a stopped or failed instance's GPUs before it counts as dead.
+# instance_start commits the GPUs it takes back before it runs `docker start` over SSH (which
+# times out long before this); a start whose worker died in between would otherwise hold them
+# for good, so machine_reconcile gives them back once this has passed.
+START_LEASE = timedelta(minutes=10)
+
+
+def start_under_way() -> Exists:
+    """Filter for instances that instance_start has taken GPUs back for and not yet moved on.
+
+    Every transition into a stopped or failed state releases the GPUs, so live GPUs on such
+    an instance are a start's (for START_LEASE). Its container may already run: it is the
+    start's, not a leftover, and its GPUs must not be freed under it.
+    """
+    return Exists(
+        live_gpu_allocations().filter(
+            instance=OuterRef("pk"),
+            instance__state__in=RECLAIMING_STATES,
+            created_at__gt=timezone.now() - START_LEASE,
+        )
+    )
+
 
 def instance_start(*, instance_id: int) -> Instance:
-    """Take the GPUs back (409 if someone else has them) and start the container again."""
+    """Take the GPUs back (409 if someone else has them) and start the container again.
+
+    The GPUs are committed before the container starts, so meanwhile the instance is still
+    stopped (or failed) but holds GPUs: machine_reconcile leaves it alone and instance_expire
+    stops its container (``start_under_way``). It becomes running only if, when the container
+    has started, it is still in the state it was started from and holds its GPUs; otherwise
+    (expired, destroyed, or freed as a dead start meanwhile) its container is stopped again.
+    """
     with transaction.atomic():
         instance = (
             Instance.objects.select_for_update().select_related("machine").get(pk=instance_id)
         )
-        if instance.state not in (*RECLAIMING_STATES, InstanceState.EXITED):
-            raise InvalidTransition(f"An instance that is {instance.state} cannot be started.")
-        if instance.state in RECLAIMING_STATES:
+        from_state = instance.state
+        if from_state not in (*RECLAIMING_STATES, InstanceState.EXITED):
+            raise InvalidTransition(f"An instance that is {from_state} cannot be started.")
+        if from_state in RECLAIMING_STATES:
             gpu_allocation_reclaim(instance=instance)
-    host = DockerHost(instance.machine)
-    try:
-        if instance.container_id:
-            host.start(instance.container_id)
-        else:
+        if not instance.container_id:
+            # No container to start: launch one. Launching holds GPUs, so it becomes launching
+            # in the transaction that takes them back, never a stopped instance holding GPUs.
             instance_transition(
                 instance_id=instance_id, to_state=InstanceState.LAUNCHING, reason="Relaunching"
             )
-            instance_launch(instance_id=instance_id)
-            return Instance.objects.get(pk=instance_id)
+    if not instance.container_id:
+        instance_launch(instance_id=instance_id)
+        return Instance.objects.get(pk=instance_id)
+    host = DockerHost(instance.machine)
+    try:
+        host.start(instance.container_id)
     except (CommandFailed, HostUnreachable):
-        if instance.state in RECLAIMING_STATES:
-            gpu_allocation_release(instance=instance)
+        if from_state in RECLAIMING_STATES:
+            with transaction.atomic():
+                # Not if it moved on meanwhile: an expiry that could not confirm the container
+                # stopped keeps the GPUs for machine_reconcile to release.
+                locked = Instance.objects.select_for_update().get(pk=instance_id)
+                if locked.state == from_state:
+                    gpu_allocation_release(instance=instance)
         raise
-    return instance_transition(
-        instance_id=instance_id, to_state=InstanceState.RUNNING, reason="Started by the renter"
-    )
+    with transaction.atomic():
+        current = Instance.objects.select_for_update().get(pk=instance_id)
+        still_ours = current.state == from_state and (
+            from_state not in RECLAIMING_STATES
+            or live_gpu_allocations().filter(instance=current).exists()
+        )
+        if still_ours:
+            return instance_transition(
+                instance_id=instance_id,
+                to_state=InstanceState.RUNNING,
+                reason="Started by the renter",
+            )
+    if current.state == InstanceState.RUNNING:
+        return current  # exited, and reconcile saw the container running again first
+    # It moved on while the container started: it must not run on GPUs it no longer holds.
+    _remove_quietly(host, instance.container_id, stop_only=current.state != InstanceState.DESTROYED)
+    raise InvalidTransition(f"The instance became {current.state} while it was starting.")
 
 
 def instance_destroy(*, instance_id: int, reason: str = "Destroyed by the renter") -> Instance:
@@ -614,7 +665,8 @@ def _container_stopped(host: DockerHost, instance: Instance) -> tuple[bool, str]
     changed key. Launching instances are stopped by their deterministic name, which also
     catches a container a launch in flight has just made.
     """
-    if instance.state not in LIVE_STATES:
+    starting = Instance.objects.filter(pk=instance.pk).filter(start_under_way()).exists()
+    if instance.state not in LIVE_STATES and not starting:
         return True, ""  # stopped or failed already, its GPUs given back then
     try:
         host.stop(instance.container_id or instance.container_name)
@@ -660,7 +712,8 @@ def machine_reconcile(*, machine_id: int) -> int:
     Running and exited instances follow their containers. Containers of instances that are
     no longer supposed to run (stopped, failed, expired, destroyed — say, their host was
     unreachable when they ended) are stopped, or removed for destroyed ones, and GPUs those
-    instances still hold are released once their container is seen stopped.
+    instances still hold are released once their container is seen stopped. A start under way
+    (``start_under_way``) is not one of them, unless its worker died (START_LEASE).
 
     Returns how many instances changed state or gave GPUs back.
     """
@@ -679,6 +732,9 @@ def machine_reconcile(*, machine_id: int) -> int:
         Instance.objects.filter(machine=machine)
         .exclude(state__in=LIVE_STATES)
         .filter(Q(uuid__in=running_uuids) | Exists(holding))
+        # A start under way has its GPUs and (re)started container on purpose; stopping it and
+        # freeing them would leave it running on GPUs someone else can rent.
+        .exclude(start_under_way())
     )
     for instance in ended:
         changed += _end_leftover_container(host, instance, containers.get(instance.container_name))
