@@ -159,6 +159,21 @@ class CreditGrantForm(forms.ModelForm):
             raise ValidationError("The amount must be positive.")
         return amount
 
+    def clean(self):
+        """A form submitted again grants nothing more; one resubmitted with other figures is
+        refused here, naming the grant it already made, rather than failing in the service."""
+        data = super().clean()
+        earlier = Transfer.objects.filter(
+            idempotency_key=f"grant:{data.get('idempotency_key', '')}"
+        ).first()
+        team, amount = data.get("team"), data.get("amount_usd")
+        if earlier and team and amount and (earlier.team_id, earlier.amount) != (team.pk, amount):
+            raise ValidationError(
+                f"This form already granted {format_usd(earlier.amount)} to {earlier.team};"
+                " open a new form for another grant."
+            )
+        return data
+
 
 @admin.register(CreditGrant)
 class CreditGrantAdmin(admin.ModelAdmin):

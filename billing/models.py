@@ -174,9 +174,11 @@ class Transfer(ImmutableModel):
         help_text="The storage part of a GPU time + storage capture (the rest is GPU time).",
     )
     machine_reference = models.CharField(max_length=120, blank=True)
+    # PROTECT: the ledger is append-only (a trigger refuses UPDATE), so SET_NULL could never
+    # run; who granted, paid out or paid stays on record. Deactivate such an account instead.
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL,
-        on_delete=models.SET_NULL,
+        on_delete=models.PROTECT,
         null=True,
         blank=True,
         related_name="+",

@@ -486,6 +486,19 @@ def _lock_hold(hold_id: int) -> Hold:
     return hold
 
 
+def hold_lock_with_accounts(*, hold_id: int) -> Hold:
+    """Lock a hold and every account its captures and its release touch, in one round.
+
+    Call it first, inside the transaction, when one transaction captures and then releases a
+    hold (a rental's end): locking those accounts in two rounds would hold the renter's held
+    account while waiting for their available one, the reverse of ``hold_create``'s order, and
+    the two could deadlock. Later locks of the same rows in the transaction do not wait.
+    """
+    hold = _lock_hold(hold_id)
+    _lock_accounts(_capture_account_keys([hold]) | {(hold.team_id, AccountKind.AVAILABLE)})
+    return hold
+
+
 @transaction.atomic
 def hold_create(
     *,

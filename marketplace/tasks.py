@@ -79,6 +79,9 @@ def rental_destroy(instance_id: int, reason: str = "Destroyed by the renter") ->
 
 @shared_task(name="marketplace.tasks.metering_sweep")
 def metering_sweep() -> int:
+    # First whatever a lost state-change event left out of step (an ended rental unsettled,
+    # a clock running for a stopped instance), so the sweep never charges for it.
+    rentals.contracts_resync()
     return rentals.metering_sweep()
 
 

@@ -8,7 +8,7 @@ from hosts.models import in_service
 from hosts.selectors import register_occupancy
 from hosts.signals import machine_changed, machine_status_changed
 from marketplace.events import publish_team_event
-from marketplace.services.rentals import contracts_pause_for_machine, offer_refresh
+from marketplace.services.rentals import contracts_follow_machine, offer_refresh
 
 
 @receiver(machine_status_changed, dispatch_uid="marketplace.machine_status_changed")
@@ -16,7 +16,7 @@ def on_machine_status_changed(sender, *, machine_id, team_id, old, new, reason, 
     if in_service(old) != in_service(new):
         # A machine out of service (offline, a changed host key, an error: commands cannot
         # reach it or it cannot run them) stops being charged until it is online again.
-        contracts_pause_for_machine(machine_id=machine_id, online=in_service(new))
+        contracts_follow_machine(machine_id=machine_id)
     offer_refresh(machine_id=machine_id)
     publish_team_event(
         team_id, "machine.status", {"id": machine_id, "status": new, "reason": reason}

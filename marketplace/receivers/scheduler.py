@@ -13,7 +13,7 @@ from scheduler.signals import instance_progress, instance_state_changed
 def on_instance_state_changed(
     sender, *, instance_id, team_id, machine_id, from_state, to_state, reason, **kwargs
 ):
-    contract_follow_instance(instance_id=instance_id, to_state=to_state)
+    contract_follow_instance(instance_id=instance_id)
     # Also on a same-state event: it may be GPUs released once a container was seen stopped.
     offer_refresh(machine_id=machine_id)
     publish_instance_event(

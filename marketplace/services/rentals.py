@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import logging
 import re
 import secrets
 from dataclasses import dataclass
@@ -26,7 +27,7 @@ from psycopg.types.datetime import TimestamptzLoader
 
 from billing import services as billing
 from billing.money import MICRO_PER_DOLLAR, usage_owed
-from hosts.models import Machine
+from hosts.models import Machine, MachineStatus, in_service
 from hosts.runtime import CommandResult, DockerHost
 from marketplace.events import publish_instance_event
 from marketplace.models import Contract, Offer, SshKey, Team
@@ -42,6 +43,8 @@ from scheduler.services import (
 
 SECONDS_PER_MONTH = 30 * 24 * 3600
 MAX_RENTAL_HOURS = 24 * 365
+
+logger = logging.getLogger(__name__)
 
 
 def data_grace() -> timedelta:
@@ -489,66 +492,133 @@ GPU_CLOCK_STATES = {InstanceState.RUNNING, InstanceState.EXITED}
 ENDED_STATES = {InstanceState.EXPIRED, InstanceState.DESTROYED}
 
 
-def contract_follow_instance(*, instance_id: int, to_state: str) -> Contract | None:
-    """Keep the contract's clocks in step with its instance, meter, and settle at the end.
+def _clocks_follow(
+    contract: Contract, *, state: str, state_since: datetime, online: bool, now: datetime
+) -> None:
+    """The metering rule: GPU time runs while the instance holds its GPUs and runs (or exited
+    on its own) on a machine in service; storage time runs until the rental ends, while the
+    machine is in service. A clock already running keeps its start.
 
-    GPU time runs while the instance holds its GPUs and runs (or exited on its own); storage
-    runs until the rental ends. At the end the usage is captured and the rest of the hold is
-    released, once.
+    A clock the instance's state stops is stopped when the instance entered that state
+    (``state_since``), however late this runs; one the machine stops, now.
     """
-    now = timezone.now()
+    state_stop = min(state_since, now)
+    if state not in GPU_CLOCK_STATES:
+        _gpu_clock_stop(contract, state_stop)
+    elif online:
+        contract.gpu_clock_since = _clock_start(contract.gpu_clock_since, now)
+    else:
+        _gpu_clock_stop(contract, now)
+    if state in ENDED_STATES:
+        _storage_clock_stop(contract, state_stop)
+    elif online:
+        contract.storage_clock_since = _clock_start(contract.storage_clock_since, now)
+    else:
+        _storage_clock_stop(contract, now)
+
+
+def _machine_in_service(machine_id: int) -> bool:
+    return in_service(Machine.objects.values_list("status", flat=True).get(pk=machine_id))
+
+
+def contract_follow_instance(*, instance_id: int) -> Contract | None:
+    """Put the contract's clocks in step with its instance and machine as they are now, meter,
+    and settle once the rental has ended (capture the usage, release the rest of the hold).
+
+    It reads the current state rather than trusting an event's, so events handled late, twice
+    or out of order all leave the same result, and ``contracts_resync`` can call it for any
+    contract at any time.
+    """
     with transaction.atomic():
         contract = (
-            Contract.objects.select_for_update()
-            .select_related("machine")
-            .filter(instance_id=instance_id)
-            .first()
+            Contract.objects.select_for_update(of=("self",)).filter(instance_id=instance_id).first()
         )
         if contract is None or contract.settled_at is not None:
             return contract
-        online = contract.machine.status == "online"
-        if to_state in GPU_CLOCK_STATES and online:
-            contract.gpu_clock_since = _clock_start(contract.gpu_clock_since, now)
-        else:
-            _gpu_clock_stop(contract, now)
-        if to_state in ENDED_STATES:
-            _storage_clock_stop(contract, now)
+        # The hold and its accounts are locked before the clock is read: a metering sweep
+        # that is capturing this hold finishes first, so it never counts time past ``now``,
+        # and capture-then-release takes no lock while holding another (see billing).
+        billing.hold_lock_with_accounts(hold_id=contract.hold_id)
+        now = timezone.now()
+        state, state_since = Instance.objects.values_list("state", "state_changed_at").get(
+            pk=instance_id
+        )
+        online = _machine_in_service(contract.machine_id)
+        _clocks_follow(contract, state=state, state_since=state_since, online=online, now=now)
         contract.save()
         contract_meter(contract=contract, now=now)
-        if to_state in ENDED_STATES:
+        if state in ENDED_STATES:
             billing.hold_release(hold_id=contract.hold_id)
             contract.settled_at = now
-            if to_state == InstanceState.EXPIRED:
+            if state == InstanceState.EXPIRED:
                 contract.data_delete_after = now + data_grace()
             contract.save(update_fields=["settled_at", "data_delete_after"])
     return contract
 
 
-def contracts_pause_for_machine(*, machine_id: int, online: bool) -> int:
-    """A machine went offline (stop both clocks) or came back (restart them)."""
+def contracts_follow_machine(*, machine_id: int) -> int:
+    """The machine left service (stop its rentals' clocks) or came back (restart them), as
+    its status is now: status events handled late or out of order end the same way.
+
+    Only the clocks change here; the next metering sweep captures. Capturing here would lock
+    one hold after another while holding the platform's revenue account, which a sweep
+    batch holding the next of those holds could be waiting for.
+    """
     now = timezone.now()
     changed = 0
     with transaction.atomic():
-        contracts = (
-            Contract.objects.select_for_update()
-            .select_related("instance")
+        contracts = list(
+            Contract.objects.select_for_update(of=("self",))
             .filter(machine_id=machine_id, settled_at=None)
             .order_by("pk")
         )
+        online = _machine_in_service(machine_id)  # read after the locks: the latest status
+        instances = Instance.objects.filter(pk__in=[c.instance_id for c in contracts])
+        states = {pk: (state, since) for pk, state, since in instances.values_list(
+            "pk", "state", "state_changed_at"
+        )}  # fmt: skip
         for contract in contracts:
-            state = contract.instance.state
-            if online:
-                if state in GPU_CLOCK_STATES:
-                    contract.gpu_clock_since = _clock_start(contract.gpu_clock_since, now)
-                if state not in ENDED_STATES:
-                    contract.storage_clock_since = _clock_start(contract.storage_clock_since, now)
-            else:
-                _gpu_clock_stop(contract, now)
-                _storage_clock_stop(contract, now)
+            state, state_since = states[contract.instance_id]
+            _clocks_follow(contract, state=state, state_since=state_since, online=online, now=now)
             contract.save()
-            contract_meter(contract=contract, now=now)
             changed += 1
     return changed
+
+
+def contracts_out_of_step():
+    """Instance ids of open contracts that ``contract_follow_instance`` would change: clocks
+    that disagree with the instance and the machine, or a rental that ended unsettled.
+
+    Normally none: every state change is followed at once. What is left is what a lost event
+    leaves (a worker killed between a change and its handler, a handler that failed).
+    """
+    online = Q(machine__status=MachineStatus.ONLINE)
+    gpu_should_run = online & Q(instance__state__in=GPU_CLOCK_STATES)
+    storage_should_run = online & ~Q(instance__state__in=ENDED_STATES)
+    return (
+        Contract.objects.filter(settled_at=None)
+        .filter(
+            Q(instance__state__in=ENDED_STATES)
+            | (gpu_should_run & Q(gpu_clock_since=None))
+            | (~gpu_should_run & Q(gpu_clock_since__isnull=False))
+            | (storage_should_run & Q(storage_clock_since=None))
+            | (~storage_should_run & Q(storage_clock_since__isnull=False))
+        )
+        .values_list("instance_id", flat=True)
+    )
+
+
+def contracts_resync() -> int:
+    """Follow every contract that is out of step; return how many were. One that fails is
+    logged and left for the next run, never stopping the others."""
+    done = 0
+    for instance_id in list(contracts_out_of_step()):
+        try:
+            contract_follow_instance(instance_id=instance_id)
+            done += 1
+        except Exception:
+            logger.exception("could not bring the contract of instance %s in step", instance_id)
+    return done
 
 
 def contracts_due_to_expire(now: datetime | None = None):

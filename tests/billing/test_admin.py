@@ -170,3 +170,30 @@ def test_staff_need_the_grant_permission(client, renter_team):
     client.force_login(staff)
     assert client.post("/admin/billing/creditgrant/add/", data).status_code == 302
     assert Transfer.objects.get(kind="grant").created_by_id == staff.pk
+
+
+def test_a_grant_form_resubmitted_with_another_amount_is_refused_on_the_form(
+    client, operator, renter_team
+):
+    key = form_key(client.get("/admin/billing/creditgrant/add/").content.decode())
+    data = {"team": renter_team.pk, "amount_usd": "5", "reason": "Goodwill", "idempotency_key": key}
+    assert client.post("/admin/billing/creditgrant/add/", data).status_code == 302
+    before = ledger_counts()
+    again = client.post("/admin/billing/creditgrant/add/", {**data, "amount_usd": "50"})
+    assert again.status_code == 200  # the form again, not a server error
+    assert "This form already granted $5.00" in again.content.decode()
+    assert client.post("/admin/billing/creditgrant/add/", data).status_code == 302  # a repeat
+    assert ledger_counts() == before  # neither credited anything more
+    assert Transfer.objects.get(kind="grant").amount == 5 * USD
+
+
+def test_an_operator_who_granted_credit_stays_on_record(client, operator, renter_team):
+    from django.db.models import ProtectedError
+
+    services.credit_grant(team_id=renter_team.pk, amount=5 * USD, reason="Goodwill",
+                          idempotency_key="kept", created_by_id=operator.pk)  # fmt: skip
+    with pytest.raises(ProtectedError):
+        operator.delete()  # deactivate the account instead
+    assert Transfer.objects.get(kind="grant").created_by == operator
+    page = client.get(f"/admin/marketplace/user/{operator.pk}/delete/").content.decode()
+    assert "Cannot delete user" in page  # the admin says why, instead of a database error
