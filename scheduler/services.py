@@ -580,8 +580,16 @@ def start_under_way() -> Exists:
     )
 
 
-def instance_start(*, instance_id: int) -> Instance:
+def instance_start(
+    *,
+    instance_id: int,
+    ssh_keys: list[str] | None = None,
+    registry_credentials: tuple[str, str] | None = None,
+) -> Instance:
     """Take the GPUs back (409 if someone else has them) and start the container again.
+
+    ``ssh_keys`` and ``registry_credentials`` serve a relaunch (no container left), as they
+    serve the first launch.
 
     The GPUs are committed before the container starts, so meanwhile the instance is still
     stopped (or failed) but holds GPUs: machine_reconcile leaves it alone and instance_expire
@@ -605,7 +613,11 @@ def instance_start(*, instance_id: int) -> Instance:
                 instance_id=instance_id, to_state=InstanceState.LAUNCHING, reason="Relaunching"
             )
     if not instance.container_id:
-        instance_launch(instance_id=instance_id)
+        instance_launch(
+            instance_id=instance_id,
+            ssh_keys=ssh_keys,
+            registry_credentials=registry_credentials,
+        )
         return Instance.objects.get(pk=instance_id)
     host = DockerHost(instance.machine)
     try:

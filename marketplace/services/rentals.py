@@ -707,7 +707,11 @@ def rental_start(*, instance: Instance) -> Instance:
     """Start again with the same GPUs (409 if someone has them), within the rental period."""
     if instance.contract.ends_at <= timezone.now():
         raise InvalidTransition("The rental period is over; extend it first.")
-    return instance_start(instance_id=instance.pk)
+    return instance_start(
+        instance_id=instance.pk,
+        ssh_keys=team_ssh_public_keys(instance.team_id),
+        registry_credentials=registry_credentials(instance),
+    )
 
 
 def rental_exec(*, instance: Instance, command: str) -> CommandResult:

@@ -155,3 +155,32 @@ def test_jupyter_mode_runs_jupyter_lab_with_the_token_on_the_published_port(fund
     # and no URL while it is not running with Jupyter.
     assert body["connection"]["jupyter"] is None
     assert instance.jupyter_token not in str(body)
+
+
+def test_a_relaunch_after_a_failed_launch_still_lets_the_renter_log_in(
+    funded_team, machine, ssh_image, tmp_path
+):
+    """A launch that failed before any container existed (here: the image was not there yet)
+    is relaunched by start, with the team's SSH keys like the first launch."""
+    import secrets
+
+    client = key_client(funded_team)
+    key = make_key(tmp_path / "id_ed25519")
+    public_key = (tmp_path / "id_ed25519.pub").read_text().strip()
+    client.post("/api/v1/ssh-keys/", {"name": "laptop", "public_key": public_key}, format="json")
+    image = f"gpumkt/sshbox-relaunch:{secrets.token_hex(6)}"
+    body = rent(client, machine, image=image, launch_mode="ssh")
+    assert body["state"] == "failed", body
+    assert Instance.objects.get(pk=body["id"]).container_id == ""
+
+    subprocess.run(["docker", "tag", ssh_image, image], check=True)
+    try:
+        started = client.post(f"/api/v1/instances/{body['id']}/start/", format="json")
+        assert started.status_code == 200, started.content
+        body = client.get(f"/api/v1/instances/{body['id']}/").json()
+        assert body["state"] == "running", body["status_message"]
+        port = PortAllocation.objects.get(instance_id=body["id"], container_port=22).host_port
+        session = login(machine.address, port, key, host_key_of(client, body["id"]))
+        session.close()
+    finally:
+        subprocess.run(["docker", "rmi", "-f", image], check=False, capture_output=True)
