@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from billing.money import format_usd, usage_owed
+from billing.money import format_usd
 from scheduler.models import Instance, InstanceState, LaunchMode
 
 
@@ -31,9 +31,6 @@ def instance_connection(instance: Instance) -> dict[str, object]:
     return details
 
 
-# A rental in these states has its GPUs: extending it pays for them as well as its storage.
-# A stopped (or failed) rental keeps only its disk, so only its storage counts.
-GPU_HOLDING_STATES = (InstanceState.LAUNCHING, InstanceState.RUNNING, InstanceState.EXITED)
 EXTENSION_SECONDS = 3600  # the console's default extension: one hour
 
 
@@ -41,28 +38,23 @@ EXTENSION_SECONDS = 3600  # the console's default extension: one hour
 class ExtensionCost:
     instance_id: int
     machine_id: int
-    running: bool
     cost: int  # micro-dollars for another hour
 
 
 def rental_extension_costs(team_id: int) -> list[ExtensionCost]:
-    """What another hour of each of the team's live rentals costs: GPUs and storage while it
-    holds its GPUs, storage alone while it is stopped. Dearest first."""
+    """What extending each of the team's live rentals by an hour holds, dearest first: GPUs and
+    storage, as ``rental_extend`` holds them (a stopped rental too: it may start again)."""
     from marketplace.models import Contract
-    from marketplace.services.rentals import storage_owed
+    from marketplace.services.rentals import extension_quote
 
-    live = Contract.objects.filter(team_id=team_id, settled_at=None).values_list(
-        "instance_id", "machine_id", "instance__state", "price_per_gpu_hour", "gpu_count",
+    live = Contract.objects.filter(team_id=team_id, settled_at=None).only(
+        "instance_id", "machine_id", "price_per_gpu_hour", "gpu_count",
         "storage_price_per_gb_month", "disk_gb",
     )  # fmt: skip
-    costs = []
-    for instance_id, machine_id, state, price, gpus, storage_price, disk in live:
-        running = state in GPU_HOLDING_STATES
-        storage = storage_owed(
-            price_per_gb_month=storage_price, disk_gb=disk, seconds=EXTENSION_SECONDS
-        )
-        gpu = usage_owed(rate_per_hour=price * gpus, seconds=EXTENSION_SECONDS) if running else 0
-        costs.append(ExtensionCost(instance_id, machine_id, running, gpu + storage))
+    costs = [
+        ExtensionCost(c.instance_id, c.machine_id, extension_quote(c, EXTENSION_SECONDS).total)
+        for c in live
+    ]
     return sorted(costs, key=lambda c: (-c.cost, c.instance_id))
 
 
@@ -77,17 +69,16 @@ def low_balance_notice(team_id: int) -> str | None:
     if not short:
         return None
     dearest = short[0]
-    what = "GPUs and storage" if dearest.running else "storage only: it is stopped"
     if len(short) == 1:
         rental = f"instance {dearest.instance_id} on machine {dearest.machine_id}"
         return (
             f"Low balance: {format_usd(available)} available, and another hour of {rental} "
-            f"needs {format_usd(dearest.cost)} ({what}). Top up so you can extend it."
+            f"needs {format_usd(dearest.cost)} (GPUs and storage). Top up so you can extend it."
         )
     return (
         f"Low balance: {format_usd(available)} available, not enough to extend {len(short)} of "
         f"your rentals by an hour (instance {dearest.instance_id} needs the most: "
-        f"{format_usd(dearest.cost)}, {what}). Top up so you can extend them."
+        f"{format_usd(dearest.cost)}, GPUs and storage). Top up so you can extend them."
     )
 
 

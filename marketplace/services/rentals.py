@@ -334,6 +334,21 @@ def _container_ports(request: RentalRequest) -> list[int]:
     return ports
 
 
+def extension_quote(contract: Contract, seconds: int) -> Quote:
+    """What extending the contract by ``seconds`` holds: its GPUs and its storage, at the
+    prices it was rented at. A stopped rental too: it may start again within the period."""
+    return Quote(
+        gpu=usage_owed(
+            rate_per_hour=contract.price_per_gpu_hour * contract.gpu_count, seconds=seconds
+        ),
+        storage=storage_owed(
+            price_per_gb_month=contract.storage_price_per_gb_month,
+            disk_gb=contract.disk_gb,
+            seconds=seconds,
+        ),
+    )
+
+
 def rental_extend(*, contract: Contract, hours: float) -> Contract:
     """Add ``hours`` to the contract and as much to its hold (402 if credit is short)."""
     if not (0 < hours <= MAX_RENTAL_HOURS):
@@ -354,17 +369,7 @@ def rental_extend(*, contract: Contract, hours: float) -> Contract:
             raise ValidationError(
                 {"hours": f"The machine is offered until {end_date:%Y-%m-%d %H:%M} UTC."}
             )
-        quote = Quote(
-            gpu=usage_owed(
-                rate_per_hour=contract.price_per_gpu_hour * contract.gpu_count,
-                seconds=round(hours * 3600),
-            ),
-            storage=storage_owed(
-                price_per_gb_month=contract.storage_price_per_gb_month,
-                disk_gb=contract.disk_gb,
-                seconds=round(hours * 3600),
-            ),
-        )
+        quote = extension_quote(contract, round(hours * 3600))
         billing.hold_extend(
             hold_id=contract.hold_id,
             amount=quote.total,

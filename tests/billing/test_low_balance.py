@@ -1,11 +1,13 @@
 """The console's low-balance notice: shown when available credit would not cover extending one
-of the team's rentals by an hour (GPUs and storage while it runs, storage alone once stopped)."""
+of the team's rentals by an hour: what extending it would hold, its GPUs and its storage (a
+stopped rental too: it may start again within its period)."""
 
 from __future__ import annotations
 
 import pytest
 
 from billing import services
+from billing.errors import InsufficientCredit
 from marketplace.selectors import low_balance_notice, rental_extension_costs
 from tests.conftest import client_for
 from tests.factories import UserFactory, add_member
@@ -29,20 +31,20 @@ def test_each_rental_is_checked_on_its_own(rent, renter_team):
     assert costs == {
         small.instance_id: GPU_HOUR + STORAGE_HOUR,
         large.instance_id: 4 * GPU_HOUR + STORAGE_HOUR,
-        stopped.instance_id: STORAGE_HOUR,  # its GPUs are not the renter's any more
+        stopped.instance_id: 8 * GPU_HOUR + STORAGE_HOUR,  # as extending it would hold
     }
 
-    # $1 covers another hour of the small rental (and the stopped one) but not the large one,
+    # $3 covers another hour of the small and the large rental but not the stopped one,
     # although it is far less than all three together would want.
-    give(renter_team, USD, "one")
+    give(renter_team, 3 * USD, "three")
     notice = low_balance_notice(renter_team.pk)
     assert notice == (
-        f"Low balance: $1.00 available, and another hour of instance {large.instance_id} on "
-        f"machine {rent.machine.pk} needs $2.404167 (GPUs and storage). "
+        f"Low balance: $3.00 available, and another hour of instance {stopped.instance_id} on "
+        f"machine {rent.machine.pk} needs $4.804167 (GPUs and storage). "
         "Top up so you can extend it."
     )
 
-    give(renter_team, 2 * USD, "two")  # $3 covers each rental's next hour on its own
+    give(renter_team, 2 * USD, "two")  # $5 covers each rental's next hour on its own
     assert low_balance_notice(renter_team.pk) is None
 
 
@@ -57,12 +59,18 @@ def test_several_short_rentals_are_counted_and_the_dearest_named(rent, renter_te
     )
 
 
-def test_a_stopped_rental_needs_only_its_storage(rent, renter_team):
-    stopped = rent(gpus=8, state="stopped")
-    assert "storage only: it is stopped" in low_balance_notice(renter_team.pk)
+def test_the_notice_agrees_with_extending_a_stopped_rental(rent, renter_team):
+    """No notice means an hour's extension goes through; a notice means it would be refused."""
+    from marketplace.services.rentals import rental_extend
+
+    stopped = rent(gpus=8, state="stopped", hold=10 * USD)
+    give(renter_team, STORAGE_HOUR, "storage")  # its storage alone does not extend it
     assert f"instance {stopped.instance_id}" in low_balance_notice(renter_team.pk)
-    give(renter_team, STORAGE_HOUR, "storage")  # 8 GPUs' hour would be $4.80: not needed
+    with pytest.raises(InsufficientCredit):
+        rental_extend(contract=stopped, hours=1)
+    give(renter_team, 8 * GPU_HOUR, "gpus")
     assert low_balance_notice(renter_team.pk) is None
+    rental_extend(contract=stopped, hours=1)
 
 
 def test_no_notice_without_live_rentals(rent, renter_team):
