@@ -1,19 +1,32 @@
 """WebSockets: the console's live feed of the acting team's events, and one instance's page
-(its events and, on request, its container's log lines as they are written)."""
+(its events and, on request, its container's log lines as they are written).
+
+Access is checked at connect, and again while the socket lives: a follow request re-reads the
+user's membership of the team, and relaying an event or log lines re-reads it at most every
+``MEMBERSHIP_RECHECK_SECONDS``. A user no longer in the team is closed out (4404 on an
+instance's socket, like another team's instance; 4403 on the team feed).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import time
+from collections import deque
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from marketplace.events import instance_group, team_group
-from marketplace.log_follow import LogFollower
+from marketplace.log_follow import LogFollower, TooManyFollowers
 from marketplace.tenancy import ACTIVE_TEAM_SESSION_KEY, membership_for, team_objects
 from scheduler.models import Instance, InstanceState
 
 MAX_TAIL = 5000
+MEMBERSHIP_RECHECK_SECONDS = 5.0
+# A socket may ask to follow this many times per window; past that it is told to wait.
+FOLLOW_BURST, FOLLOW_WINDOW_SECONDS = 5, 30.0
+# A socket runs one follower, plus at most one earlier one still letting go of its stream.
+FOLLOWER_THREADS_PER_SOCKET = 2
 
 
 async def _membership(consumer: AsyncJsonWebsocketConsumer):
@@ -27,12 +40,47 @@ async def _membership(consumer: AsyncJsonWebsocketConsumer):
     return membership, 4403
 
 
-class TeamEventsConsumer(AsyncJsonWebsocketConsumer):
+def _is_member(user, team_id: int) -> bool:
+    """Whether the user belongs to the team now (membership_for falls back to another team)."""
+    membership = membership_for(user=user, team_id=team_id)
+    return membership is not None and membership.team_id == team_id
+
+
+class _MemberSocket(AsyncJsonWebsocketConsumer):
+    """A socket that serves one team's member, and closes once the user leaves the team."""
+
+    removed_code = 4403
+    team_id: int
+    group: str | None = None
+    member_checked_at = 0.0
+
+    async def _still_member(self, *, force: bool = False) -> bool:
+        """Re-read the membership (cached for a few seconds unless forced); close if gone."""
+        now = time.monotonic()
+        if not force and now - self.member_checked_at < MEMBERSHIP_RECHECK_SECONDS:
+            return True
+        member = await database_sync_to_async(_is_member)(self.scope["user"], self.team_id)
+        self.member_checked_at = now
+        if not member:
+            await self._removed()
+        return member
+
+    async def _removed(self) -> None:
+        group, self.group = self.group, None
+        if group is None:
+            return  # already closed out
+        await self.channel_layer.group_discard(group, self.channel_name)
+        await self.close(code=self.removed_code)
+
+
+class TeamEventsConsumer(_MemberSocket):
     async def connect(self) -> None:
         membership, refusal = await _membership(self)
         if membership is None:
             await self.close(code=refusal)  # closed before accept: the handshake is refused
             return
+        self.team_id = membership.team_id
+        self.member_checked_at = time.monotonic()
         self.group = team_group(membership.team_id)
         await self.channel_layer.group_add(self.group, self.channel_name)
         await self.accept()
@@ -48,7 +96,8 @@ class TeamEventsConsumer(AsyncJsonWebsocketConsumer):
             await self.send_json({"event": "pong", "data": {}})
 
     async def team_event(self, message: dict) -> None:
-        await self.send_json({"event": message["event"], "data": message["data"]})
+        if await self._still_member():
+            await self.send_json({"event": message["event"], "data": message["data"]})
 
 
 def _team_instance(team, instance_id: int) -> Instance | None:
@@ -61,20 +110,30 @@ def _team_instance(team, instance_id: int) -> Instance | None:
     )
 
 
-class InstanceConsumer(AsyncJsonWebsocketConsumer):
+class InstanceConsumer(_MemberSocket):
     """``/ws/instances/<id>/``: the instance's events; ``{"type": "follow", "tail": N}`` streams
     its log (the last N lines, then each new one) until ``{"type": "unfollow"}``.
 
     Subscribing reads the instance, so it passes the page's tenancy gate: another team's
-    instance is closed before accept (4404), exactly like a missing one.
+    instance is closed before accept (4404), exactly like a missing one; so is a user who has
+    left the team since (4404, after accept).
+
+    A socket has one follower at a time (a new follow replaces it), asks at most
+    ``FOLLOW_BURST`` times per ``FOLLOW_WINDOW_SECONDS``, and is refused (``logs.end`` with the
+    reason) while its previous follower is still letting go or the machine's followers in this
+    process are at their cap.
 
     Sends ``hello``, ``instance.state`` / ``instance.progress``, ``logs`` (``lines``, and
     ``dropped`` when a slow reader lost some) and ``logs.end`` (``reason``).
     """
 
+    removed_code = 4404
+
     async def connect(self) -> None:
         self.follower: LogFollower | None = None
         self.sender: asyncio.Task | None = None
+        self.threads: list[LogFollower] = []  # this socket's followers, stopping ones included
+        self.follow_times: deque[float] = deque(maxlen=FOLLOW_BURST)
         membership, refusal = await _membership(self)
         if membership is None:
             await self.close(code=refusal)
@@ -84,7 +143,8 @@ class InstanceConsumer(AsyncJsonWebsocketConsumer):
         if instance is None:
             await self.close(code=4404)
             return
-        self.team, self.instance_id = membership.team, instance.pk
+        self.team, self.team_id, self.instance_id = membership.team, membership.team_id, instance.pk
+        self.member_checked_at = time.monotonic()
         self.group = instance_group(instance.pk)
         await self.channel_layer.group_add(self.group, self.channel_name)
         await self.accept()
@@ -112,16 +172,39 @@ class InstanceConsumer(AsyncJsonWebsocketConsumer):
             await self.send_json({"event": "pong", "data": {}})
 
     async def instance_event(self, message: dict) -> None:
-        await self.send_json({"event": message["event"], "data": message["data"]})
+        if await self._still_member():
+            await self.send_json({"event": message["event"], "data": message["data"]})
+
+    async def _removed(self) -> None:
+        self._stop_following()
+        await super()._removed()
 
     # --- log follow -----------------------------------------------------------------------
 
     async def _follow(self, tail: int) -> None:
-        self._stop_following()
+        self._stop_following()  # a new follow replaces the old one, whatever comes of it
+        if self.group is None:
+            return  # closed out already
+        now = time.monotonic()
+        if (
+            len(self.follow_times) == FOLLOW_BURST
+            and now - self.follow_times[0] < FOLLOW_WINDOW_SECONDS
+        ):
+            await self._send_end("Too many follow requests; wait a few seconds and try again.")
+            return
+        self.follow_times.append(now)
+        if not await self._still_member(force=True):
+            return
         # Read again: the container may have been made, or the instance moved, since connect.
         instance = await database_sync_to_async(_team_instance)(self.team, self.instance_id)
         if instance is None or not instance.container_id:
             await self._send_end("The container has not started yet.")
+            return
+        self.threads = [thread for thread in self.threads if thread.is_alive()]
+        if len(self.threads) >= FOLLOWER_THREADS_PER_SOCKET:
+            await self._send_end(
+                "The previous log stream is still closing; try again in a few seconds."
+            )
             return
         loop = asyncio.get_running_loop()
         ready = asyncio.Event()
@@ -131,16 +214,22 @@ class InstanceConsumer(AsyncJsonWebsocketConsumer):
             tail=tail,
             wake=lambda: loop.call_soon_threadsafe(ready.set),
         )
+        try:
+            follower.start()
+        except TooManyFollowers as refusal:
+            await self._send_end(f"Too many followers: {refusal}")
+            return
+        self.threads.append(follower)
         self.follower = follower
         self.sender = asyncio.create_task(self._send_lines(follower, ready))
-        follower.start()
 
     def _stop_following(self) -> None:
         if self.follower is not None:
             self.follower.stop()
             self.follower = None
         if self.sender is not None:
-            self.sender.cancel()
+            if self.sender is not asyncio.current_task():  # the sender may be closing us out
+                self.sender.cancel()
             self.sender = None
 
     async def _send_lines(self, follower: LogFollower, ready: asyncio.Event) -> None:
@@ -151,6 +240,8 @@ class InstanceConsumer(AsyncJsonWebsocketConsumer):
             # The end is set after the last line is buffered: read it first, so a take()
             # made after seeing it has every line.
             ended = follower.end_reason
+            if not await self._still_member():
+                return
             lines, dropped = follower.take()
             if lines:
                 data: dict[str, object] = {"lines": lines}

@@ -7,6 +7,12 @@ next line, and a container that prints nothing ends the stream after ``IDLE_SECO
 SSH channel's read timeout), after which the follower asks again from that point on (``--tail
 0``). A line printed in the moment between the two streams can be missed; the tail view
 (``docker logs --tail``) always has it.
+
+A stopped follower lets go only when its read returns (the next line, or the idle timeout), so
+it still holds its session meanwhile. One process runs at most ``MAX_FOLLOWERS_PER_MACHINE``
+followers per machine, stopping ones included: fewer than the machine's stream sessions, so a
+pull in the same process still gets one, and a follow past the cap is refused at once
+(``TooManyFollowers``) instead of waiting for a session.
 """
 
 from __future__ import annotations
@@ -19,12 +25,26 @@ from collections.abc import Callable
 
 from hosts.models import Machine
 from hosts.runtime import CommandFailed, DockerHost, HostKeyMismatch, HostUnreachable
-from hosts.ssh import HostBusy
+from hosts.ssh import MAX_STREAMS_PER_HOST, HostBusy
 
 logger = logging.getLogger(__name__)
 
 IDLE_SECONDS = 20.0
 MAX_PENDING_LINES = 5000  # a slow browser loses the oldest lines beyond this, and is told
+MAX_FOLLOWERS_PER_MACHINE = MAX_STREAMS_PER_HOST - 1  # per process; leaves a session for pulls
+
+_following_lock = threading.Lock()
+_following: dict[int, set[LogFollower]] = {}  # machine id -> its followers' threads alive here
+
+
+class TooManyFollowers(Exception):
+    """This process already follows ``MAX_FOLLOWERS_PER_MACHINE`` logs on the machine."""
+
+
+def followers_on(machine_id: int) -> int:
+    """How many followers (stopping ones included) this process has on the machine."""
+    with _following_lock:
+        return len(_following.get(machine_id, ()))
 
 
 class LogFollower(threading.Thread):
@@ -44,6 +64,30 @@ class LogFollower(threading.Thread):
         self._lines: deque[str] = deque(maxlen=MAX_PENDING_LINES)
         self._dropped = 0
         self.end_reason: str | None = None
+
+    def start(self) -> None:
+        """Start the thread, or raise TooManyFollowers (and start nothing) at the machine's cap."""
+        with _following_lock:
+            mine = _following.setdefault(self.machine.pk, set())
+            if len(mine) >= MAX_FOLLOWERS_PER_MACHINE:
+                raise TooManyFollowers(
+                    f"{len(mine)} log streams are already open on this machine; "
+                    "use the tail view or try again shortly."
+                )
+            mine.add(self)
+        try:
+            super().start()
+        except BaseException:
+            self._leave()
+            raise
+
+    def _leave(self) -> None:
+        with _following_lock:
+            mine = _following.get(self.machine.pk)
+            if mine is not None:
+                mine.discard(self)
+                if not mine:
+                    del _following[self.machine.pk]
 
     def stop(self) -> None:
         self._stopped.set()
@@ -100,3 +144,5 @@ class LogFollower(threading.Thread):
         except Exception:
             logger.exception("following the logs of %s failed", self.container)
             self._finish("Following the logs failed; use the tail view.")
+        finally:
+            self._leave()
