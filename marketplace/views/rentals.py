@@ -70,11 +70,13 @@ def _query_text(request: HttpRequest) -> str:
 
 
 OFFERS_PER_PAGE = 64
+# Far past any market; keeps the database OFFSET in range (a larger page shows this one).
+MAX_OFFER_PAGE = 100_000
 
 
 def _page_number(request: HttpRequest) -> int:
     try:
-        return max(int(request.GET.get("page", 1)), 1)
+        return min(max(int(request.GET.get("page", 1)), 1), MAX_OFFER_PAGE)
     except ValueError:
         return 1
 

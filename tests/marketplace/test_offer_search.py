@@ -285,3 +285,15 @@ def test_the_offer_representation_is_what_the_declared_fields_give(market):
         by_fields = serializers.ModelSerializer.to_representation(serializer, offer)
         assert serializer.to_representation(offer) == by_fields
         assert list(serializer.to_representation(offer)) == list(by_fields)
+
+
+def test_console_page_far_past_the_market_is_clamped_not_a_500(console, provider):
+    """A page whose offset overflows the database's OFFSET is shown as the last page allowed."""
+    from marketplace.views.rentals import MAX_OFFER_PAGE
+
+    offer_on(provider, "only")
+    response = console.get("/offers/", {"page": "100000000000000000000"})
+    assert response.status_code == 200
+    text = response.content.decode()
+    assert f"No more offers on page {MAX_OFFER_PAGE}" in text and 'id="first-page"' in text
+    assert 'id="previous-page"' in text  # a way back from there
