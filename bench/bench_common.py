@@ -49,7 +49,7 @@ def simulated_machine(gpus: int = 4) -> Iterator[object]:
     from pathlib import Path
 
     from hosts import services
-    from hosts.keys import platform_public_key
+    from hosts.keys import team_public_key
     from hosts.simulation import (
         SimHostSpec,
         create_host,
@@ -69,11 +69,12 @@ def simulated_machine(gpus: int = 4) -> Iterator[object]:
             gpus=default_gpus(gpus),
             port_range=(19000, 19099),
         )
-        host = create_host(Path(tmp) / "bench", spec, [platform_public_key()])
+        host = create_host(Path(tmp) / "bench", spec)
         try:
             user = User.objects.create_user("bench-provider", "bp@example.com", "x")
             team = Team.objects.create(name="bench provider", personal=True)
             Membership.objects.create(team=team, user=user, role=Role.OWNER)
+            host.authorize(team_public_key(team.pk))
             machine = services.machine_register(
                 team_id=team.pk, name="bench", address=host.address, port=host.port, ssh_user="root"
             )

@@ -43,7 +43,8 @@ def main() -> None:
             started = time.perf_counter()
             connection = ssh.Connection(
                 address=machine.address, port=machine.port, user=machine.ssh_user,
-                key_type=machine.host_key_type, key_base64=machine.host_key,
+                team_id=machine.team_id, key_type=machine.host_key_type,
+                key_base64=machine.host_key,
             )  # fmt: skip
             connection.run(["true"])
             connection.close()

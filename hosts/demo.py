@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from hosts import services, ssh
+from hosts.keys import team_public_key
 from hosts.models import Machine
+from hosts.simulation import authorize_key
 
 DEMO_PRICES = {  # micro-dollars per GPU-hour, by GPU model
     "NVIDIA A100-SXM4-80GB": 1_450_000,
@@ -15,7 +19,8 @@ DEMO_REGIONS = ["US", "EU", "CA"]
 
 def demo_step(users: dict, simhosts: list[dict]) -> str:
     """Register each simulated host (from hosts.json) as a machine of the provider's personal
-    team: read its key, pin it when it is the one hosts.json names (the run command made
+    team: put the team's platform key in its ``authorized_keys`` (as the provider would), read
+    its host key, pin it when it is the one hosts.json names (the run command made
     these hosts, so it vouches for their keys), probe, price and list. Safe to run again:
     existing machines are refreshed, a host whose key changed is re-pinned."""
     provider = users["provider"]
@@ -35,7 +40,10 @@ def demo_step(users: dict, simhosts: list[dict]) -> str:
 
 
 def _demo_machine(team_id: int, number: int, host: dict) -> str:
-    machine = Machine.objects.filter(address=host["address"], port=host["port"]).first()
+    authorize_key(Path(host["root"]), team_public_key(team_id))
+    machine = Machine.objects.filter(
+        team_id=team_id, address=host["address"], port=host["port"]
+    ).first()
     if machine is None:
         machine = services.machine_register(
             team_id=team_id, name=host["name"], address=host["address"], port=host["port"],

@@ -87,7 +87,12 @@ class Machine(models.Model):
     class Meta:
         ordering = ["name", "pk"]
         constraints = [
-            models.UniqueConstraint(fields=["address", "port"], name="machine_unique_address_port"),
+            # Per team: a team that names another team's machine only makes a record it can
+            # never log in with (the machine authorized the other team's key), and must not
+            # lock the real owner out by naming it first.
+            models.UniqueConstraint(
+                fields=["team", "address", "port"], name="machine_unique_team_address_port"
+            ),
             models.CheckConstraint(
                 condition=Q(port_range_end__gte=models.F("port_range_start")),
                 name="machine_port_range_ordered",

@@ -128,8 +128,8 @@ def machine_register(*, team_id: int, name: str, address: str, port: int, ssh_us
         or ssh_user.startswith("-")
     ):
         errors["ssh_user"] = "A user name: letters, digits, '-', '_', '.'."
-    if not errors and Machine.objects.filter(address=address, port=port).exists():
-        errors["address"] = "This address and port are already registered."
+    if not errors and Machine.objects.filter(team_id=team_id, address=address, port=port).exists():
+        errors["address"] = "Your team has already registered this address and port."
     if errors:
         raise ValidationError(errors)
     machine = Machine.objects.create(

@@ -131,12 +131,7 @@ class SimHost:
 
     def authorize(self, public_key: str) -> None:
         """Add a public key to this host's ``authorized_keys`` (as a provider would)."""
-        existing = (
-            self.authorized_keys_path.read_text() if self.authorized_keys_path.exists() else ""
-        )
-        if public_key.strip() not in existing:
-            with self.authorized_keys_path.open("a") as handle:
-                handle.write(public_key.strip() + "\n")
+        authorize_key(self.root, public_key)
 
     def set_gpus(self, gpus: tuple[SimGpu, ...]) -> None:
         """Change what ``nvidia-smi`` reports (a GPU falling off the bus, say)."""
@@ -215,6 +210,15 @@ class SimHost:
             "fingerprint": self.host_key_fingerprint,
             "root": str(self.root),
         }
+
+
+def authorize_key(root: Path, public_key: str) -> None:
+    """Add a public key to the ``authorized_keys`` of the host made under ``root``."""
+    path = root / "authorized_keys"
+    existing = path.read_text() if path.exists() else ""
+    if public_key.strip() not in existing.splitlines():
+        with path.open("a") as handle:
+            handle.write(public_key.strip() + "\n")
 
 
 def default_gpus(count: int, name: str = "NVIDIA GeForce RTX 4090", memory_mib: int = 24564):

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 import paramiko
 
 from hosts import addresses
-from hosts.keys import platform_private_key
+from hosts.keys import team_private_key
 
 if TYPE_CHECKING:
     from hosts.models import Machine
@@ -164,11 +164,12 @@ class Connection:
         address: str,
         port: int,
         user: str,
+        team_id: int,
         key_type: str,
         key_base64: str,
         connect_timeout: float = CONNECT_TIMEOUT,
     ):
-        self.address, self.port, self.user = address, port, user
+        self.address, self.port, self.user, self.team_id = address, port, user, team_id
         self.pinned = (key_type, key_base64)
         self.client = paramiko.SSHClient()
         self.client.set_missing_host_key_policy(paramiko.RejectPolicy())
@@ -180,7 +181,7 @@ class Connection:
             raise no_ssh_server(address, port, error) from error
         try:
             self.client.connect(
-                address, port, username=user, pkey=platform_private_key(), sock=sock,
+                address, port, username=user, pkey=team_private_key(team_id), sock=sock,
                 allow_agent=False, look_for_keys=False, timeout=connect_timeout,
                 banner_timeout=connect_timeout, auth_timeout=connect_timeout,
             )  # fmt: skip
@@ -197,7 +198,8 @@ class Connection:
             # login grace time ends.
             self.client.close()
             raise HostUnreachable(
-                f"{user}@{address}:{port} refused the platform's key: is it in authorized_keys?"
+                f"{user}@{address}:{port} refused the platform's key for team {team_id}: is "
+                "that key (shown when adding a machine) in authorized_keys?"
             ) from error
         except (paramiko.SSHException, OSError, EOFError) as error:
             transport = self.client.get_transport()
@@ -388,6 +390,7 @@ class Pool:
             machine.address,
             machine.port,
             machine.ssh_user,
+            machine.team_id,
             machine.host_key_type,
             machine.host_key,
         )
@@ -411,7 +414,7 @@ class Pool:
             if (
                 current is not None
                 and current.alive
-                and (current.address, current.port, current.user, *current.pinned)
+                and (current.address, current.port, current.user, current.team_id) + current.pinned
                 == self._identity(machine)
             ):
                 return current
@@ -421,8 +424,8 @@ class Pool:
             try:
                 connection = self._connect(
                     address=machine.address, port=machine.port, user=machine.ssh_user,
-                    key_type=machine.host_key_type, key_base64=machine.host_key,
-                    connect_timeout=self._connect_timeout,
+                    team_id=machine.team_id, key_type=machine.host_key_type,
+                    key_base64=machine.host_key, connect_timeout=self._connect_timeout,
                 )  # fmt: skip
             except HostKeyMismatch as error:
                 mismatch = error

@@ -31,6 +31,10 @@ cleanup() {
   if [ "$REDIS_STARTED" = 1 ]; then
     redis-cli -p "$redis_port" shutdown nosave >/dev/null 2>&1 || true
   fi
+  if [ "$DOCKERD_STARTED" = 1 ]; then
+    echo "==> stopping the Docker Engine this run started"
+    stop_dockerd
+  fi
 }
 trap cleanup EXIT
 trap 'exit 0' INT TERM
@@ -43,12 +47,22 @@ $py manage.py collectstatic --noinput -v0 || die "collectstatic failed (see abov
 
 simulated=0
 if [ "$(id -u)" = 0 ] && [ -x /usr/sbin/sshd ] && command -v dockerd >/dev/null && start_dockerd; then
-  $py manage.py platform_key >/dev/null 2>&1 || true
-  key_args=(); [ -f var/platform_ssh_key.pub ] && key_args=(--authorize var/platform_ssh_key.pub)
-  $py manage.py simhosts --count 3 "${key_args[@]}" > var/log/simhosts.log 2>&1 &
-  pids+=($!)
-  for _ in $(seq 100); do [ -f var/simhosts/hosts.json ] && break; sleep 0.1; done
-  simulated=1
+  # demo_data puts the provider team's key in each host's authorized_keys, as a provider would.
+  $py manage.py simhosts --count 3 > var/log/simhosts.log 2>&1 &
+  simhosts=$!
+  pids+=($simhosts)
+  # The first run also builds the SSH image, which takes a while.
+  echo "==> starting simulated hosts (var/log/simhosts.log)"
+  for _ in $(seq 1800); do
+    [ -f var/simhosts/hosts.json ] && { simulated=1; break; }
+    kill -0 "$simhosts" 2>/dev/null || break
+    sleep 0.1
+  done
+  if [ "$simulated" != 1 ]; then
+    echo "!! the simulated hosts did not start (see var/log/simhosts.log); starting without them"
+    kill "$simhosts" 2>/dev/null
+    pids=()
+  fi
 else
   echo "!! simulated hosts need root, openssh-server and docker.io; starting without them"
 fi

@@ -124,8 +124,11 @@ clear_stale_docker_pid() {
   rm -f "$pidfile"
 }
 
+DOCKERD_STARTED=0  # set to 1 by start_dockerd when it started the engine (callers stop only that)
 start_dockerd() {
+  local was_running=1
   if ! docker info >/dev/null 2>&1; then
+    was_running=0
     if [ "$(id -u)" != 0 ]; then
       echo "!! Docker Engine is not answering and starting it needs root (or start it: systemctl start docker)"
       return 1
@@ -138,4 +141,16 @@ from hosts.simulation import ensure_dockerd, ensure_image
 Path('var').mkdir(exist_ok=True)
 ensure_dockerd(log_path=Path('var/dockerd.log'))
 ensure_image()" || { echo "!! Docker Engine did not start (see var/dockerd.log)"; return 1; }
+  [ "$was_running" = 1 ] || DOCKERD_STARTED=1
+}
+
+# Stop a Docker Engine that start_dockerd started; its containers stop with it (and are seen
+# as exited by the platform's reconcile when it runs again).
+stop_dockerd() {
+  local pid
+  pid=$(tr -dc '0-9' </var/run/docker.pid 2>/dev/null)
+  [ -n "$pid" ] || return 0
+  kill "$pid" 2>/dev/null || return 0
+  for _ in $(seq 150); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.2; done
+  echo "!! dockerd (pid $pid) is still stopping"
 }

@@ -103,15 +103,10 @@ def sim_root(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def platform_public_key(sim_root):
-    from hosts.keys import platform_public_key
-
-    return platform_public_key()
-
-
-@pytest.fixture(scope="session")
-def sim_host_factory(docker_engine, sim_root, platform_public_key):
-    """Makes simulated hosts on addresses and ports that no other xdist worker uses."""
+def sim_host_factory(docker_engine, sim_root):
+    """Makes simulated hosts on addresses and ports that no other xdist worker uses. A host
+    lets no team in until a test authorizes the team's key (``host.authorize``), as a
+    provider would; the helpers that add machines do."""
     from hosts.simulation import SimHostSpec, create_host, default_gpus
 
     worker, namespace = _worker_index(), _namespace()
@@ -129,7 +124,7 @@ def sim_host_factory(docker_engine, sim_root, platform_public_key):
             gpus=default_gpus(gpus, name=gpu_name, memory_mib=memory_mib),
             port_range=(ports, ports + 19),
         )
-        host = create_host(sim_root / spec.name, spec, [platform_public_key])
+        host = create_host(sim_root / spec.name, spec)
         made.append(host)
         return host
 

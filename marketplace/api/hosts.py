@@ -3,8 +3,6 @@ the platform's SSH key, heartbeat/utilization history and earnings per machine."
 
 from __future__ import annotations
 
-import base64
-
 from django.db import transaction
 from drf_spectacular.utils import extend_schema, extend_schema_field
 from rest_framework import mixins, serializers, status
@@ -12,8 +10,8 @@ from rest_framework.decorators import action
 from rest_framework.response import Response
 from rest_framework.routers import SimpleRouter
 
-from hosts import services, ssh, tasks
-from hosts.keys import platform_public_key
+from hosts import services, tasks
+from hosts.keys import public_key_fingerprint, team_public_key
 from hosts.models import Gpu, Machine, MachineEvent, MaintenanceWindow
 from hosts.selectors import GPU_STATES, gpu_occupancy, hourly_history
 from marketplace.api.base import TeamScopedViewSet
@@ -90,8 +88,8 @@ class MachineSerializer(serializers.ModelSerializer):
 
 class PlatformKeySerializer(serializers.Serializer):
     public_key = serializers.CharField(
-        help_text="The platform's public SSH key: add this line to ~/.ssh/authorized_keys of "
-        "the machine's SSH user before registering the machine."
+        help_text="Your team's platform SSH key: add this line to ~/.ssh/authorized_keys of "
+        "the machine's SSH user before registering the machine. Each team has its own."
     )
     fingerprint = serializers.CharField(help_text="SHA256 fingerprint, as ssh-keygen -lf prints")
 
@@ -178,10 +176,12 @@ class MachineViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScope
     @action(detail=False, methods=["get"], url_path="platform-key")
     def platform_key(self, request):
         """The public SSH key to put in a machine's ``authorized_keys`` before registering
-        it (the same key for every team: the platform logs in with it)."""
-        public_key = platform_public_key()
-        blob = base64.b64decode(public_key.split()[1])
-        return Response({"public_key": public_key, "fingerprint": ssh.fingerprint(blob)})
+        it. Each team has its own: the platform logs in to a team's machines only with the
+        team's key, so no other team can connect (and list) a machine that authorized it."""
+        public_key = team_public_key(self.team.pk)
+        return Response(
+            {"public_key": public_key, "fingerprint": public_key_fingerprint(public_key)}
+        )
 
     @extend_schema(parameters=[HistoryQuerySerializer], responses=HistoryPointSerializer(many=True))
     @action(detail=True, methods=["get"])

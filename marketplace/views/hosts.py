@@ -19,7 +19,7 @@ from billing.errors import InvalidAmount
 from billing.money import format_usd, parse_usd
 from billing.selectors import EarningsRow
 from hosts import services, tasks
-from hosts.keys import platform_public_key
+from hosts.keys import team_public_key
 from hosts.models import Machine, MachineStatus
 from hosts.selectors import HourPoint, gpu_occupancy, hourly_history
 from marketplace.fleet import EARNINGS_DAYS, fleet_summary, machine_earnings_by_day
@@ -88,7 +88,7 @@ def machine_add(request: HttpRequest) -> HttpResponse:
     return render(
         request,
         "hosts/machine_add.html",
-        {"public_key": platform_public_key(), "values": request.POST},
+        {"public_key": team_public_key(request.team.pk), "values": request.POST},
     )
 
 
@@ -119,7 +119,7 @@ def machine_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "in_maintenance": machine.maintenance_windows.filter(
             starts_at__lte=now, ends_at__gt=now
         ).exists(),
-        "public_key": platform_public_key(),
+        "public_key": team_public_key(machine.team_id),
         "can_admin": request.membership.allows(Role.ADMIN),
         "price": machine.price_per_gpu_hour / 1_000_000,
         "storage_price": machine.storage_price_per_gb_month / 1_000_000,

@@ -6,10 +6,12 @@ import json
 import subprocess
 
 from hosts import services
+from hosts.keys import team_public_key
 from hosts.models import Machine
 
 
 def add_and_confirm(team, host, name: str = "") -> Machine:
+    host.authorize(team_public_key(team.pk))  # the provider lets the team's key in first
     machine = services.machine_register(
         team_id=team.pk,
         name=name or host.spec.name,

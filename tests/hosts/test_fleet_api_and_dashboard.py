@@ -4,12 +4,15 @@ hold and capture services."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
+
 import pytest
 from django.test import Client
 from django.utils import timezone
 
 from billing.services import credit_grant, hold_capture_usage, hold_create
-from hosts.keys import platform_public_key
+from hosts.keys import team_public_key
 from hosts.models import Gpu, HeartbeatSample, Machine, MachineStatus
 from hosts.runtime import ContainerSpec, docker_run_argv
 from marketplace.models import ApiKey
@@ -74,13 +77,18 @@ def test_units_of_the_issues_example_on_the_page_in_the_api_and_in_docker(team, 
 
 
 def test_platform_key_for_api_only_providers(team, owner, teammate, outsider):
-    expected = platform_public_key()
     provider_key = key_client(team, audience=ApiKey.Audience.PROVIDER)
     body = provider_key.get("/api/v1/machines/platform-key/").json()
-    assert body["public_key"] == expected and body["fingerprint"].startswith("SHA256:")
+    assert body["public_key"] == team_public_key(team.pk)
+    assert body["public_key"].startswith("ssh-ed25519 ")
+    blob = base64.b64decode(body["public_key"].split()[1])
+    digest = base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
+    assert body["fingerprint"] == f"SHA256:{digest}"  # as ssh-keygen -lf prints it
     assert session(teammate, team).get("/api/v1/machines/platform-key/").json() == body
-    # The key is the platform's, the same for every team: an outsider reads it too.
-    assert session(outsider).get("/api/v1/machines/platform-key/").json() == body
+    # Each team has its own key: the outsider's would not open this team's machines.
+    theirs = session(outsider).get("/api/v1/machines/platform-key/").json()
+    assert theirs["public_key"].startswith("ssh-ed25519 ")
+    assert theirs["public_key"].split()[1] != body["public_key"].split()[1]
     assert Client().get("/api/v1/machines/platform-key/").status_code in (401, 403)
     renter_key = key_client(team, audience=ApiKey.Audience.RENTER)
     assert renter_key.get("/api/v1/machines/platform-key/").status_code == 403

@@ -8,13 +8,16 @@ import pytest
 from django.core.exceptions import ValidationError
 
 from hosts import services, ssh
+from hosts.keys import team_public_key
 from hosts.models import Machine, MachineEvent, MachineStatus
 from marketplace.models import Offer
+from tests.factories import TeamFactory
 
 pytestmark = [pytest.mark.system, pytest.mark.django_db(transaction=True)]
 
 
 def add_and_confirm(team, host) -> Machine:
+    host.authorize(team_public_key(team.pk))
     machine = services.machine_register(
         team_id=team.pk,
         name=host.spec.name,
@@ -63,6 +66,42 @@ def test_wrong_fingerprint_is_not_pinned(team, sim_host_factory):
     assert "fingerprint" in caught.value.message_dict
     machine.refresh_from_db()
     assert machine.host_key == "" and machine.status == MachineStatus.AWAITING_CONFIRMATION
+
+
+def test_another_team_cannot_connect_a_machine_that_authorized_only_the_owners_key(
+    team, sim_host_factory
+):
+    """One platform key for everyone would let any team list (and be paid for) any machine
+    that authorized it. Each team has its own key, so naming someone else's address gets a
+    record the platform can never log in with, and never locks the owner out."""
+    host = sim_host_factory(gpus=2)
+    intruder = TeamFactory(name="Intruder")
+    theirs = services.machine_register(
+        team_id=intruder.pk, name="not mine", address=host.address, port=host.port,
+        ssh_user="root",
+    )  # fmt: skip
+    # The host key is public (any SSH client sees it), so the intruder can even pin it...
+    services.machine_fetch_host_key(machine_id=theirs.pk)
+    services.machine_confirm_host_key(machine_id=theirs.pk, fingerprint=host.host_key_fingerprint)
+    log_before = (host.root / "sshd.log").read_text()
+    with pytest.raises(ssh.HostUnreachable):
+        services.machine_probe(machine_id=theirs.pk)
+    # ...but the machine refuses its key: nothing runs, nothing is read, nothing is offered.
+    theirs.refresh_from_db()
+    assert theirs.status == MachineStatus.ERROR
+    assert f"refused the platform's key for team {intruder.pk}" in theirs.status_detail
+    assert "Accepted publickey" not in (host.root / "sshd.log").read_text()[len(log_before) :]
+    assert not theirs.gpus.exists()
+    assert not Offer.objects.filter(machine=theirs, rentable=True).exists()
+
+    # The owner (who authorized only their own team's key) registers the same address after.
+    mine = services.machine_probe(machine_id=add_and_confirm(team, host).pk)
+    assert mine.status == MachineStatus.ONLINE and mine.gpu_count == 2
+    with pytest.raises(ValidationError, match="already registered this address"):
+        services.machine_register(
+            team_id=team.pk, name="again", address=host.address, port=host.port, ssh_user="root"
+        )
+    assert Machine.objects.filter(team=team).count() == 1
 
 
 def test_a_changed_host_key_is_refused_before_any_command_runs(team, sim_host_factory):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from hosts.models import Machine, MachineStatus
@@ -17,7 +19,8 @@ def test_provider_adds_confirms_prices_and_lists_a_machine_in_the_console(
     host = sim_host_factory(gpus=2)
     client_for(client, owner, team)
     page = client.get("/machines/add/").content.decode()
-    assert "ssh-ed25519 " in page  # the platform key to put in authorized_keys
+    # The team's platform key, to put in the machine's authorized_keys (as the provider does).
+    host.authorize(re.search(r'<code id="platform-key">([^<]+)</code>', page).group(1))
     response = client.post(
         "/machines/add/",
         {"name": "box", "address": host.address, "port": host.port, "ssh_user": "root"},
@@ -92,6 +95,7 @@ def test_teammate_sees_outsider_gets_404_and_lists_do_not_leak(
 def test_provider_api_flow_with_a_key(team, owner, sim_host_factory):
     host = sim_host_factory(gpus=1)
     api = key_client(team, audience=ApiKey.Audience.PROVIDER)
+    host.authorize(api.get("/api/v1/machines/platform-key/").json()["public_key"])
     created = api.post(
         "/api/v1/machines/", {"address": host.address, "port": host.port}, format="json"
     )

@@ -186,7 +186,8 @@ def test_a_refused_login_leaves_no_connection_behind(team, sim_host):
         with pytest.raises(ssh.HostUnreachable, match="refused the platform's key"):
             ssh.Connection(
                 address=machine.address, port=machine.port, user="gpumkt-no-such-user",
-                key_type=machine.host_key_type, key_base64=machine.host_key,
+                team_id=machine.team_id, key_type=machine.host_key_type,
+                key_base64=machine.host_key,
             )  # fmt: skip
     for transport in transports() - before:
         transport.join(10)

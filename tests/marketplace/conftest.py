@@ -11,6 +11,7 @@ from django.utils import timezone
 
 from billing.money import MICRO_PER_DOLLAR
 from billing.services import credit_grant
+from hosts.keys import team_public_key
 from hosts.models import Gpu, Machine
 from marketplace.models import Role, Team
 from marketplace.services.rentals import offer_refresh
@@ -48,6 +49,7 @@ def provider_team(db) -> Team:
 
 
 def machine_for(sim_host, provider_team: Team, **terms) -> Machine:
+    sim_host.authorize(team_public_key(provider_team.pk))
     """The Machine row a provider gets after add → confirm → probe → list on this host.
 
     The figures are the host's real ones (cores, memory) and its configured GPUs.

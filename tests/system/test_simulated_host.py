@@ -7,13 +7,17 @@ import base64
 import paramiko
 import pytest
 
-from hosts.keys import platform_private_key
+from hosts.keys import team_private_key, team_public_key
 from tests.conftest import sim_container_label
 
 pytestmark = pytest.mark.system
 
 
+TEAM_ID = 0  # no team has it: the key is authorized here only to log in as the platform would
+
+
 def connect(host, host_key: str | None = None) -> paramiko.SSHClient:
+    host.authorize(team_public_key(TEAM_ID))
     client = paramiko.SSHClient()
     client.set_missing_host_key_policy(paramiko.RejectPolicy())  # never auto-add
     if host_key is not None:
@@ -22,7 +26,7 @@ def connect(host, host_key: str | None = None) -> paramiko.SSHClient:
             f"[{host.address}]:{host.port}", kind, paramiko.Ed25519Key(data=base64.b64decode(blob))
         )
     client.connect(
-        host.address, host.port, username=host.user, pkey=platform_private_key(),
+        host.address, host.port, username=host.user, pkey=team_private_key(TEAM_ID),
         allow_agent=False, look_for_keys=False, timeout=10,
     )  # fmt: skip
     return client
