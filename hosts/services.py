@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -40,6 +41,22 @@ MAX_STORAGE_PRICE = 100 * 1_000_000  # $100/GB-month
 RELIABILITY_WINDOW = timedelta(days=7)
 MAX_MAINTENANCE = timedelta(days=14)
 MAINTENANCE_HORIZON = timedelta(days=365)
+
+# Higher rooms register how to tell until when the machine is committed (its rentals' end
+# dates): fn(machine_id) -> the latest such moment, or None. hosts imports none of them.
+_commitment_sources: list[Callable[[int], datetime | None]] = []
+
+
+def register_commitments(source: Callable[[int], datetime | None]) -> None:
+    """Add a source of commitments: ``source(machine_id) -> latest end or None``."""
+    if source not in _commitment_sources:
+        _commitment_sources.append(source)
+
+
+def committed_until(machine_id: int) -> datetime | None:
+    """The latest end of what the machine is committed to (None when nothing is)."""
+    ends = [end for source in _commitment_sources if (end := source(machine_id)) is not None]
+    return max(ends, default=None)
 
 
 def heartbeat_seconds() -> int:
@@ -406,7 +423,10 @@ def machine_set_terms(
     port_range_start: int | None = None,
     port_range_end: int | None = None,
 ) -> Machine:
-    """Listing terms. They apply to new rentals; running rentals keep the price they got."""
+    """Listing terms. They apply to new rentals; running rentals keep the price they got.
+
+    The end date may not come before the end of a rental already made (no rental may run
+    past it); the machine row lock keeps a rental from being made meanwhile."""
     machine = Machine.objects.select_for_update().get(pk=machine_id)
     errors = {}
     if not (0 <= price_per_gpu_hour <= MAX_PRICE_PER_GPU_HOUR):
@@ -418,6 +438,13 @@ def machine_set_terms(
         errors["min_gpus"] = f"Between 1 and the machine's {gpus} GPU(s)."
     if end_date is not None and end_date <= timezone.now():
         errors["end_date"] = "The end date must be in the future."
+    elif (
+        end_date is not None and (committed := committed_until(machine_id)) and end_date < committed
+    ):
+        errors["end_date"] = (
+            f"A rental on this machine runs until {committed:%Y-%m-%d %H:%M} UTC; "
+            "the end date cannot come before it."
+        )
     location = location.strip()
     if len(location) > 64:
         errors["location"] = "At most 64 characters."

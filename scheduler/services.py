@@ -597,9 +597,14 @@ def instance_start(
     has started, it is still in the state it was started from and holds its GPUs; otherwise
     (expired, destroyed, or freed as a dead start meanwhile) its container is stopped again.
     """
+    machine_id = Instance.objects.values_list("machine_id", flat=True).get(pk=instance_id)
     with transaction.atomic():
+        # The machine before the instance, the order renting and reclaiming take them in.
+        Machine.objects.select_for_update().get(pk=machine_id)
         instance = (
-            Instance.objects.select_for_update().select_related("machine").get(pk=instance_id)
+            Instance.objects.select_for_update(of=("self",))
+            .select_related("machine")
+            .get(pk=instance_id)
         )
         from_state = instance.state
         if from_state not in (*RECLAIMING_STATES, InstanceState.EXITED):

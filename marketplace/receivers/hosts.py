@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from django.dispatch import receiver
 
 from hosts.models import in_service
 from hosts.selectors import register_occupancy
+from hosts.services import register_commitments
 from hosts.signals import machine_changed, machine_status_changed
 from marketplace.events import publish_team_event
+from marketplace.models import Contract
 from marketplace.services.rentals import contracts_follow_machine, offer_refresh
 
 
@@ -41,3 +45,17 @@ def rented_gpus(machine_ids: list[int]) -> dict[int, str]:
 
 
 register_occupancy(rented_gpus)
+
+
+def rentals_end(machine_id: int) -> datetime | None:
+    """The latest end date of the machine's rentals still open (the end date may not cut
+    them short)."""
+    return (
+        Contract.objects.filter(machine_id=machine_id, settled_at=None)
+        .order_by("-ends_at")
+        .values_list("ends_at", flat=True)
+        .first()
+    )
+
+
+register_commitments(rentals_end)

@@ -29,6 +29,7 @@ from billing import services as billing
 from billing.money import MICRO_PER_DOLLAR, usage_owed
 from hosts.models import Machine, MachineStatus, in_service
 from hosts.runtime import CommandResult, DockerHost
+from hosts.selectors import maintenance_overlapping
 from marketplace.events import publish_instance_event
 from marketplace.models import Contract, Offer, SshKey, Team
 from marketplace.secrets_box import seal, unseal
@@ -356,18 +357,29 @@ def rental_extend(*, contract: Contract, hours: float) -> Contract:
             {"hours": f"Extend by more than 0 and at most {MAX_RENTAL_HOURS} hours."}
         )
     with transaction.atomic():
+        # The machine first, as renting and changing the terms lock it: its end date and
+        # maintenance windows cannot move while this checks them. Then the contract alone
+        # (``of``: a join would lock the instance too, in no order we choose).
+        machine = Machine.objects.select_for_update().get(pk=contract.machine_id)
         contract = (
-            Contract.objects.select_for_update()
-            .select_related("machine", "instance")
+            Contract.objects.select_for_update(of=("self",))
+            .select_related("instance")
             .get(pk=contract.pk)
         )
         if contract.instance.state in (InstanceState.EXPIRED, InstanceState.DESTROYED):
             raise ValidationError({"hours": "This rental has ended; rent again instead."})
         new_end = contract.ends_at + timedelta(hours=hours)
-        end_date = contract.machine.end_date
-        if end_date and new_end > end_date:
+        if machine.end_date and new_end > machine.end_date:
             raise ValidationError(
-                {"hours": f"The machine is offered until {end_date:%Y-%m-%d %H:%M} UTC."}
+                {"hours": f"The machine is offered until {machine.end_date:%Y-%m-%d %H:%M} UTC."}
+            )
+        window = maintenance_overlapping(machine.pk, contract.ends_at, new_end)
+        if window is not None:
+            raise ValidationError(
+                {
+                    "hours": f"The machine has maintenance from {window.starts_at:%Y-%m-%d %H:%M}"
+                    " UTC; extend to before it."
+                }
             )
         quote = extension_quote(contract, round(hours * 3600))
         billing.hold_extend(

@@ -65,9 +65,12 @@ def team_settings(request: HttpRequest) -> HttpResponse:
 @login_required
 @require_POST
 def team_switch(request: HttpRequest) -> HttpResponse:
-    membership = Membership.objects.filter(
-        user=request.user, team_id=request.POST.get("team")
-    ).first()
+    team_id = request.POST.get("team", "")
+    membership = (
+        Membership.objects.filter(user=request.user, team_id=int(team_id)).first()
+        if team_id.isdigit() and len(team_id) < 19  # a number the database can hold
+        else None
+    )
     if membership is None:
         messages.error(request, "You are not a member of that team.")
     else:

@@ -425,3 +425,14 @@ def test_team_switch_returns_to_the_page_it_came_from(client, team, owner):
     client_for(client, owner)
     response = client.post(reverse("team-switch"), {"team": team.pk, "next": "/instances/"})
     assert response["Location"] == "/instances/"
+
+
+@pytest.mark.parametrize("value", ["abc", "", "-1", "1e3", "99999999999999999999999", "1;2"])
+def test_team_switch_to_a_team_that_is_not_a_number_is_refused_and_changes_nothing(
+    client, team, owner, value
+):
+    client_for(client, owner, team)
+    response = client.post(reverse("team-switch"), {"team": value}, follow=True)
+    assert response.status_code == 200
+    assert "You are not a member of that team." in response.content.decode()
+    assert client.session["active_team_id"] == team.pk

@@ -9,6 +9,7 @@ import threading
 from datetime import timedelta
 
 import pytest
+from django.core.exceptions import ValidationError
 from django.db import connection
 from django.utils import timezone
 
@@ -303,6 +304,43 @@ def test_renting_past_the_end_date_or_over_maintenance_is_refused(
     assert team_balance(funded_team.pk).held == 0
     assert rent(client, machine, duration_hours=0.5).status_code == 201  # before the window
     assert MaintenanceWindow.objects.filter(machine=machine).count() == 1
+
+
+def test_an_extension_into_maintenance_or_an_end_date_before_a_rental_is_refused(
+    funded_team, sim_host_factory, provider_team
+):
+    now = timezone.now()
+    machine = machine_for(sim_host_factory(gpus=1), provider_team)
+    client = key_client(funded_team)
+    instance = rented(client, machine, duration_hours=1)
+    contract = instance.contract
+    hold_before = Hold.objects.get(pk=contract.hold_id).amount
+    host_services.maintenance_window_add(
+        machine_id=machine.pk, starts_at=now + timedelta(hours=3), ends_at=now + timedelta(hours=4)
+    )
+    into = client.post(f"/api/v1/instances/{instance.pk}/extend/", {"hours": 2.5}, format="json")
+    assert into.status_code == 400
+    assert "maintenance from" in into.json()["error"]["fields"]["hours"][0]
+    contract.refresh_from_db()
+    assert contract.ends_at == instance.contract.ends_at  # nothing moved, nothing held
+    assert Hold.objects.get(pk=contract.hold_id).amount == hold_before
+    ok = client.post(f"/api/v1/instances/{instance.pk}/extend/", {"hours": 1.5}, format="json")
+    assert ok.status_code == 200  # up to the window is fine
+
+    # The provider cannot cut the rental short by moving the end date before its end.
+    contract.refresh_from_db()
+    terms = {
+        "machine_id": machine.pk, "price_per_gpu_hour": machine.price_per_gpu_hour,
+        "storage_price_per_gb_month": machine.storage_price_per_gb_month, "min_gpus": 1,
+        "location": "US",
+    }  # fmt: skip
+    with pytest.raises(ValidationError) as refused:
+        host_services.machine_set_terms(**terms, end_date=contract.ends_at - timedelta(minutes=1))
+    assert "runs until" in refused.value.message_dict["end_date"][0]
+    machine.refresh_from_db()
+    assert machine.end_date is None
+    host_services.machine_set_terms(**terms, end_date=contract.ends_at)  # at its end: fine
+    assert Machine.objects.get(pk=machine.pk).end_date == contract.ends_at
 
 
 def test_unlisting_the_machine_leaves_a_running_rental_alone(funded_team, machine):
