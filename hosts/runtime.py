@@ -2,8 +2,8 @@
 
 ``ContainerSpec`` is validated field by field (``InvalidContainerSpec`` names the field), and
 ``docker_run_argv`` is a pure function from a spec to an argv list. It can only produce the
-flags written below: no ``--privileged``, no host networking, no bind mounts, no Docker
-socket, no renter ``NVIDIA_*`` variables. GPUs are pinned by UUID: ``--gpus`` where the NVIDIA
+flags written below: no ``--privileged``, no host networking, no bind mounts (only named
+volumes, by ``--mount type=volume``), no Docker socket, no renter ``NVIDIA_*`` variables. GPUs are pinned by UUID: ``--gpus`` where the NVIDIA
 runtime exists, else ``NVIDIA_VISIBLE_DEVICES``.
 """
 
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CommandFailed", "CommandResult", "ContainerSpec", "ContainerState", "DockerHost",
     "HostKeyMismatch", "HostUnreachable", "InvalidContainerSpec", "docker_run_argv",
-    "validate_env", "validate_image", "validate_ports",
+    "validate_env", "validate_image", "validate_ports", "validate_volumes",
 ]  # fmt: skip
 
 PLATFORM_LABEL = "gpumkt.platform"
@@ -48,6 +48,11 @@ GPU_UUID = re.compile(rf"(?:GPU|MIG)-{_UUID}|MIG-GPU-{_UUID}/[0-9]{{1,3}}/[0-9]{
 _GPU_UUID = GPU_UUID
 _CONTAINER_REF = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,127}$")
 PROGRAM_NAME = re.compile(r"^[A-Za-z0-9_./+][A-Za-z0-9_./+-]{0,254}$")
+# An absolute path inside the container: no commas or '=' (they would be --mount options), no
+# spaces, no '..' (checked apart), never '/' itself.
+_MOUNT_TARGET = re.compile(r"^(?:/[A-Za-z0-9_.+-]+){1,32}$")
+# Where a volume would hide what the container needs to run, or the kernel's views.
+_RESERVED_TARGETS = ("/proc", "/sys", "/dev", "/etc", "/bin", "/sbin", "/lib", "/usr")
 
 
 class InvalidContainerSpec(ValueError):
@@ -117,6 +122,39 @@ def validate_ports(ports: list[tuple[int, int, str]]) -> None:
             raise InvalidContainerSpec("ports", f"protocol must be tcp or udp, not {protocol!r}")
 
 
+def validate_volumes(volumes: list[tuple[str, str]]) -> None:
+    """Named volumes only, each at its own absolute path: a host path can never be the source
+    (there is no bind mount to make), and the target cannot smuggle in mount options."""
+    if not isinstance(volumes, list | tuple):
+        raise InvalidContainerSpec("volumes", "must be a list of (volume name, mount path)")
+    if len(volumes) > 8:
+        raise InvalidContainerSpec("volumes", "at most 8 volumes")
+    targets = set()
+    for entry in volumes:
+        if not isinstance(entry, tuple | list) or len(entry) != 2:
+            raise InvalidContainerSpec("volumes", f"{entry!r} is not (volume name, mount path)")
+        name, target = entry
+        if not isinstance(name, str) or not _CONTAINER_REF.fullmatch(name):
+            raise InvalidContainerSpec(
+                "volumes", f"'{str(name)[:40]}' is not a volume name (letters, digits, _ . -)"
+            )
+        if (
+            not isinstance(target, str)
+            or len(target) > 255
+            or not _MOUNT_TARGET.fullmatch(target)
+            or ".." in target.split("/")
+            or "." in target.split("/")
+        ):
+            raise InvalidContainerSpec(
+                "volumes", f"'{str(target)[:60]}' is not an absolute path like /workspace"
+            )
+        if any(target == top or target.startswith(top + "/") for top in _RESERVED_TARGETS):
+            raise InvalidContainerSpec("volumes", f"{target} is reserved for the system")
+        if target in targets:
+            raise InvalidContainerSpec("volumes", f"two volumes at {target}")
+        targets.add(target)
+
+
 def registry_of(image: str) -> str:
     """The registry host of an image reference (Docker Hub when the first part is no host)."""
     first, _, rest = image.partition("/")
@@ -138,6 +176,7 @@ class ContainerSpec:
     gpu_uuids: list[str] = field(default_factory=list)
     entrypoint: str | None = None
     args: list[str] = field(default_factory=list)
+    volumes: list[tuple[str, str]] = field(default_factory=list)  # (volume name, mount path)
 
     disk_gb: int | None = None  # the units' disk share, recorded as a label
 
@@ -149,6 +188,7 @@ class ContainerSpec:
         if not isinstance(self.ports, list | tuple):
             raise InvalidContainerSpec("ports", "must be a list of (container, host, protocol)")
         validate_ports(list(self.ports))
+        validate_volumes(self.volumes)
         if (
             not isinstance(self.cpus, int | float)
             or isinstance(self.cpus, bool)
@@ -231,6 +271,8 @@ def docker_run_argv(spec: ContainerSpec, *, machine_id: int, nvidia_runtime: boo
         argv += ["--env", f"{key}={env[key]}"]
     for container_port, host_port, protocol in spec.ports:
         argv += ["--publish", f"{host_port}:{container_port}/{protocol}"]
+    for name, target in spec.volumes:
+        argv += ["--mount", f"type=volume,source={name},target={target}"]
     if spec.entrypoint is not None:
         argv += ["--entrypoint", spec.entrypoint]
     # The CLI stops reading options at the image, so args can never become docker flags.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from hosts.runtime import CommandFailed, ContainerSpec, DockerHost, InvalidContainerSpec
@@ -121,6 +123,36 @@ def test_image_present_and_volumes(team, sim_host, docker_engine):
     host.volume_create(name)
     try:
         assert name in host._run(["docker", "volume", "ls", "--format", "{{.Name}}"]).stdout
+
+        def run_with_volume(suffix: str, script: str) -> str:
+            return host.run(
+                ContainerSpec(
+                    name=f"gpumkt-t-{machine.pk}-vol-{suffix}", image=docker_engine, cpus=0.5,
+                    memory_mb=64, shm_mb=8, labels=label(), volumes=[(name, "/workspace")],
+                    entrypoint="sh", args=["-c", script],
+                )
+            )  # fmt: skip
+
+        # What one container writes to the volume, the next one reads: the data outlives it.
+        first = run_with_volume("w", "echo kept > /workspace/note")
+        deadline = time.monotonic() + 30
+        while host.inspect(first)["State"]["Running"] and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert host.inspect(first)["State"]["ExitCode"] == 0
+        mounts = docker_inspect(first)["Mounts"]
+        assert [(m["Type"], m["Name"], m["Destination"]) for m in mounts] == [
+            ("volume", name, "/workspace")
+        ]
+        assert not docker_inspect(first)["HostConfig"]["Binds"]  # never a host path
+        host.remove(first)
+        second = run_with_volume("r", "cat /workspace/note; sleep 30")
+        try:
+            deadline = time.monotonic() + 30
+            while "kept" not in host.logs(second, tail=5) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert "kept" in host.logs(second, tail=5)
+        finally:
+            host.remove(second)
     finally:
         host.volume_remove(name)
     assert name not in host._run(["docker", "volume", "ls", "--format", "{{.Name}}"]).stdout

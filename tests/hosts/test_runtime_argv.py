@@ -266,3 +266,67 @@ def test_renter_labels_cannot_impersonate_the_platform_labels():
     )  # fmt: skip
     labels = [argv[i + 1] for i, a in enumerate(argv) if a == "--label"]
     assert labels == ["gpumkt.machine=3", "gpumkt.platform=1"]
+
+
+# --- volumes: named volumes only, at a plain absolute path ---------------------------------
+
+
+def test_volumes_are_named_volumes_mounted_by_type():
+    argv = docker_run_argv(
+        spec(volumes=[("gpumkt-data-1", "/workspace"), ("cache_2", "/root/.cache")]),
+        machine_id=1,
+        nvidia_runtime=False,
+    )
+    mounts = [argv[i + 1] for i, a in enumerate(argv) if a == "--mount"]
+    assert mounts == [
+        "type=volume,source=gpumkt-data-1,target=/workspace",
+        "type=volume,source=cache_2,target=/root/.cache",
+    ]
+    assert "--volume" not in argv and "-v" not in argv
+    assert argv.index("--mount") < argv.index("pytorch/pytorch:2.3.0")
+
+
+@pytest.mark.parametrize("value", [*HOSTILE, "/", "/etc", "host/path", "/:/h", "a,b", "a=b", ""])
+def test_hostile_volume_sources_are_rejected(value):
+    """A source with a slash would be a host path (a bind mount); commas or '=' would be
+    more --mount options."""
+    with pytest.raises(InvalidContainerSpec) as caught:
+        spec(volumes=[(value, "/workspace")])
+    assert caught.value.field == "volumes"
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        *[value for value in HOSTILE if value != "/var/run/docker.sock"],
+        "/", "workspace", "/a/../etc", "/a/./b", "/data,readonly=false", "/data,src=/",
+        "/x=y", "/a b", "//", "/data/", "/proc", "/proc/1", "/sys/fs", "/dev/sda", "/etc",
+        "/usr/bin", "/" + "a" * 300,
+    ],
+)  # fmt: skip
+def test_bad_mount_targets_are_rejected_naming_the_field(target):
+    with pytest.raises(InvalidContainerSpec) as caught:
+        spec(volumes=[("data", target)])
+    assert caught.value.field == "volumes"
+
+
+def test_a_named_volume_at_the_docker_socket_path_is_only_a_volume():
+    """The path exists only inside the container: the host's socket is never the source."""
+    argv = docker_run_argv(
+        spec(volumes=[("data", "/var/run/docker.sock")]), machine_id=1, nvidia_runtime=False
+    )
+    assert "type=volume,source=data,target=/var/run/docker.sock" in argv
+    assert not any("source=/" in a for a in argv)
+
+
+@pytest.mark.parametrize(
+    "volumes",
+    [
+        "data:/workspace", [("data",)], [("data", "/a", "rw")], [("a", "/w"), ("b", "/w")],
+        [(f"v{i}", f"/v{i}") for i in range(9)], [(1, "/w")], [("data", 1)],
+    ],
+)  # fmt: skip
+def test_malformed_volume_lists_are_rejected(volumes):
+    with pytest.raises(InvalidContainerSpec) as caught:
+        spec(volumes=volumes)
+    assert caught.value.field == "volumes"
