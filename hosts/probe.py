@@ -100,6 +100,13 @@ def parse_os_release(text: str) -> str:
     return match.group(1) if match else ""
 
 
+def has_nvidia_runtime(docker_info: dict) -> bool:
+    """Whether Docker can run ``--gpus`` containers: the NVIDIA Container Toolkit registers a
+    runtime named ``nvidia`` (``nvidia-ctk runtime configure``), which ``docker info`` lists."""
+    runtimes = docker_info.get("Runtimes")
+    return isinstance(runtimes, dict) and "nvidia" in runtimes
+
+
 def probe(machine: Machine) -> ProbeResult:
     """Ask the machine about itself: a handful of commands on the pooled connection.
 
@@ -155,7 +162,7 @@ def probe(machine: Machine) -> ProbeResult:
         ram_mb=ram_mb,
         disk_free_gb=disk,
         docker_version=str(docker_info.get("ServerVersion", ""))[:40] if docker_info else None,
-        nvidia_runtime="nvidia" in (docker_info.get("Runtimes") or {}) if docker_info else None,
+        nvidia_runtime=has_nvidia_runtime(docker_info) if docker_info else None,
         os_name=parse_os_release(os_release.stdout)[:120] if os_release.exit_code == 0 else None,
         problems=problems,
     )

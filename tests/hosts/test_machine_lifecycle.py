@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import re
+import subprocess
+from pathlib import Path
 
 import pytest
 from django.core.exceptions import ValidationError
@@ -43,6 +46,16 @@ def test_add_confirm_probe_list(team, sim_host_factory):
     assert machine.cpu_cores == os.cpu_count()
     assert machine.ram_mb > 1024 and machine.disk_free_gb > 0
     assert machine.cuda_version == "12.4" and machine.driver_version == "550.54.14"
+    # Docker and the OS as the machine itself reports them (asked here without our code).
+    server = subprocess.run(
+        ["docker", "version", "--format", "{{.Server.Version}}"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    assert machine.docker_version == server
+    pretty = re.search(r'^PRETTY_NAME="?([^"\n]*)', Path("/etc/os-release").read_text(), re.M)
+    assert machine.os_name == pretty.group(1)
+    assert machine.nvidia_runtime is False  # this Docker has no NVIDIA runtime registered
+    assert machine.unit_disk_gb == machine.disk_free_gb // 4
     # Units: an even share of the machine per GPU.
     assert machine.unit_cpus == round(os.cpu_count() / 4, 2)
     assert machine.unit_memory_mb == machine.ram_mb // 4

@@ -8,6 +8,7 @@ from hosts.ports import pick_free_ports
 from hosts.probe import (
     CgroupLimits,
     ProbeError,
+    has_nvidia_runtime,
     parse_cgroup_v1,
     parse_cgroup_v2,
     parse_cuda_version,
@@ -82,6 +83,25 @@ def test_df_size_busybox_and_gnu():
     assert parse_df_size_kb(busybox) == 32768
     with pytest.raises(ProbeError):
         parse_df_size_kb("df: /dev/shm: No such file or directory")
+
+
+def test_nvidia_runtime_is_read_from_docker_infos_runtimes():
+    # As `docker info --format '{{json .}}'` prints them on a host with and without the NVIDIA
+    # Container Toolkit configured.
+    with_toolkit = {
+        "ServerVersion": "27.3.1",
+        "Runtimes": {
+            "io.containerd.runc.v2": {"path": "runc"},
+            "nvidia": {"path": "nvidia-container-runtime"},
+            "runc": {"path": "runc"},
+        },
+        "DefaultRuntime": "runc",
+    }
+    without = {"ServerVersion": "20.10.24", "Runtimes": {"io.containerd.runc.v2": {"path": "runc"}, "runc": {"path": "runc"}}}  # fmt: skip
+    assert has_nvidia_runtime(with_toolkit) is True
+    assert has_nvidia_runtime(without) is False
+    assert has_nvidia_runtime({"Runtimes": None}) is False
+    assert has_nvidia_runtime({"Runtimes": ["nvidia"]}) is False  # not the shape docker prints
 
 
 def test_os_release():
