@@ -174,18 +174,31 @@ def test_expiry_stops_then_deletes_after_the_grace_period(funded_team, machine):
     client = key_client(funded_team)
     instance_id = rent(client, machine, num_gpus=1).json()["id"]
     instance = Instance.objects.get(pk=instance_id)
+    now = timezone.now()
+    # Rented two hours ago for two hours (less a second): both clocks ran all along.
     Contract.objects.filter(instance=instance).update(
-        starts_at=timezone.now() - timedelta(hours=2), ends_at=timezone.now() - timedelta(seconds=1)
-    )
+        starts_at=now - timedelta(hours=2), ends_at=now - timedelta(seconds=1),
+        gpu_clock_since=now - timedelta(hours=2), storage_clock_since=now - timedelta(hours=2),
+    )  # fmt: skip
+    available_before = team_balance(funded_team.pk).available
+    held = Hold.objects.get(pk=Contract.objects.get(instance=instance).hold_id).amount
     expiry_sweep()
     instance.refresh_from_db()
     assert instance.state == "expired"
     assert docker_inspect(instance.container_id)["State"]["Running"] is False
     contract = Contract.objects.get(instance=instance)
-    assert (
-        contract.settled_at is not None
-        and Hold.objects.get(pk=contract.hold_id).closed_at is not None
-    )
+    hold = Hold.objects.get(pk=contract.hold_id)
+    assert contract.settled_at is not None and hold.closed_at is not None
+    # Charged up to the end date and not a second past it; the rest of the hold came back.
+    assert contract.gpu_seconds == contract.storage_seconds == 2 * 3600 - 1
+    owed = usage_owed(rate_per_hour=contract.price_per_gpu_hour, seconds=7199)
+    owed += rentals.storage_owed(
+        price_per_gb_month=contract.storage_price_per_gb_month, disk_gb=contract.disk_gb,
+        seconds=7199,
+    )  # fmt: skip
+    assert hold.captured == owed
+    assert team_balance(funded_team.pk).held == 0
+    assert team_balance(funded_team.pk).available == available_before + held - owed
     assert client.post(f"/api/v1/instances/{instance_id}/start/").status_code == 409
     Contract.objects.filter(pk=contract.pk).update(
         data_delete_after=timezone.now() - timedelta(seconds=1)
@@ -241,14 +254,13 @@ def test_a_redelivered_launch_makes_no_second_container(funded_team, machine):
     instance = Instance.objects.get(pk=instance_id)
     # As if the worker died after `docker run` but before recording it: back to launching.
     Instance.objects.filter(pk=instance_id).update(state="launching", container_id="")
-    assert rental_launch(instance_id) == "running"
-    assert (
-        rental_launch(instance_id) == "launching"
-        or Instance.objects.get(pk=instance_id).state == "running"
-    )
+    assert rental_launch(instance_id) == "running"  # adopts the container it finds by name
+    adopted = Instance.objects.get(pk=instance_id).container_id
+    assert adopted == instance.container_id
+    assert rental_launch(instance_id) == "running"  # delivered once more: nothing to do
     assert len(containers_named(instance.container_name)) == 1
     instance.refresh_from_db()
-    assert instance.container_id and instance.state == "running"
+    assert instance.container_id == adopted and instance.state == "running"
 
 
 def test_outsider_cannot_see_or_touch_the_rental(funded_team, machine, outsider, client):
@@ -419,3 +431,26 @@ def test_console_rent_splits_arguments_like_a_shell_and_refuses_an_open_quote(
     instance.refresh_from_db()
     assert instance.state == "running", instance.status_message
     assert docker_inspect(instance.container_id)["Args"] == ["-c", 'echo "a  b"; exec sleep 600']
+
+
+def test_the_quote_before_renting_is_what_the_rental_holds(
+    funded_team, sim_host_factory, provider_team
+):
+    """rate × GPUs × hours + storage (GB-month prorated over 720 hours), shown before
+    confirming; renting with the same choices holds exactly that much."""
+    machine = machine_for(sim_host_factory(gpus=2), provider_team)
+    client = key_client(funded_team)
+    choice = {"num_gpus": 2, "duration_hours": 3, "disk_gb": 20}
+    quote = client.get(f"/api/v1/offers/{machine.pk}/quote/", choice)
+    assert quote.status_code == 200
+    # $0.50/GPU-hour × 2 × 3 h; $0.10/GB-month × 20 GB × 3/720 of a month.
+    assert quote.json() == {"gpu": 3.0, "storage": 0.008333, "total": 3.008333}
+    available_before = team_balance(funded_team.pk).available
+    instance_id = rent(client, machine, **choice).json()["id"]
+    hold = Hold.objects.get(pk=Contract.objects.get(instance_id=instance_id).hold_id)
+    assert hold.amount == 3_008_333
+    assert team_balance(funded_team.pk).available == available_before - 3_008_333
+
+    bad = client.get(f"/api/v1/offers/{machine.pk}/quote/", {**choice, "num_gpus": 0})
+    assert bad.status_code == 400 and "num_gpus" in bad.json()["error"]["fields"]
+    assert client.get("/api/v1/offers/999999/quote/", choice).status_code == 404
