@@ -546,9 +546,12 @@ HEARTBEAT_COMMAND_TIMEOUT = 10.0
 
 
 def offline_bound_seconds() -> int:
-    """The longest a dead machine stays "online": K heartbeat periods plus the last attempt's
-    timeouts (a reconnect and its retry, each bounded by the connect timeout)."""
-    return int(heartbeat_seconds() * heartbeat_misses_allowed() + 2 * ssh.CONNECT_TIMEOUT)
+    """The longest a dead machine stays "online": K heartbeat periods plus the longest the
+    last attempt can take: the command's timeout on a connection that went silent, then a
+    reconnect and its retry, each of whose three steps (TCP, SSH banner, login) is bounded by
+    the connect timeout (a host that accepts TCP and then says nothing uses all three)."""
+    last_attempt = HEARTBEAT_COMMAND_TIMEOUT + 2 * 3 * ssh.CONNECT_TIMEOUT
+    return int(heartbeat_seconds() * heartbeat_misses_allowed() + last_attempt)
 
 
 def _gpus_in_use(machine: Machine) -> tuple[int, int]:
