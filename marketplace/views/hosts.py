@@ -245,9 +245,15 @@ def machine_action(request: HttpRequest, pk: int, action: str) -> HttpResponse:
                 storage_price_per_gb_month=parse_usd(
                     request.POST.get("storage_price", ""), field="storage_price_per_gb_month"
                 ),
-                min_gpus=int(request.POST.get("min_gpus") or 1),
+                min_gpus=_whole(request.POST.get("min_gpus") or "1", field="min_gpus"),
                 end_date=_end_date(request.POST.get("end_date", "")),
                 location=request.POST.get("location", ""),
+                port_range_start=_whole(
+                    request.POST.get("port_range_start") or "0", field="port_range_start"
+                ),
+                port_range_end=_whole(
+                    request.POST.get("port_range_end") or "0", field="port_range_end"
+                ),
             )
             messages.success(request, "Terms saved. They apply to new rentals.")
         elif action in ("list", "unlist"):
@@ -264,9 +270,15 @@ def machine_action(request: HttpRequest, pk: int, action: str) -> HttpResponse:
         messages.error(request, _errors(error))
     except InvalidAmount as error:
         messages.error(request, str(error))
-    except ValueError:
-        messages.error(request, "Minimum GPUs must be a whole number.")
     return redirect("machine-detail", pk=machine.pk)
+
+
+def _whole(text: str, *, field: str) -> int:
+    """A whole number from a form field (0 when left empty means: keep the current one)."""
+    text = text.strip()
+    if not text.isdigit() or len(text) > 9:
+        raise ValidationError({field: "A whole number."})
+    return int(text)
 
 
 def _moment(text: str, field: str) -> datetime:

@@ -32,13 +32,17 @@ def test_provider_adds_confirms_prices_and_lists_a_machine_in_the_console(
     client.post(f"/machines/{machine.pk}/confirm/", {"fingerprint": host.host_key_fingerprint})
     machine.refresh_from_db()
     assert machine.status == MachineStatus.ONLINE and machine.gpu_count == 2
+    page = client.get(f"/machines/{machine.pk}/").content.decode()
+    assert 'name="port_range_start"' in page and 'value="20000"' in page
     client.post(
         f"/machines/{machine.pk}/terms/",
-        {"price": "0.85", "storage_price": "0.10", "min_gpus": "1", "location": "EU"},
-    )
+        {"price": "0.85", "storage_price": "0.10", "min_gpus": "1", "location": "EU",
+         "port_range_start": "30000", "port_range_end": "30099"},
+    )  # fmt: skip
     client.post(f"/machines/{machine.pk}/list/")
     machine.refresh_from_db()
     assert machine.listed and machine.price_per_gpu_hour == 850_000
+    assert (machine.port_range_start, machine.port_range_end) == (30000, 30099)
     page = client.get("/machines/").content.decode()
     assert page.count('class="gpu-cell free"') == 2
     assert Offer.objects.get(machine=machine).rentable
@@ -57,6 +61,17 @@ def test_bad_price_names_the_field_and_changes_nothing(client, team, owner, sim_
     assert "must not be negative" in response.content.decode()
     machine.refresh_from_db()
     assert machine.price_per_gpu_hour == 0
+    for field, value, message in [
+        ("min_gpus", "two", "min gpus: A whole number."),
+        ("port_range_start", "-5", "port range start: A whole number."),
+        ("port_range_end", "99999999999999", "port range end: A whole number."),
+        ("port_range_start", "80", "port range start: A range of host ports within 1024-65535"),
+    ]:
+        form = {"price": "1", "storage_price": "0", "min_gpus": "1", field: value}
+        response = client.post(f"/machines/{machine.pk}/terms/", form, follow=True)
+        assert message in response.content.decode(), (field, value)
+    machine.refresh_from_db()
+    assert machine.price_per_gpu_hour == 0 and machine.port_range_start == 20000
 
 
 def test_teammate_sees_outsider_gets_404_and_lists_do_not_leak(
