@@ -265,7 +265,8 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
-    "loggers": {"paramiko": {"level": "WARNING"}},
+    # WeasyPrint logs each layout step of every PDF invoice at INFO.
+    "loggers": {"paramiko": {"level": "WARNING"}, "weasyprint": {"level": "WARNING"}},
 }
 
 # --- Billing settings ---

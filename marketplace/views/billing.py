@@ -9,14 +9,17 @@ from __future__ import annotations
 import csv
 import uuid
 from datetime import UTC, date, datetime
+from pathlib import Path
 
 from django import forms
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.contrib.staticfiles import finders
 from django.core.paginator import Paginator
 from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpResponse
 from django.shortcuts import redirect, render
+from django.template.loader import render_to_string
 from django.urls import path, reverse
 from django.utils import timezone
 from django.views.decorators.http import require_POST
@@ -231,12 +234,50 @@ def _month(value: str) -> date:
         raise Http404 from error
 
 
-@login_required
-def invoice(request: HttpRequest, month: str) -> HttpResponse:
+def _invoice(request: HttpRequest, month: str) -> selectors.Invoice:
     found = selectors.invoice_for_month(_entries(request), _month(month))
     if not found.lines and not found.credit_added:
         raise Http404
+    return found
+
+
+@login_required
+def invoice(request: HttpRequest, month: str) -> HttpResponse:
+    found = _invoice(request, month)
     return render(request, "billing/invoice.html", {"invoice": found, "team": request.team})
+
+
+# The console's own stylesheet (its print rules included), plus the page box of a document.
+INVOICE_PAGE_CSS = "@page { size: A4; margin: 16mm 14mm; } body { background: #fff; }"
+
+
+@login_required
+def invoice_pdf(request: HttpRequest, month: str) -> HttpResponse:
+    """The invoice as a PDF, laid out by WeasyPrint from the same markup as the page.
+
+    WeasyPrint is handed the HTML and the stylesheet as text, and the document links to
+    nothing, so rendering never fetches a URL."""
+    found = _invoice(request, month)
+    try:
+        from weasyprint import CSS, HTML
+    except OSError:  # its Pango libraries are missing on this machine
+        return HttpResponse(
+            "PDF invoices need Pango on the server (apt-get install libpango-1.0-0 "
+            "libpangoft2-1.0-0); print the invoice page instead.",
+            status=503,
+            content_type="text/plain; charset=utf-8",
+        )
+    document = render_to_string(
+        "billing/invoice_document.html", {"invoice": found, "team": request.team}
+    )
+    stylesheet = Path(finders.find("css/app.css")).read_text()
+    pdf = HTML(string=document).write_pdf(
+        stylesheets=[CSS(string=stylesheet), CSS(string=INVOICE_PAGE_CSS)]
+    )
+    response = HttpResponse(pdf, content_type="application/pdf")
+    filename = f"invoice-{request.team.pk}-{found.number}.pdf"
+    response["Content-Disposition"] = f'attachment; filename="{filename}"'
+    return response
 
 
 @login_required
@@ -340,6 +381,7 @@ urlpatterns: list = [
     path("billing/ledger.csv", ledger_csv, name="billing-ledger-csv"),
     path("billing/invoices/", invoices, name="billing-invoices"),
     path("billing/invoices/<str:month>/", invoice, name="billing-invoice"),
+    path("billing/invoices/<str:month>/pdf/", invoice_pdf, name="billing-invoice-pdf"),
     path("billing/topup/", topup_start, name="billing-topup"),
     path("billing/topup/return/", topup_return, name="billing-topup-return"),
     path("billing/topup/cancel/", topup_cancel, name="billing-topup-cancel"),

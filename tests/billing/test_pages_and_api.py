@@ -9,6 +9,7 @@ import sys
 from datetime import timedelta
 from pathlib import Path
 
+import pypdf
 import pytest
 from django.utils import timezone
 
@@ -95,6 +96,29 @@ def test_invoice_has_one_line_per_rental_and_kind(client, owner, team, books):
     assert "@media print" not in html and "no-print" in html
     assert c.get("/billing/invoices/1999-01/").status_code == 404
     assert c.get("/billing/invoices/garbage/").status_code == 404
+
+
+def test_invoice_as_a_pdf_has_the_same_lines_and_total(client, owner, team, books):
+    c = client_for(client, owner, team)
+    month = timezone.localdate().strftime("%Y-%m")
+    page = c.get(f"/billing/invoices/{month}/").content.decode()
+    assert f'href="/billing/invoices/{month}/pdf/"' in page
+    response = c.get(f"/billing/invoices/{month}/pdf/")
+    assert response.status_code == 200 and response["Content-Type"] == "application/pdf"
+    assert f'filename="invoice-{team.pk}-' in response["Content-Disposition"]
+    pdf = pypdf.PdfReader(io.BytesIO(response.content))
+    assert len(pdf.pages) == 1
+    text = " ".join(page.extract_text() for page in pdf.pages)
+    assert "Invoice" in text and team.name in text
+    assert text.count("contract:1") == 2 and text.count("contract:2") == 2
+    assert "$9.50" in text  # the total, as on the page
+    assert "Team" not in text.split("Invoice")[0]  # none of the console's header or menus
+    assert c.get("/billing/invoices/1999-01/pdf/").status_code == 404
+
+
+def test_another_teams_invoice_pdf_is_404(client, outsider, books):
+    month = timezone.localdate().strftime("%Y-%m")
+    assert client_for(client, outsider).get(f"/billing/invoices/{month}/pdf/").status_code == 404
 
 
 def test_empty_states(client, outsider):

@@ -17,6 +17,7 @@ and so does an API action method the matrix does not try.
 from __future__ import annotations
 
 import importlib
+import io
 import json
 import re
 import uuid
@@ -24,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 
+import pypdf
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -335,6 +337,12 @@ MATRIX: dict[str, list[Check]] = {
     "billing-ledger-csv": [Page(lambda w: "/billing/ledger.csv", lambda w: [rental_reference(w)])],
     "billing-invoices": [console_page(lambda w: "/billing/invoices/")],
     "billing-invoice": [console_page(lambda w: f"/billing/invoices/{w.month}/", rental_reference)],
+    "billing-invoice-pdf": [
+        Page(
+            lambda w: f"/billing/invoices/{w.month}/pdf/",
+            lambda w: [w.team.name, rental_reference(w)],
+        )
+    ],
     "billing-topup-return": [Obj(lambda w: f"/billing/topup/return/?session_id=cs_test_{w.tag}")],
     "earnings": [console_page(lambda w: "/earnings/", machine_reference)],
     # --- API: who am I, team
@@ -555,6 +563,9 @@ def _send(client: Client, method: str, url: str, data: dict | None):
 def _content(response) -> str:
     if getattr(response, "streaming", False):
         return b"".join(response.streaming_content).decode()
+    if response.get("Content-Type") == "application/pdf":  # the text a reader sees in it
+        pages = pypdf.PdfReader(io.BytesIO(response.content)).pages
+        return " ".join(" ".join(page.extract_text().split()) for page in pages)  # unwrapped
     return response.content.decode()
 
 
