@@ -183,7 +183,9 @@ def offers(request):
 
 class QuoteSerializer(serializers.Serializer):
     num_gpus = serializers.IntegerField(min_value=1, max_value=64)
-    duration_hours = serializers.FloatField(min_value=0.01, max_value=rentals.MAX_RENTAL_HOURS)
+    duration_hours = serializers.FloatField(
+        min_value=rentals.MIN_RENTAL_HOURS, max_value=rentals.MAX_RENTAL_HOURS
+    )
     disk_gb = serializers.IntegerField(min_value=1, max_value=100_000, default=10)
 
 
@@ -224,7 +226,9 @@ class RentSerializer(serializers.Serializer):
     machine_id = serializers.IntegerField(help_text="The offer's machine_id.")
     num_gpus = serializers.IntegerField(min_value=1, max_value=64)
     image = serializers.CharField(max_length=255)
-    duration_hours = serializers.FloatField(min_value=0.01, max_value=rentals.MAX_RENTAL_HOURS)
+    duration_hours = serializers.FloatField(
+        min_value=rentals.MIN_RENTAL_HOURS, max_value=rentals.MAX_RENTAL_HOURS
+    )
     disk_gb = serializers.IntegerField(min_value=1, max_value=100_000, default=10)
     launch_mode = serializers.ChoiceField(choices=LaunchMode.choices, default=LaunchMode.ENTRYPOINT)
     env = serializers.DictField(
@@ -282,7 +286,9 @@ class InstanceSerializer(serializers.ModelSerializer):
 
 
 class ExtendSerializer(serializers.Serializer):
-    hours = serializers.FloatField(min_value=0.01, max_value=rentals.MAX_RENTAL_HOURS)
+    hours = serializers.FloatField(
+        min_value=rentals.MIN_RENTAL_HOURS, max_value=rentals.MAX_RENTAL_HOURS
+    )
 
 
 class ExecSerializer(serializers.Serializer):

@@ -44,6 +44,7 @@ from scheduler.services import (
 
 SECONDS_PER_MONTH = 30 * 24 * 3600
 MAX_RENTAL_HOURS = 24 * 365
+MIN_RENTAL_HOURS = 0.01  # 36 seconds: less would hold nothing
 
 logger = logging.getLogger(__name__)
 
@@ -305,8 +306,10 @@ def _validate_terms(*, machine: Machine, request: RentalRequest, now: datetime) 
         errors["num_gpus"] = f"This machine rents at least {machine.min_gpus} GPU(s) at a time."
     elif request.gpu_count > present:
         errors["num_gpus"] = f"This machine has {present} GPU(s)."
-    if not (0 < request.hours <= MAX_RENTAL_HOURS):
-        errors["duration_hours"] = f"Rent for more than 0 and at most {MAX_RENTAL_HOURS} hours."
+    if not (MIN_RENTAL_HOURS <= request.hours <= MAX_RENTAL_HOURS):
+        errors["duration_hours"] = (
+            f"Rent for at least {MIN_RENTAL_HOURS} and at most {MAX_RENTAL_HOURS} hours."
+        )
     ends_at = now + timedelta(hours=min(max(request.hours, 0), MAX_RENTAL_HOURS))
     if "duration_hours" not in errors and machine.end_date and ends_at > machine.end_date:
         errors["duration_hours"] = (
@@ -352,9 +355,11 @@ def extension_quote(contract: Contract, seconds: int) -> Quote:
 
 def rental_extend(*, contract: Contract, hours: float) -> Contract:
     """Add ``hours`` to the contract and as much to its hold (402 if credit is short)."""
-    if not (0 < hours <= MAX_RENTAL_HOURS):
+    if not (MIN_RENTAL_HOURS <= hours <= MAX_RENTAL_HOURS):  # (NaN fails both)
         raise ValidationError(
-            {"hours": f"Extend by more than 0 and at most {MAX_RENTAL_HOURS} hours."}
+            {
+                "hours": f"Extend by at least {MIN_RENTAL_HOURS} and at most {MAX_RENTAL_HOURS} hours."
+            }
         )
     with transaction.atomic():
         # The machine first, as renting and changing the terms lock it: its end date and
