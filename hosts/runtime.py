@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CommandFailed", "CommandResult", "ContainerSpec", "ContainerState", "DockerHost",
     "HostKeyMismatch", "HostUnreachable", "InvalidContainerSpec", "docker_run_argv",
-    "validate_env", "validate_image", "validate_ports", "validate_volumes",
+    "image_repository", "validate_env", "validate_image", "validate_ports", "validate_volumes",
 ]  # fmt: skip
 
 PLATFORM_LABEL = "gpumkt.platform"
@@ -153,6 +153,17 @@ def validate_volumes(volumes: list[tuple[str, str]]) -> None:
         if target in targets:
             raise InvalidContainerSpec("volumes", f"two volumes at {target}")
         targets.add(target)
+
+
+def image_repository(image: str) -> str:
+    """The repository an image reference names, without tag or digest, with Docker Hub's
+    defaults spelled out: ``pytorch/pytorch:2.3`` → ``docker.io/pytorch/pytorch``."""
+    name = image.split("@", 1)[0]
+    if name.rfind(":") > name.rfind("/"):
+        name = name[: name.rfind(":")]
+    if registry_of(name) == "docker.io" and not name.startswith("docker.io/"):
+        name = "docker.io/" + (name if "/" in name else f"library/{name}")
+    return name
 
 
 def registry_of(image: str) -> str:

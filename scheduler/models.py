@@ -144,3 +144,25 @@ class PortAllocation(models.Model):
 
     def __str__(self) -> str:
         return f"{self.host_port}->{self.container_port}/{self.protocol}"
+
+
+class PrivateRepository(models.Model):
+    """A repository a rental pulled onto a machine with a registry login.
+
+    Docker keeps a pulled image for anyone on the machine, so the image alone proves nothing:
+    any later launch of this repository there pulls again, with that rental's own login (or
+    none), and runs only if the registry lets it."""
+
+    machine = models.ForeignKey("hosts.Machine", on_delete=models.CASCADE)
+    repository = models.CharField(max_length=255)
+    first_pulled_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["machine", "repository"], name="private_repository_once_per_machine"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.repository} on machine {self.machine_id}"

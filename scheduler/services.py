@@ -21,7 +21,14 @@ from django.utils import timezone
 
 from hosts.models import Gpu, Machine
 from hosts.ports import pick_free_ports
-from hosts.runtime import CommandFailed, ContainerSpec, DockerHost, HostKeyMismatch, HostUnreachable
+from hosts.runtime import (
+    CommandFailed,
+    ContainerSpec,
+    DockerHost,
+    HostKeyMismatch,
+    HostUnreachable,
+    image_repository,
+)
 from scheduler.models import (
     GPU_HOLDING_STATES,
     TRANSITIONS,
@@ -31,6 +38,7 @@ from scheduler.models import (
     InstanceState,
     LaunchMode,
     PortAllocation,
+    PrivateRepository,
 )
 from scheduler.signals import instance_progress, instance_state_changed
 
@@ -477,19 +485,30 @@ def _run_pulling_if_needed(
     *,
     claim: str = "",
 ) -> str:
-    """Run with the image as it is; pull (with progress) only when the host lacks it.
+    """Run with the image as it is; pull (with progress) only when the host lacks it, or
+    when the image is private: given with a login, or of a repository some rental pulled
+    here with one. Then it is always pulled with this rental's own login (or none), so a
+    private image another team left on the machine runs only for those the registry admits.
 
     A container of this name appearing meanwhile (a launcher whose claim had expired, still
     at work) is adopted, never removed: it may be the one that is running.
     """
-    try:
-        return host.run(spec, pull=False)
-    except CommandFailed as error:
-        if _name_taken(error):
-            return _adopt(host, instance, error)
-        if "No such image" not in error.stderr and "not found" not in error.stderr:
-            raise
-    _remove_quietly(host, instance.container_name)
+    repository = image_repository(spec.image)
+    private = (
+        credentials is not None
+        or PrivateRepository.objects.filter(
+            machine_id=instance.machine_id, repository=repository
+        ).exists()
+    )
+    if not private:
+        try:
+            return host.run(spec, pull=False)
+        except CommandFailed as error:
+            if _name_taken(error):
+                return _adopt(host, instance, error)
+            if "No such image" not in error.stderr and "not found" not in error.stderr:
+                raise
+        _remove_quietly(host, instance.container_name)
     report = lambda pct, msg: instance_report_progress(  # noqa: E731
         instance=instance, progress=pct, message=msg, claim=claim
     )
@@ -504,6 +523,10 @@ def _run_pulling_if_needed(
         raise CommandFailed(
             error.argv, error.exit_code, f"could not pull {instance.image}: {error.stderr}"
         ) from error
+    if credentials is not None:
+        PrivateRepository.objects.get_or_create(
+            machine_id=instance.machine_id, repository=repository
+        )
     report(92, "Starting container")
     try:
         return host.run(spec, pull=False)

@@ -6,7 +6,7 @@ import shlex
 
 import pytest
 
-from hosts.runtime import ContainerSpec, InvalidContainerSpec, docker_run_argv
+from hosts.runtime import ContainerSpec, InvalidContainerSpec, docker_run_argv, image_repository
 
 NASTY = [
     "$(reboot)",
@@ -330,3 +330,20 @@ def test_malformed_volume_lists_are_rejected(volumes):
     with pytest.raises(InvalidContainerSpec) as caught:
         spec(volumes=volumes)
     assert caught.value.field == "volumes"
+
+
+@pytest.mark.parametrize(
+    ("image", "repository"),
+    [
+        ("busybox", "docker.io/library/busybox"),
+        ("pytorch/pytorch:2.3.0", "docker.io/pytorch/pytorch"),
+        ("docker.io/pytorch/pytorch@sha256:" + "a" * 64, "docker.io/pytorch/pytorch"),
+        ("127.0.0.1:5000/team/private:1", "127.0.0.1:5000/team/private"),
+        ("ghcr.io/org/img:tag@sha256:" + "b" * 64, "ghcr.io/org/img"),
+        ("localhost/x", "localhost/x"),
+    ],
+)
+def test_an_image_names_its_repository_whatever_tag_or_digest(image, repository):
+    """Any tag or digest of a repository counts as that repository (a cached private image
+    must not run under another name for it)."""
+    assert image_repository(image) == repository
