@@ -161,9 +161,20 @@ def image_repository(image: str) -> str:
     name = image.split("@", 1)[0]
     if name.rfind(":") > name.rfind("/"):
         name = name[: name.rfind(":")]
+    if name.startswith("index.docker.io/"):  # Docker's other name for Docker Hub
+        name = name.removeprefix("index.")
     if registry_of(name) == "docker.io" and not name.startswith("docker.io/"):
         name = "docker.io/" + (name if "/" in name else f"library/{name}")
     return name
+
+
+def image_reference(image: str) -> str:
+    """The image as ``docker run`` is given it: with a tag (``:latest`` when it names none).
+    Docker looks a bare name up as an image ID prefix too when no such name is cached, so a
+    name of a few hex digits could otherwise start any image on the machine."""
+    if "@" in image or image.rfind(":") > image.rfind("/"):
+        return image
+    return f"{image}:latest"
 
 
 def registry_of(image: str) -> str:
@@ -287,7 +298,7 @@ def docker_run_argv(spec: ContainerSpec, *, machine_id: int, nvidia_runtime: boo
     if spec.entrypoint is not None:
         argv += ["--entrypoint", spec.entrypoint]
     # The CLI stops reading options at the image, so args can never become docker flags.
-    argv.append(spec.image)
+    argv.append(image_reference(spec.image))
     argv += spec.args
     return argv
 

@@ -513,6 +513,12 @@ def _run_pulling_if_needed(
         instance=instance, progress=pct, message=msg, claim=claim
     )
     report(5, "Pulling image")
+    if credentials is not None:
+        # Recorded before the pull: a launch of another team checking while this one pulls
+        # must already find the repository private.
+        PrivateRepository.objects.get_or_create(
+            machine_id=instance.machine_id, repository=repository
+        )
     try:
         host.pull(
             instance.image,
@@ -523,10 +529,6 @@ def _run_pulling_if_needed(
         raise CommandFailed(
             error.argv, error.exit_code, f"could not pull {instance.image}: {error.stderr}"
         ) from error
-    if credentials is not None:
-        PrivateRepository.objects.get_or_create(
-            machine_id=instance.machine_id, repository=repository
-        )
     report(92, "Starting container")
     try:
         return host.run(spec, pull=False)

@@ -4,24 +4,56 @@ import django.db.models.deletion
 from django.db import migrations, models
 
 
-class Migration(migrations.Migration):
+def record_earlier_private_pulls(apps, schema_editor):
+    """Rentals made with a registry login before this table existed pulled private images
+    too: their repositories count as private on those machines from now on."""
+    from hosts.runtime import image_repository
 
+    Instance = apps.get_model("scheduler", "Instance")
+    PrivateRepository = apps.get_model("scheduler", "PrivateRepository")
+    seen = set()
+    rows = Instance.objects.values_list("machine_id", "image", "registry_credential")
+    for machine_id, image, credential in rows.iterator():
+        if not credential:
+            continue
+        key = (machine_id, image_repository(image))
+        if key not in seen:
+            seen.add(key)
+            PrivateRepository.objects.get_or_create(machine_id=key[0], repository=key[1])
+
+
+class Migration(migrations.Migration):
     dependencies = [
-        ('hosts', '0005_machine_address_per_team'),
-        ('scheduler', '0002_launch_claim'),
+        ("hosts", "0005_machine_address_per_team"),
+        ("scheduler", "0002_launch_claim"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='PrivateRepository',
+            name="PrivateRepository",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('repository', models.CharField(max_length=255)),
-                ('first_pulled_at', models.DateTimeField(auto_now_add=True)),
-                ('machine', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, to='hosts.machine')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("repository", models.CharField(max_length=255)),
+                ("first_pulled_at", models.DateTimeField(auto_now_add=True)),
+                (
+                    "machine",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, to="hosts.machine"
+                    ),
+                ),
             ],
             options={
-                'constraints': [models.UniqueConstraint(fields=('machine', 'repository'), name='private_repository_once_per_machine')],
+                "constraints": [
+                    models.UniqueConstraint(
+                        fields=("machine", "repository"), name="private_repository_once_per_machine"
+                    )
+                ],
             },
         ),
+        migrations.RunPython(record_earlier_private_pulls, migrations.RunPython.noop),
     ]

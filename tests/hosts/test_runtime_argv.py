@@ -6,7 +6,13 @@ import shlex
 
 import pytest
 
-from hosts.runtime import ContainerSpec, InvalidContainerSpec, docker_run_argv, image_repository
+from hosts.runtime import (
+    ContainerSpec,
+    InvalidContainerSpec,
+    docker_run_argv,
+    image_reference,
+    image_repository,
+)
 
 NASTY = [
     "$(reboot)",
@@ -341,9 +347,26 @@ def test_malformed_volume_lists_are_rejected(volumes):
         ("127.0.0.1:5000/team/private:1", "127.0.0.1:5000/team/private"),
         ("ghcr.io/org/img:tag@sha256:" + "b" * 64, "ghcr.io/org/img"),
         ("localhost/x", "localhost/x"),
+        ("index.docker.io/user/private:1", "docker.io/user/private"),
     ],
 )
 def test_an_image_names_its_repository_whatever_tag_or_digest(image, repository):
     """Any tag or digest of a repository counts as that repository (a cached private image
     must not run under another name for it)."""
     assert image_repository(image) == repository
+
+
+@pytest.mark.parametrize(
+    ("image", "given"),
+    [
+        ("busybox", "busybox:latest"),
+        ("3f2a", "3f2a:latest"),  # never an image ID prefix
+        ("127.0.0.1:5000/team/x", "127.0.0.1:5000/team/x:latest"),
+        ("pytorch/pytorch:2.3.0", "pytorch/pytorch:2.3.0"),
+        ("busybox@sha256:" + "c" * 64, "busybox@sha256:" + "c" * 64),
+    ],
+)
+def test_docker_run_is_given_the_image_with_a_tag(image, given):
+    assert image_reference(image) == given
+    argv = docker_run_argv(spec(image=image), machine_id=1, nvidia_runtime=False)
+    assert given in argv and argv.index(given) == len(argv) - 1  # no args: the image is last

@@ -49,11 +49,11 @@ def provider_team(db) -> Team:
 
 
 def machine_for(sim_host, provider_team: Team, **terms) -> Machine:
-    sim_host.authorize(team_public_key(provider_team.pk))
     """The Machine row a provider gets after add → confirm → probe → list on this host.
 
     The figures are the host's real ones (cores, memory) and its configured GPUs.
     """
+    sim_host.authorize(team_public_key(provider_team.pk))  # as the provider does first
     kind, key = sim_host.host_public_key.split()[:2]
     memory_kb = int(Path("/proc/meminfo").read_text().split("MemTotal:")[1].split()[0])
     machine = Machine.objects.create(

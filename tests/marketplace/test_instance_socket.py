@@ -22,10 +22,11 @@ pytestmark = [pytest.mark.system, pytest.mark.django_db(transaction=True), pytes
 COUNTING = ["-c", "trap 'exit 0' TERM; i=0; while :; do echo line-$i; i=$((i+1)); sleep 0.2; done"]
 
 
-def rent_counting(team, machine) -> Instance:
+def rent_counting(team, machine, args: list[str] = COUNTING) -> Instance:
+    """A running rental of a container that runs ``args`` (by default: counts out loud)."""
     body = {
         "machine_id": machine.pk, "num_gpus": 1, "image": "gpumkt/busybox:latest",
-        "duration_hours": 1, "entrypoint": "sh", "args": COUNTING,
+        "duration_hours": 1, "entrypoint": "sh", "args": args,
     }  # fmt: skip
     response = key_client(team).post("/api/v1/instances/", body, format="json")
     assert response.status_code == 201, response.content

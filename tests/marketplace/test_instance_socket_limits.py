@@ -18,10 +18,8 @@ from marketplace.events import publish_team_event
 from marketplace.log_follow import MAX_FOLLOWERS_PER_MACHINE, LogFollower, followers_on
 from marketplace.models import Membership, Role
 from marketplace.services.tenancy import membership_remove
-from scheduler.models import Instance
-from tests.conftest import key_client
 from tests.factories import UserFactory, add_member
-from tests.marketplace.test_instance_socket import COUNTING, next_event, socket_for
+from tests.marketplace.test_instance_socket import COUNTING, next_event, rent_counting, socket_for
 from tests.marketplace.test_websocket import communicator, session_cookie_for
 
 pytestmark = [pytest.mark.system, pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
@@ -29,18 +27,6 @@ pytestmark = [pytest.mark.system, pytest.mark.django_db(transaction=True), pytes
 QUIET = ["-c", "trap 'exit 0' TERM; while :; do sleep 1; done"]  # prints nothing
 STILL_CLOSING = "The previous log stream is still closing; try again in a few seconds."
 TOO_MANY_REQUESTS = "Too many follow requests; wait a few seconds and try again."
-
-
-def rent(team, machine, args: list[str]) -> Instance:
-    body = {
-        "machine_id": machine.pk, "num_gpus": 1, "image": "gpumkt/busybox:latest",
-        "duration_hours": 1, "entrypoint": "sh", "args": args,
-    }  # fmt: skip
-    response = key_client(team).post("/api/v1/instances/", body, format="json")
-    assert response.status_code == 201, response.content
-    instance = Instance.objects.get(pk=response.json()["id"])
-    assert instance.state == "running", instance.status_message
-    return instance
 
 
 def follower_threads(container_id: str) -> list[LogFollower]:
@@ -80,7 +66,7 @@ async def test_a_socket_runs_one_follower_and_at_most_one_still_stopping(
 ):
     """A quiet container keeps a stopped follower in its read for up to 20 s: repeated follows
     must not pile such threads up."""
-    instance = await sync_to_async(rent)(funded_team, machine, QUIET)
+    instance = await sync_to_async(rent_counting)(funded_team, machine, QUIET)
     ws = await socket_for(owner, funded_team, instance.pk)
     assert (await ws.connect())[0]
     await next_event(ws, "hello")
@@ -96,7 +82,7 @@ async def test_a_socket_runs_one_follower_and_at_most_one_still_stopping(
 async def test_follow_requests_are_rate_limited_per_socket(
     funded_team, owner, machine, monkeypatch
 ):
-    instance = await sync_to_async(rent)(funded_team, machine, COUNTING)
+    instance = await sync_to_async(rent_counting)(funded_team, machine, COUNTING)
     ws = await socket_for(owner, funded_team, instance.pk)
     assert (await ws.connect())[0]
     await next_event(ws, "hello")
@@ -122,7 +108,7 @@ def numbers_of(data: dict) -> list[str]:
 async def test_followers_per_machine_are_capped_and_the_next_is_told_at_once(
     funded_team, owner, machine
 ):
-    instance = await sync_to_async(rent)(funded_team, machine, COUNTING)
+    instance = await sync_to_async(rent_counting)(funded_team, machine, COUNTING)
     sockets = []
     for _ in range(MAX_FOLLOWERS_PER_MACHINE + 1):
         ws = await socket_for(owner, funded_team, instance.pk)
@@ -167,15 +153,21 @@ def _remove(team, user) -> None:
     membership_remove(actor=actor, target=Membership.objects.get(team=team, user=user))
 
 
-async def test_a_removed_member_cannot_follow_again(funded_team, owner, machine):
-    instance = await sync_to_async(rent)(funded_team, machine, COUNTING)
+async def a_teammate_following(team, machine):
+    """A running rental, and a teammate's instance socket following its log."""
+    instance = await sync_to_async(rent_counting)(team, machine)
     mate = await sync_to_async(UserFactory)(username="mate")
-    await sync_to_async(add_member)(funded_team, mate)
-    ws = await socket_for(mate, funded_team, instance.pk)
+    await sync_to_async(add_member)(team, mate)
+    ws = await socket_for(mate, team, instance.pk)
     assert (await ws.connect())[0]
     await next_event(ws, "hello")
     await ws.send_json_to({"type": "follow", "tail": 1})
     await next_event(ws, "logs")
+    return instance, mate, ws
+
+
+async def test_a_removed_member_cannot_follow_again(funded_team, owner, machine):
+    instance, mate, ws = await a_teammate_following(funded_team, machine)
 
     await sync_to_async(_remove)(funded_team, mate)
     await ws.send_json_to({"type": "follow", "tail": 1})
@@ -187,14 +179,7 @@ async def test_a_removed_member_cannot_follow_again(funded_team, owner, machine)
 async def test_a_removed_members_open_sockets_stop_getting_logs_and_events(
     funded_team, owner, machine, monkeypatch
 ):
-    instance = await sync_to_async(rent)(funded_team, machine, COUNTING)
-    mate = await sync_to_async(UserFactory)(username="mate")
-    await sync_to_async(add_member)(funded_team, mate)
-    ws = await socket_for(mate, funded_team, instance.pk)
-    assert (await ws.connect())[0]
-    await next_event(ws, "hello")
-    await ws.send_json_to({"type": "follow", "tail": 1})
-    await next_event(ws, "logs")
+    instance, mate, ws = await a_teammate_following(funded_team, machine)
     cookie = await sync_to_async(session_cookie_for)(mate, funded_team.id)
     feed = communicator(cookie=cookie)
     assert (await feed.connect())[0]

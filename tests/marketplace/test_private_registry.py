@@ -208,3 +208,23 @@ def test_a_private_image_left_on_the_machine_runs_only_for_those_the_registry_ad
         assert any(r.login == "valid" for r in registry.requests[before:])  # asked again
     finally:
         registry.close()
+
+
+def test_an_image_id_prefix_is_no_way_to_a_cached_image(funded_team, machine, docker_engine):
+    """Docker also looks a bare name up as the start of an image ID: a renter naming a few hex
+    digits of a cached image's ID must not get that image."""
+    image_id = subprocess.run(
+        ["docker", "image", "inspect", "--format", "{{.Id}}", docker_engine],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip().removeprefix("sha256:")  # fmt: skip
+    prefix = next(image_id[:n] for n in range(8, 64) if not image_id[:n].isdigit())
+    response = key_client(funded_team).post(
+        "/api/v1/instances/",
+        {"machine_id": machine.pk, "num_gpus": 1, "image": prefix, "duration_hours": 1},
+        format="json",
+    )
+    assert response.status_code == 201, response.content
+    instance = Instance.objects.get(pk=response.json()["id"])
+    assert instance.state == "failed"
+    assert f"could not pull {prefix}" in instance.status_message
+    assert containers_named(instance.container_name) == []
