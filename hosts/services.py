@@ -284,7 +284,25 @@ def machine_probe(*, machine_id: int) -> Machine:
     except (ssh.CommandFailed, ValueError) as error:
         _record_probe_failure(machine_id=machine_id, problems=[str(error)], counts=True)
         raise
+    if (twin := _connected_twin(machine)) is not None:
+        result.problems.append(twin)
     return machine_apply_probe(machine_id=machine_id, result=result)
+
+
+def _connected_twin(machine: Machine) -> str | None:
+    """Why this machine may not be used, if the same host (the same pinned host key) is
+    already connected as another machine, of this team or another: listed twice, its GPUs
+    could be rented twice. The first to be probed keeps it (the older, if both were). Only
+    a team whose key the host let in gets this far."""
+    others = Machine.objects.filter(host_key=machine.host_key).exclude(pk=machine.pk)
+    if machine.probed_at is not None:
+        others = others.filter(pk__lt=machine.pk)
+    twin = others.exclude(probed_at=None).order_by("pk").first()
+    if twin is None:
+        return None
+    if twin.team_id == machine.team_id:
+        return f"This host is already connected as {twin.name}; a host is connected once."
+    return "This host is already connected to the marketplace by another team; a host is connected once."
 
 
 @transaction.atomic

@@ -117,6 +117,23 @@ def test_another_team_cannot_connect_a_machine_that_authorized_only_the_owners_k
     assert Machine.objects.filter(team=team).count() == 1
 
 
+def test_a_host_is_connected_once_even_when_it_lets_two_teams_in(team, sim_host_factory):
+    """Its owner authorized a second team's key too: listed twice, its GPUs could be rented
+    twice. The machine probed first keeps the host; the other is told why and never listed."""
+    host = sim_host_factory(gpus=2)
+    first = services.machine_probe(machine_id=add_and_confirm(team, host).pk)
+    assert first.status == MachineStatus.ONLINE
+    second_team = TeamFactory(name="Owner's company")
+    second = services.machine_probe(machine_id=add_and_confirm(second_team, host).pk)
+    assert second.status == MachineStatus.ERROR
+    assert "already connected to the marketplace by another team" in second.status_detail
+    with pytest.raises(ValidationError):
+        services.machine_set_listed(machine_id=second.pk, listed=True)
+    assert not Offer.objects.filter(machine=second, rentable=True).exists()
+    first = services.machine_probe(machine_id=first.pk)  # the first keeps working
+    assert first.status == MachineStatus.ONLINE and not first.probe_problems
+
+
 def test_a_changed_host_key_is_refused_before_any_command_runs(team, sim_host_factory):
     host = sim_host_factory(gpus=1)
     machine = add_and_confirm(team, host)
