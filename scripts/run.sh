@@ -48,6 +48,7 @@ $py manage.py collectstatic --noinput -v0 || die "collectstatic failed (see abov
 simulated=0
 if [ "$(id -u)" = 0 ] && [ -x /usr/sbin/sshd ] && command -v dockerd >/dev/null && start_dockerd; then
   # demo_data puts the provider team's key in each host's authorized_keys, as a provider would.
+  rm -f var/simhosts/hosts.json  # the last run's: it must not pass for this run's hosts
   $py manage.py simhosts --count 3 > var/log/simhosts.log 2>&1 &
   simhosts=$!
   pids+=($simhosts)

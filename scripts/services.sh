@@ -126,22 +126,27 @@ clear_stale_docker_pid() {
 
 DOCKERD_STARTED=0  # set to 1 by start_dockerd when it started the engine (callers stop only that)
 start_dockerd() {
-  local was_running=1
+  local before
+  before=$(pgrep -x dockerd || true)  # a dockerd of the system's, perhaps still starting
   if ! docker info >/dev/null 2>&1; then
-    was_running=0
     if [ "$(id -u)" != 0 ]; then
       echo "!! Docker Engine is not answering and starting it needs root (or start it: systemctl start docker)"
       return 1
     fi
     clear_stale_docker_pid /var/run/docker.pid
   fi
+  local started=0
   .venv/bin/python -c "
 from pathlib import Path
-from hosts.simulation import ensure_dockerd, ensure_image
+from hosts.simulation import ensure_dockerd
 Path('var').mkdir(exist_ok=True)
-ensure_dockerd(log_path=Path('var/dockerd.log'))
-ensure_image()" || { echo "!! Docker Engine did not start (see var/dockerd.log)"; return 1; }
-  [ "$was_running" = 1 ] || DOCKERD_STARTED=1
+ensure_dockerd(log_path=Path('var/dockerd.log'))" || started=1
+  # Ours only if no dockerd ran before and one runs now (even if it failed to answer).
+  if [ -z "$before" ] && pgrep -x dockerd >/dev/null; then DOCKERD_STARTED=1; fi
+  [ "$started" = 0 ] || { echo "!! Docker Engine did not start (see var/dockerd.log)"; return 1; }
+  .venv/bin/python -c "
+from hosts.simulation import ensure_image
+ensure_image()" || { echo "!! the test image could not be made (is busybox-static installed?)"; return 1; }
 }
 
 # Stop a Docker Engine that start_dockerd started; its containers stop with it (and are seen
