@@ -13,9 +13,12 @@ team can only connect (and list) the machines whose owners let it in.
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import hmac
 import io
+import os
+import secrets
 from functools import lru_cache
 from pathlib import Path
 
@@ -26,42 +29,49 @@ from django.conf import settings
 
 
 def ensure_platform_key(path: Path | None = None) -> Path:
+    """The platform's secret key file, made on first use. Several processes may start at
+    once: each writes its own candidate and only the first one linked into place counts."""
     path = Path(path or settings.PLATFORM_SSH_KEY_PATH)
     if path.exists():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
-    private = Ed25519PrivateKey.generate()
-    pem = private.private_bytes(
+    pem = Ed25519PrivateKey.generate().private_bytes(
         serialization.Encoding.PEM,
         serialization.PrivateFormat.OpenSSH,
         serialization.NoEncryption(),
     )
-    public = private.public_key().public_bytes(
-        serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
-    )
-    tmp = path.with_suffix(".tmp")
-    tmp.write_bytes(pem)
-    tmp.chmod(0o600)
-    path.with_suffix(".pub").write_text(public.decode() + " gpu-marketplace\n")
-    tmp.replace(path)  # atomic, so two processes never read half a key
+    candidate = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+    try:
+        descriptor = os.open(candidate, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(descriptor, "wb") as handle:
+            handle.write(pem)
+        with contextlib.suppress(FileExistsError):
+            os.link(candidate, path)  # never replaces a key another process put there
+    finally:
+        candidate.unlink(missing_ok=True)
     return path
 
 
-@lru_cache(maxsize=4)
-def _platform_secret(path: str) -> bytes:
-    key = serialization.load_ssh_private_key(Path(path).read_bytes(), password=None)
+def _platform_secret(path: Path) -> bytes:
+    key = serialization.load_ssh_private_key(path.read_bytes(), password=None)
     return key.private_bytes(
         serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()
     )
 
 
-def _team_private_key(team_id: int) -> Ed25519PrivateKey:
-    secret = _platform_secret(str(ensure_platform_key()))
-    seed = hmac.new(secret, f"provider-team:{team_id}".encode(), hashlib.sha256).digest()
+@lru_cache(maxsize=1024)
+def _team_key(secret_path: str, team_id: int) -> Ed25519PrivateKey:
+    """Cached per secret file too: a test or a rotation that points elsewhere gets new keys."""
+    seed = hmac.new(
+        _platform_secret(Path(secret_path)), f"provider-team:{team_id}".encode(), hashlib.sha256
+    ).digest()
     return Ed25519PrivateKey.from_private_bytes(seed)
 
 
-@lru_cache(maxsize=1024)
+def _team_private_key(team_id: int) -> Ed25519PrivateKey:
+    return _team_key(str(ensure_platform_key()), team_id)
+
+
 def team_private_key(team_id: int) -> paramiko.PKey:
     """The key the platform logs in with to the team's machines."""
     pem = _team_private_key(team_id).private_bytes(
@@ -82,7 +92,11 @@ def team_public_key(team_id: int) -> str:
     return f"{public.decode()} gpu-marketplace-team-{team_id}"
 
 
+def fingerprint(key_blob: bytes) -> str:
+    """``SHA256:…`` exactly as ``ssh-keygen -lf`` prints it."""
+    return "SHA256:" + base64.b64encode(hashlib.sha256(key_blob).digest()).decode().rstrip("=")
+
+
 def public_key_fingerprint(public_key: str) -> str:
-    """``SHA256:…`` of an ``authorized_keys`` line, as ``ssh-keygen -lf`` prints it."""
-    blob = base64.b64decode(public_key.split()[1])
-    return "SHA256:" + base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
+    """The fingerprint of an ``authorized_keys`` line."""
+    return fingerprint(base64.b64decode(public_key.split()[1]))

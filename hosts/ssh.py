@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import hashlib
 import logging
 import os
 import shlex
@@ -30,7 +29,7 @@ from typing import TYPE_CHECKING
 import paramiko
 
 from hosts import addresses
-from hosts.keys import team_private_key
+from hosts.keys import fingerprint, team_private_key
 
 if TYPE_CHECKING:
     from hosts.models import Machine
@@ -104,11 +103,6 @@ class CommandResult:
     exit_code: int
     stdout: str
     stderr: str
-
-
-def fingerprint(key_blob: bytes) -> str:
-    """``SHA256:…`` exactly as ``ssh-keygen -lf`` prints it."""
-    return "SHA256:" + base64.b64encode(hashlib.sha256(key_blob).digest()).decode().rstrip("=")
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Start simulated hosts (real sshd + real Docker, stand-in nvidia-smi) and keep them running.
 
-    manage.py simhosts --count 3 --authorize var/platform_ssh_key.pub
+    manage.py simhosts --count 3 [--authorize PUBKEY_FILE]
 
 Writes ``<dir>/hosts.json`` describing each host (address, port, host key fingerprint, GPUs)
 once every host is up, and stops every sshd it started on Ctrl-C. The file of an earlier run
