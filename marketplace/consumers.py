@@ -1,10 +1,12 @@
 """WebSockets: the console's live feed of the acting team's events, and one instance's page
 (its events and, on request, its container's log lines as they are written).
 
-Access is checked at connect, and again while the socket lives: a follow request re-reads the
-user's membership of the team, and relaying an event or log lines re-reads it at most every
-``MEMBERSHIP_RECHECK_SECONDS``. A user no longer in the team is closed out (4404 on an
-instance's socket, like another team's instance; 4403 on the team feed).
+Access is checked at connect, and again while the socket lives: every socket also listens on
+its user's group, where the loss of a membership (removed, left, the team or the user deleted)
+or of the account (deactivated) is announced the moment it commits, and a follow request
+re-reads the membership. A user no longer in the team is closed out at once (4404 on an
+instance's socket, like another team's instance; 4403 on the team feed), with no query per
+event relayed.
 """
 
 from __future__ import annotations
@@ -16,13 +18,13 @@ from collections import deque
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
-from marketplace.events import instance_group, team_group
+from marketplace.events import instance_group, team_group, user_group
 from marketplace.log_follow import LogFollower, TooManyFollowers
+from marketplace.models import Membership
 from marketplace.tenancy import ACTIVE_TEAM_SESSION_KEY, membership_for, team_objects
 from scheduler.models import Instance, InstanceState
 
 MAX_TAIL = 5000
-MEMBERSHIP_RECHECK_SECONDS = 5.0
 # A socket may ask to follow this many times per window; past that it is told to wait.
 FOLLOW_BURST, FOLLOW_WINDOW_SECONDS = 5, 30.0
 # A socket runs one follower, plus at most one earlier one still letting go of its stream.
@@ -41,35 +43,48 @@ async def _membership(consumer: AsyncJsonWebsocketConsumer):
 
 
 def _is_member(user, team_id: int) -> bool:
-    """Whether the user belongs to the team now (membership_for falls back to another team)."""
-    membership = membership_for(user=user, team_id=team_id)
-    return membership is not None and membership.team_id == team_id
+    return user.is_active and Membership.objects.filter(user=user, team_id=team_id).exists()
 
 
 class _MemberSocket(AsyncJsonWebsocketConsumer):
-    """A socket that serves one team's member, and closes once the user leaves the team."""
+    """A socket that serves one team's member, and closes once the user loses access."""
 
     removed_code = 4403
     team_id: int
-    group: str | None = None
-    member_checked_at = 0.0
+    joined: tuple[str, ...] = ()
 
-    async def _still_member(self, *, force: bool = False) -> bool:
-        """Re-read the membership (cached for a few seconds unless forced); close if gone."""
-        now = time.monotonic()
-        if not force and now - self.member_checked_at < MEMBERSHIP_RECHECK_SECONDS:
-            return True
+    async def _join(self, team_id: int, group: str) -> None:
+        """Listen on ``group`` and on the user's own group, then accept."""
+        self.team_id = team_id
+        self.joined = (group, user_group(self.scope["user"].pk))
+        for name in self.joined:
+            await self.channel_layer.group_add(name, self.channel_name)
+        await self.accept()
+
+    async def _leave(self) -> None:
+        joined, self.joined = self.joined, ()
+        for name in joined:
+            await self.channel_layer.group_discard(name, self.channel_name)
+
+    async def disconnect(self, code: int) -> None:
+        await self._leave()
+
+    async def access_lost(self, message: dict) -> None:
+        """The user left this team (or lost the account): close the socket now."""
+        if message.get("team_id") in (None, self.team_id):
+            await self._removed()
+
+    async def _still_member(self) -> bool:
+        """Re-read the membership (before starting work for the user); close if gone."""
         member = await database_sync_to_async(_is_member)(self.scope["user"], self.team_id)
-        self.member_checked_at = now
         if not member:
             await self._removed()
         return member
 
     async def _removed(self) -> None:
-        group, self.group = self.group, None
-        if group is None:
+        if not self.joined:
             return  # already closed out
-        await self.channel_layer.group_discard(group, self.channel_name)
+        await self._leave()
         await self.close(code=self.removed_code)
 
 
@@ -79,25 +94,15 @@ class TeamEventsConsumer(_MemberSocket):
         if membership is None:
             await self.close(code=refusal)  # closed before accept: the handshake is refused
             return
-        self.team_id = membership.team_id
-        self.member_checked_at = time.monotonic()
-        self.group = team_group(membership.team_id)
-        await self.channel_layer.group_add(self.group, self.channel_name)
-        await self.accept()
+        await self._join(membership.team_id, team_group(membership.team_id))
         await self.send_json({"event": "hello", "data": {"team": membership.team_id}})
-
-    async def disconnect(self, code: int) -> None:
-        group = getattr(self, "group", None)
-        if group:
-            await self.channel_layer.group_discard(group, self.channel_name)
 
     async def receive_json(self, content, **kwargs) -> None:
         if content.get("type") == "ping":
             await self.send_json({"event": "pong", "data": {}})
 
     async def team_event(self, message: dict) -> None:
-        if await self._still_member():
-            await self.send_json({"event": message["event"], "data": message["data"]})
+        await self.send_json({"event": message["event"], "data": message["data"]})
 
 
 def _team_instance(team, instance_id: int) -> Instance | None:
@@ -143,20 +148,15 @@ class InstanceConsumer(_MemberSocket):
         if instance is None:
             await self.close(code=4404)
             return
-        self.team, self.team_id, self.instance_id = membership.team, membership.team_id, instance.pk
-        self.member_checked_at = time.monotonic()
-        self.group = instance_group(instance.pk)
-        await self.channel_layer.group_add(self.group, self.channel_name)
-        await self.accept()
+        self.team, self.instance_id = membership.team, instance.pk
+        await self._join(membership.team_id, instance_group(instance.pk))
         await self.send_json(
             {"event": "hello", "data": {"id": instance.pk, "state": instance.state}}
         )
 
     async def disconnect(self, code: int) -> None:
         self._stop_following()
-        group = getattr(self, "group", None)
-        if group:
-            await self.channel_layer.group_discard(group, self.channel_name)
+        await super().disconnect(code)
 
     async def receive_json(self, content, **kwargs) -> None:
         kind = content.get("type") if isinstance(content, dict) else None
@@ -172,8 +172,7 @@ class InstanceConsumer(_MemberSocket):
             await self.send_json({"event": "pong", "data": {}})
 
     async def instance_event(self, message: dict) -> None:
-        if await self._still_member():
-            await self.send_json({"event": message["event"], "data": message["data"]})
+        await self.send_json({"event": message["event"], "data": message["data"]})
 
     async def _removed(self) -> None:
         self._stop_following()
@@ -182,18 +181,19 @@ class InstanceConsumer(_MemberSocket):
     # --- log follow -----------------------------------------------------------------------
 
     async def _follow(self, tail: int) -> None:
-        self._stop_following()  # a new follow replaces the old one, whatever comes of it
-        if self.group is None:
+        if not self.joined:
             return  # closed out already
         now = time.monotonic()
         if (
             len(self.follow_times) == FOLLOW_BURST
             and now - self.follow_times[0] < FOLLOW_WINDOW_SECONDS
         ):
+            # Refused before anything changes: the stream already open goes on.
             await self._send_end("Too many follow requests; wait a few seconds and try again.")
             return
         self.follow_times.append(now)
-        if not await self._still_member(force=True):
+        self._stop_following()  # a new follow replaces the old one, whatever comes of it
+        if not await self._still_member():
             return
         # Read again: the container may have been made, or the instance moved, since connect.
         instance = await database_sync_to_async(_team_instance)(self.team, self.instance_id)
@@ -240,8 +240,6 @@ class InstanceConsumer(_MemberSocket):
             # The end is set after the last line is buffered: read it first, so a take()
             # made after seeing it has every line.
             ended = follower.end_reason
-            if not await self._still_member():
-                return
             lines, dropped = follower.take()
             if lines:
                 data: dict[str, object] = {"lines": lines}

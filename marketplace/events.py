@@ -1,7 +1,8 @@
 """Live events to the console: published to Channels groups after the transaction commits.
 
-Groups: ``team.<id>`` for everything a team's console shows, and ``instance.<id>`` for one
-instance's page (its state, progress, and the log socket that lives there). Consumers join
+Groups: ``team.<id>`` for everything a team's console shows, ``instance.<id>`` for one
+instance's page (its state, progress, and the log socket that lives there), and ``user.<id>``
+for a user's sockets, told when the user loses access to a team or the account. Consumers join
 only after the tenancy check (the acting team's group; an instance of the acting team), so an
 event never reaches another team.
 """
@@ -24,6 +25,11 @@ def team_group(team_id: int) -> str:
 
 def instance_group(instance_id: int) -> str:
     return f"instance.{instance_id}"
+
+
+def user_group(user_id: int) -> str:
+    """Every socket of one user: told when the user loses access."""
+    return f"user.{user_id}"
 
 
 def _send_on_commit(messages: list[tuple[str, dict[str, Any]]], what: str) -> None:
@@ -61,3 +67,10 @@ def publish_instance_event(
         ],
         event_type,
     )
+
+
+def publish_access_lost(user_id: int, team_id: int | None) -> None:
+    """The user is no longer in the team (``None``: lost the account): every socket of theirs
+    serving that team closes."""
+    message = {"type": "access.lost", "team_id": team_id}
+    _send_on_commit([(user_group(user_id), message)], "access.lost")

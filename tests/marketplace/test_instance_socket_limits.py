@@ -14,11 +14,10 @@ from asgiref.sync import sync_to_async
 
 from hosts.runtime import DockerHost
 from marketplace import consumers
-from marketplace.events import publish_team_event
 from marketplace.log_follow import MAX_FOLLOWERS_PER_MACHINE, LogFollower, followers_on
 from marketplace.models import Membership, Role
 from marketplace.services.tenancy import membership_remove
-from tests.factories import UserFactory, add_member
+from tests.factories import TeamFactory, UserFactory, add_member
 from tests.marketplace.test_instance_socket import COUNTING, next_event, rent_counting, socket_for
 from tests.marketplace.test_websocket import communicator, session_cookie_for
 
@@ -176,9 +175,7 @@ async def test_a_removed_member_cannot_follow_again(funded_team, owner, machine)
     await ws.disconnect()
 
 
-async def test_a_removed_members_open_sockets_stop_getting_logs_and_events(
-    funded_team, owner, machine, monkeypatch
-):
+async def test_a_removed_members_open_sockets_close_at_once(funded_team, owner, machine):
     instance, mate, ws = await a_teammate_following(funded_team, machine)
     cookie = await sync_to_async(session_cookie_for)(mate, funded_team.id)
     feed = communicator(cookie=cookie)
@@ -186,12 +183,25 @@ async def test_a_removed_members_open_sockets_stop_getting_logs_and_events(
     assert (await feed.receive_json_from(timeout=5))["event"] == "hello"
 
     await sync_to_async(_remove)(funded_team, mate)
-    # The log stream is cut within the re-check interval (5 s), without asking anything.
-    assert await close_code(ws, timeout=consumers.MEMBERSHIP_RECHECK_SECONDS + 5) == 4404
+    # Told the moment the removal commits: no event or request of theirs is needed.
+    assert await close_code(ws, timeout=5) == 4404
+    assert await close_code(feed, timeout=5) == 4403
     await wait_until(lambda: not follower_threads(instance.container_id))
-
-    monkeypatch.setattr(consumers, "MEMBERSHIP_RECHECK_SECONDS", 0.0)  # the next event re-checks
-    await sync_to_async(publish_team_event)(funded_team.id, "instance.updated", {"id": 1})
-    assert await feed.receive_output(timeout=5) == {"type": "websocket.close", "code": 4403}
     await feed.disconnect()
+    await ws.disconnect()
+
+
+async def test_leaving_another_team_or_losing_the_account(funded_team, owner, machine):
+    """Only the sockets of the team the user left close; a deactivated account closes all."""
+    instance, mate, ws = await a_teammate_following(funded_team, machine)
+    elsewhere = await sync_to_async(TeamFactory)(name="Elsewhere")
+    await sync_to_async(add_member)(elsewhere, owner, Role.OWNER)
+    await sync_to_async(add_member)(elsewhere, mate)
+    await sync_to_async(_remove)(elsewhere, mate)
+    assert (await ws.receive_json_from(timeout=5))["event"] == "logs"  # still following
+
+    mate.is_active = False
+    await sync_to_async(mate.save)(update_fields=["is_active"])
+    assert await close_code(ws, timeout=5) == 4404
+    await wait_until(lambda: not follower_threads(instance.container_id))
     await ws.disconnect()
