@@ -372,10 +372,17 @@ class DockerHost:
         return self._run(argv).stdout
 
     def logs_follow(
-        self, container: str, *, tail: int = 50, timeout: float = 3600
+        self,
+        container: str,
+        *,
+        tail: int = 50,
+        timeout: float = 3600,
+        on_channel: Callable[[object], None] | None = None,
     ) -> Iterator[str]:
+        """The log's last ``tail`` lines, then each new one; ``on_channel`` gets the SSH
+        channel, whose closing (from any thread) ends the stream at once."""
         argv = ["docker", "logs", "--follow", "--tail", str(int(tail)), _container_ref(container)]
-        return ssh.pool.stream(self.machine, argv, timeout=timeout)
+        return ssh.pool.stream(self.machine, argv, timeout=timeout, on_channel=on_channel)
 
     def exec(self, container: str, argv: list[str], *, timeout: float = 60) -> CommandResult:
         return self._run(

@@ -281,14 +281,22 @@ class Connection:
         return CommandResult(code, stdout.decode(errors="replace"), stderr.decode(errors="replace"))
 
     def stream(
-        self, argv: list[str], *, timeout: float = COMMAND_TIMEOUT, stdin: bytes | None = None
+        self,
+        argv: list[str],
+        *,
+        timeout: float = COMMAND_TIMEOUT,
+        stdin: bytes | None = None,
+        on_channel: Callable[[paramiko.Channel], None] | None = None,
     ) -> Iterator[str]:
         """Yield output lines (stdout and stderr) as they arrive, until the command exits.
 
         ``stdin`` is sent and closed first: the way to hand a secret to a command without it
-        showing in the remote process list.
+        showing in the remote process list. ``on_channel`` is given the session's channel, so
+        another thread can end a stream that is waiting for output by closing it.
         """
         channel = self._open(timeout)
+        if on_channel is not None:
+            on_channel(channel)
         channel.set_combine_stderr(True)
         try:
             channel.exec_command(shlex.join(argv))
@@ -480,6 +488,7 @@ class Pool:
         *,
         timeout: float = COMMAND_TIMEOUT,
         stdin: bytes | None = None,
+        on_channel: Callable[[paramiko.Channel], None] | None = None,
     ) -> Iterator[str]:
         """Yield output lines on a session from the streams' budget (never a command's)."""
         slot = self._slot(machine.pk)
@@ -488,7 +497,9 @@ class Pool:
             budget = self._session(slot.streams, machine, timeout)
             try:
                 # CommandNotStarted comes before the first line, so nothing is repeated.
-                yield from connection.stream(argv, timeout=timeout, stdin=stdin)
+                yield from connection.stream(
+                    argv, timeout=timeout, stdin=stdin, on_channel=on_channel
+                )
                 return
             except CommandNotStarted:
                 if attempt == 2:

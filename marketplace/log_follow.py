@@ -8,11 +8,11 @@ SSH channel's read timeout), after which the follower asks again from that point
 0``). A line printed in the moment between the two streams can be missed; the tail view
 (``docker logs --tail``) always has it.
 
-A stopped follower lets go only when its read returns (the next line, or the idle timeout), so
-it still holds its session meanwhile. One process runs at most ``MAX_FOLLOWERS_PER_MACHINE``
-followers per machine, stopping ones included: fewer than the machine's stream sessions, so a
-pull in the same process still gets one, and a follow past the cap is refused at once
-(``TooManyFollowers``) instead of waiting for a session.
+Stopping a follower closes its SSH channel, so the read it is blocked in returns and the
+session is given back at once, not at the next line or the idle timeout. One process runs at
+most ``MAX_FOLLOWERS_PER_MACHINE`` followers per machine, stopping ones included: fewer than the
+machine's stream sessions, so a pull in the same process still gets one, and a follow past the
+cap is refused at once (``TooManyFollowers``) instead of waiting for a session.
 """
 
 from __future__ import annotations
@@ -63,6 +63,7 @@ class LogFollower(threading.Thread):
         self._lock = threading.Lock()
         self._lines: deque[str] = deque(maxlen=MAX_PENDING_LINES)
         self._dropped = 0
+        self._channel = None  # the open stream's SSH channel, closed to stop at once
         self.end_reason: str | None = None
 
     def start(self) -> None:
@@ -91,6 +92,16 @@ class LogFollower(threading.Thread):
 
     def stop(self) -> None:
         self._stopped.set()
+        with self._lock:
+            channel = self._channel
+        if channel is not None:
+            channel.close()  # the blocked read returns now, and the session is freed
+
+    def _opened(self, channel) -> None:
+        with self._lock:
+            self._channel = channel
+        if self._stopped.is_set():  # stopped while the stream was being opened
+            channel.close()
 
     def take(self) -> tuple[list[str], int]:
         """The lines waiting (oldest first) and how many were dropped since the last take."""
@@ -119,7 +130,10 @@ class LogFollower(threading.Thread):
             while not self._stopped.is_set():
                 last_heard = time.monotonic()
                 try:
-                    for line in host.logs_follow(self.container, tail=tail, timeout=IDLE_SECONDS):
+                    lines = host.logs_follow(
+                        self.container, tail=tail, timeout=IDLE_SECONDS, on_channel=self._opened
+                    )
+                    for line in lines:
                         if self._stopped.is_set():
                             return  # closes the stream and gives its session back
                         self._deliver(line)
