@@ -62,19 +62,29 @@ def live_server_url(django_db_setup, django_db_blocker):
     log.close()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def browser():
+    """Chromium for the browser tests only. Playwright's sync API keeps an event loop running
+    on this thread while it is started, so it is stopped when these tests are done: an async
+    test that the same xdist worker runs later needs the thread without one."""
     from playwright.sync_api import sync_playwright
 
-    # Playwright's sync API keeps an event loop on this thread; the test's own ORM calls are
-    # still plain synchronous code, so Django's async guard would misfire.
+    # The tests' own ORM calls are still plain synchronous code while that loop runs, so
+    # Django's async guard would misfire.
+    unsafe_before = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
     os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
     if not Path(CHROMIUM).exists():
         pytest.fail("Chromium is missing: make test installs Debian's chromium package")
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield browser
-        browser.close()
+    try:
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            yield browser
+            browser.close()
+    finally:
+        if unsafe_before is None:
+            os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+        else:
+            os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = unsafe_before
 
 
 @pytest.fixture
