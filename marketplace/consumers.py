@@ -53,13 +53,20 @@ class _MemberSocket(AsyncJsonWebsocketConsumer):
     team_id: int
     joined: tuple[str, ...] = ()
 
-    async def _join(self, team_id: int, group: str) -> None:
-        """Listen on ``group`` and on the user's own group, then accept."""
+    async def _join(self, team_id: int, group: str) -> bool:
+        """Listen on ``group`` and on the user's own group, then accept (False: refused)."""
         self.team_id = team_id
         self.joined = (group, user_group(self.scope["user"].pk))
         for name in self.joined:
             await self.channel_layer.group_add(name, self.channel_name)
+        # Once more now that a loss of access would be heard: one that committed between the
+        # first check and joining would otherwise go unnoticed.
+        if not await database_sync_to_async(_is_member)(self.scope["user"], team_id):
+            await self._leave()
+            await self.close(code=self.removed_code)
+            return False
         await self.accept()
+        return True
 
     async def _leave(self) -> None:
         joined, self.joined = self.joined, ()
@@ -94,8 +101,8 @@ class TeamEventsConsumer(_MemberSocket):
         if membership is None:
             await self.close(code=refusal)  # closed before accept: the handshake is refused
             return
-        await self._join(membership.team_id, team_group(membership.team_id))
-        await self.send_json({"event": "hello", "data": {"team": membership.team_id}})
+        if await self._join(membership.team_id, team_group(membership.team_id)):
+            await self.send_json({"event": "hello", "data": {"team": membership.team_id}})
 
     async def receive_json(self, content, **kwargs) -> None:
         if content.get("type") == "ping":
@@ -149,10 +156,10 @@ class InstanceConsumer(_MemberSocket):
             await self.close(code=4404)
             return
         self.team, self.instance_id = membership.team, instance.pk
-        await self._join(membership.team_id, instance_group(instance.pk))
-        await self.send_json(
-            {"event": "hello", "data": {"id": instance.pk, "state": instance.state}}
-        )
+        if await self._join(membership.team_id, instance_group(instance.pk)):
+            await self.send_json(
+                {"event": "hello", "data": {"id": instance.pk, "state": instance.state}}
+            )
 
     async def disconnect(self, code: int) -> None:
         self._stop_following()
