@@ -110,6 +110,18 @@ DATABASES = {
         conn_max_age=int(os.environ.get("DB_CONN_MAX_AGE", "60")),
     )
 }
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # The embedded default: web, worker and beat write to one file. WAL lets readers go on
+    # while one process writes; IMMEDIATE takes the write lock when a transaction begins, so
+    # two writers queue for it (up to the timeout) instead of one failing at its first write
+    # with "database is locked" (a deferred transaction cannot wait for a lock it upgrades to).
+    DATABASES["default"]["OPTIONS"] = {
+        "transaction_mode": "IMMEDIATE",
+        "timeout": 30,
+        "init_command": (
+            "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA busy_timeout=30000;"
+        ),
+    }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 AUTH_USER_MODEL = "marketplace.User"
 
