@@ -44,7 +44,6 @@ os.environ.setdefault("DEBUG", "1")
 os.environ.setdefault(
     "DATABASE_URL", "postgres://gpumkt:gpumkt@127.0.0.1:5432/gpumkt_bench_metering"
 )
-os.environ.setdefault("DB_CONN_MAX_AGE", "0")
 
 from bench_common import scratch_database  # noqa: E402
 

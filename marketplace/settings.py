@@ -106,11 +106,23 @@ TEMPLATES = [
 
 DATABASES = {
     "default": dj_database_url.parse(
-        os.environ.get("DATABASE_URL", f"sqlite:///{VAR_DIR / 'marketplace.sqlite3'}"),
-        conn_max_age=int(os.environ.get("DB_CONN_MAX_AGE", "60")),
+        os.environ.get("DATABASE_URL", f"sqlite:///{VAR_DIR / 'marketplace.sqlite3'}")
     )
 }
-if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql" and env_bool("DB_POOL", True):
+    # Django's advice for ASGI: no persistent connections (a connection belongs to the thread
+    # that served one request, and there are many such threads), and psycopg's pool instead.
+    # Each process has its own pool, made at its first query (so a Celery child that forks
+    # before any query never shares a parent's). DB_POOL=0 behind an external pooler.
+    DATABASES["default"]["CONN_MAX_AGE"] = 0
+    DATABASES["default"]["OPTIONS"] = {
+        "pool": {
+            "min_size": int(os.environ.get("DB_POOL_MIN", "1")),
+            "max_size": int(os.environ.get("DB_POOL_MAX", "20")),
+            "timeout": 20,
+        }
+    }
+elif DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # The embedded default: web, worker and beat write to one file. WAL lets readers go on
     # while one process writes; IMMEDIATE takes the write lock when a transaction begins, so
     # two writers queue for it (up to the timeout) instead of one failing at its first write

@@ -17,6 +17,19 @@ from tests.factories import TeamFactory, UserFactory, add_member
 PASSWORD = "pw-for-tests-123"
 
 
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup, django_db_blocker):
+    """The test databases, with each process's connection pool closed before they are
+    dropped (a pooled connection left open would keep PostgreSQL from dropping them)."""
+    yield
+    from django.db import connections
+
+    with django_db_blocker.unblock():
+        for connection in connections.all():
+            if hasattr(connection, "close_pool"):
+                connection.close_pool()
+
+
 @pytest.fixture
 def team(db) -> Team:
     return TeamFactory(name="Acme GPUs")

@@ -26,6 +26,5 @@ os.environ["CACHE_KEY_PREFIX"] = f"gpumkt-test-{tag}"
 os.environ.setdefault("CELERY_TASK_ALWAYS_EAGER", "1")
 os.environ.setdefault("VAR_DIR", f"/tmp/gpumkt-test-{tag}")
 os.environ.setdefault("PLATFORM_SSH_KEY_PATH", f"/tmp/gpumkt-test-{tag}/platform_ssh_key")
-os.environ.setdefault("DB_CONN_MAX_AGE", "0")
 os.environ.setdefault("WHITENOISE_USE_FINDERS", "1")
 os.environ.setdefault("HOST_ALLOW_LOOPBACK", "1")  # simulated hosts are sshd on 127.x
