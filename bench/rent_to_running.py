@@ -38,7 +38,6 @@ def main() -> None:
         from hosts import ssh
         from marketplace.models import Membership, Role, Team, User
         from marketplace.services.tenancy import api_key_create
-        from marketplace.tasks import rental_destroy
 
         user = User.objects.create_user("bench-renter", "br@example.com", "x")
         team = Team.objects.create(name="bench renter", personal=True)
@@ -71,7 +70,7 @@ def main() -> None:
             state = client.get(f"/api/v1/instances/{instance_id}/").json()["state"]
             assert state == "running", state
             rented.append(elapsed)
-            rental_destroy(instance_id)
+            client.delete(f"/api/v1/instances/{instance_id}/")
 
     b, r = statistics.median(bare), statistics.median(rented)
     print(f"rent → running, warm image, simulated host, median of {RUNS}:")

@@ -7,5 +7,8 @@ class MarketplaceConfig(AppConfig):
 
     def ready(self) -> None:
         # Registers the API-key auth extension and the subscribers to lower rooms' signals.
+        # Registers the launch, stop and destroy tasks with scheduler.work, so every process
+        # (web included) can queue them.
+        from marketplace import tasks  # noqa: F401
         from marketplace.api import schema  # noqa: F401
         from marketplace.receivers import accounts, billing, hosts, scheduler  # noqa: F401

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from billing.money import format_usd
+from marketplace.db import release_database_connection
 from scheduler.models import Instance, InstanceState, LaunchMode
 
 
@@ -88,7 +89,9 @@ def instance_logs(instance: Instance, *, tail: int = 200) -> tuple[str, str]:
 
     if not instance.container_id:
         return "", "The container has not started yet."
+    host = DockerHost(instance.machine)
+    release_database_connection()
     try:
-        return DockerHost(instance.machine).logs(instance.container_id, tail=tail), ""
+        return host.logs(instance.container_id, tail=tail), ""
     except (CommandFailed, HostUnreachable) as error:
         return "", f"Could not read logs: {error}"

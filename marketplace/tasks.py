@@ -9,11 +9,11 @@ import logging
 
 from celery import shared_task
 
-from hosts.runtime import HostKeyMismatch, HostUnreachable
 from marketplace.services import rentals
 from marketplace.services.tenancy import invitations_expire as expire
 from scheduler import services as scheduler
-from scheduler.models import Instance, InstanceState
+from scheduler.models import WORK_STATES, Instance, InstanceState
+from scheduler.work import register_worker, work_enqueue
 
 logger = logging.getLogger(__name__)
 
@@ -23,58 +23,56 @@ def invitations_expire() -> int:
     return expire()
 
 
-@shared_task(
-    name="marketplace.tasks.rental_launch",
-    bind=True,
-    autoretry_for=(HostUnreachable,),
-    retry_backoff=5,
-    retry_backoff_max=120,
-    max_retries=8,
-)
+def _then(task, instance_id: int, outcome: scheduler.WorkOutcome, state: str) -> str:
+    """After a launch, stop or destroy: try again later when the lease was busy or the host
+    did not answer; hand over at once to the work the instance is due for now (a stop or
+    destroy asked for while it launched)."""
+    if outcome.state in ("busy", "retry"):
+        # Eager runs (tests) do not wait: the work sweep or the test tries again.
+        if not task.request.is_eager:
+            work_enqueue(instance_id, state, countdown=outcome.retry_after)
+        return outcome.state
+    if outcome.state in WORK_STATES and outcome.state != state:
+        work_enqueue(instance_id, outcome.state)
+    return outcome.state
+
+
+@shared_task(name="marketplace.tasks.rental_launch", bind=True)
 def rental_launch(self, instance_id: int) -> str:
     instance = Instance.objects.filter(pk=instance_id).first()
     if instance is None:
         return "gone"
-    try:
-        outcome = scheduler.instance_launch(
-            instance_id=instance_id,
-            ssh_keys=rentals.team_ssh_public_keys(instance.team_id),
-            registry_credentials=rentals.registry_credentials(instance),
-        )
-    except HostKeyMismatch as error:
-        scheduler.instance_transition(
-            instance_id=instance_id,
-            to_state=InstanceState.FAILED,
-            reason=f"Launch refused: {error}",
-            only_from={InstanceState.LAUNCHING},
-        )
-        return "failed"
-    if outcome.state == "busy" and not self.request.is_eager:
-        # Another worker holds the launch. Look again when its claim would run out: by then
-        # it has finished (and this finds nothing to do) or died (and this takes over).
-        raise self.retry(countdown=outcome.retry_after, max_retries=None)
-    return outcome.state
+    outcome = scheduler.instance_launch(
+        instance_id=instance_id,
+        ssh_keys=rentals.team_ssh_public_keys(instance.team_id),
+        registry_credentials=rentals.registry_credentials(instance),
+    )
+    return _then(self, instance_id, outcome, InstanceState.LAUNCHING)
 
 
-@shared_task(name="marketplace.tasks.rental_stop")
-def rental_stop(instance_id: int) -> str:
-    instance = Instance.objects.filter(pk=instance_id).first()
-    if instance is None or instance.state in (InstanceState.STOPPED, InstanceState.DESTROYED):
-        return "nothing to do"
-    return scheduler.instance_stop(instance_id=instance_id).state
+@shared_task(name="marketplace.tasks.rental_stop", bind=True)
+def rental_stop(self, instance_id: int) -> str:
+    if not Instance.objects.filter(pk=instance_id).exists():
+        return "gone"
+    outcome = scheduler.instance_stop(instance_id=instance_id)
+    return _then(self, instance_id, outcome, InstanceState.STOPPING)
 
 
-@shared_task(
-    name="marketplace.tasks.rental_destroy",
-    autoretry_for=(HostUnreachable,),
-    max_retries=5,
-    retry_backoff=10,
-)
-def rental_destroy(instance_id: int, reason: str = "Destroyed by the renter") -> str:
-    instance = Instance.objects.filter(pk=instance_id).first()
-    if instance is None or instance.state == InstanceState.DESTROYED:
-        return "nothing to do"
-    return scheduler.instance_destroy(instance_id=instance_id, reason=reason).state
+@shared_task(name="marketplace.tasks.rental_destroy", bind=True)
+def rental_destroy(self, instance_id: int) -> str:
+    if not Instance.objects.filter(pk=instance_id).exists():
+        return "gone"
+    outcome = scheduler.instance_destroy(instance_id=instance_id)
+    return _then(self, instance_id, outcome, InstanceState.DESTROYING)
+
+
+def _queue(task):
+    return lambda instance_id, countdown: task.apply_async((instance_id,), countdown=countdown)
+
+
+register_worker(InstanceState.LAUNCHING, _queue(rental_launch))
+register_worker(InstanceState.STOPPING, _queue(rental_stop))
+register_worker(InstanceState.DESTROYING, _queue(rental_destroy))
 
 
 @shared_task(name="marketplace.tasks.metering_sweep")
@@ -103,7 +101,10 @@ def expiry_sweep() -> int:
             )
     for instance_id in list(rentals.contracts_due_for_data_deletion()):
         try:
-            rental_destroy.delay(instance_id, "Data deleted after the grace period")
+            rentals.rental_destroy_request(
+                instance=Instance.objects.get(pk=instance_id),
+                reason="Data deleted after the grace period",
+            )
         except Exception:
             logger.exception("could not delete the data of instance %s", instance_id)
     return done

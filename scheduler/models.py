@@ -16,25 +16,38 @@ class InstanceState(models.TextChoices):
     LAUNCHING = "launching", "Launching"
     RUNNING = "running", "Running"
     EXITED = "exited", "Exited"
+    STOPPING = "stopping", "Stopping"
     STOPPED = "stopped", "Stopped"
     FAILED = "failed", "Failed"
     EXPIRED = "expired", "Expired"
+    DESTROYING = "destroying", "Destroying"
     DESTROYED = "destroyed", "Destroyed"
 
 
+S = InstanceState
 # Which state may follow which. Every change goes through scheduler.services.instance_transition.
+# A failed instance has ended (its launch failed, or its container vanished): it can only be
+# cleaned up. Stopping and destroying are asked for at once and carried out by a worker, which
+# moves the instance on once the host has confirmed.
 TRANSITIONS: dict[str, set[str]] = {
-    InstanceState.LAUNCHING: {"running", "failed", "stopped", "expired", "destroyed"},
-    InstanceState.RUNNING: {"exited", "stopped", "failed", "expired", "destroyed"},
-    InstanceState.EXITED: {"running", "stopped", "expired", "destroyed", "launching"},
-    InstanceState.STOPPED: {"launching", "running", "expired", "destroyed"},
-    InstanceState.FAILED: {"launching", "stopped", "expired", "destroyed"},
-    InstanceState.EXPIRED: {"destroyed"},
-    InstanceState.DESTROYED: set(),
+    S.LAUNCHING: {S.RUNNING, S.FAILED, S.STOPPING, S.EXPIRED, S.DESTROYING},
+    S.RUNNING: {S.EXITED, S.STOPPING, S.FAILED, S.EXPIRED, S.DESTROYING},
+    S.EXITED: {S.RUNNING, S.STOPPING, S.FAILED, S.EXPIRED, S.DESTROYING},
+    S.STOPPING: {S.STOPPED, S.EXPIRED, S.DESTROYING},
+    S.STOPPED: {S.LAUNCHING, S.RUNNING, S.EXPIRED, S.DESTROYING},
+    S.FAILED: {S.DESTROYING},
+    S.EXPIRED: {S.DESTROYING},
+    S.DESTROYING: {S.DESTROYED},
+    S.DESTROYED: set(),
 }
 
-# States in which the instance holds its GPUs.
-GPU_HOLDING_STATES = {InstanceState.LAUNCHING, InstanceState.RUNNING, InstanceState.EXITED}
+# States in which the instance holds its GPUs. Stopping and destroying keep them until the host
+# confirms the container stopped: until then it may still run on them.
+GPU_HOLDING_STATES = {S.LAUNCHING, S.RUNNING, S.EXITED, S.STOPPING, S.DESTROYING}
+
+# States whose work a worker carries out under a lease (scheduler.work): a worker that dies
+# mid-way loses its lease, and the work sweep hands the work to another.
+WORK_STATES = {S.LAUNCHING, S.STOPPING, S.DESTROYING}
 
 
 class LaunchMode(models.TextChoices):
@@ -66,17 +79,28 @@ class Instance(models.Model):
     registry_credential = models.JSONField(
         default=dict, blank=True, help_text="Encrypted private-registry login, if any."
     )
-    launch_attempts = models.PositiveSmallIntegerField(default=0)
-    # The worker launching it now: a random token and when the lease was taken or renewed
-    # (see scheduler.services.launch_claim). Empty when no launch is under way.
-    launch_claim = models.CharField(max_length=32, blank=True)
-    launch_claimed_at = models.DateTimeField(null=True, blank=True)
+    # The work of a transitional state (launch, stop, destroy; see WORK_STATES) is done by the
+    # worker holding the lease: a random token, valid until it expires unless renewed. Attempts
+    # count the tries at the current state's work; work_due_at is when a task for it was queued
+    # or is next due (the work sweep queues it again once that is well past and no lease runs).
+    lease_token = models.CharField(max_length=32, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    attempts = models.PositiveSmallIntegerField(default=0)
+    work_due_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     state_changed_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
         ordering = ["-created_at"]
         indexes = [models.Index(fields=["machine", "state"])]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(state__in=InstanceState.values), name="instance_state_known"
+            ),
+            models.CheckConstraint(
+                condition=Q(launch_mode__in=LaunchMode.values), name="instance_launch_mode_known"
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"instance {self.pk} ({self.state})"

@@ -9,4 +9,7 @@ BEAT_SCHEDULE: dict[str, dict] = {
         "task": "scheduler.tasks.machines_reconcile",
         "schedule": timedelta(seconds=20),
     },
+    # With a 30 s lease and a 30 s grace for queued tasks, a launch, stop or destroy whose
+    # worker died is queued again within about a minute.
+    "work-sweep": {"task": "scheduler.tasks.work_sweep", "schedule": timedelta(seconds=15)},
 }

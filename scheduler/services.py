@@ -10,13 +10,12 @@ row locks, and a rolled-back rental must not leave a container behind.
 from __future__ import annotations
 
 import logging
-import secrets
 from dataclasses import dataclass
 from datetime import timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Exists, F, OuterRef, Q, QuerySet
+from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.utils import timezone
 
 from hosts.models import Gpu, Machine
@@ -29,6 +28,7 @@ from hosts.runtime import (
     HostUnreachable,
     image_repository,
 )
+from scheduler import work as work_lease
 from scheduler.models import (
     GPU_HOLDING_STATES,
     TRANSITIONS,
@@ -226,14 +226,14 @@ def instance_transition(
     return instance
 
 
-def instance_report_progress(
-    *, instance: Instance, progress: int, message: str, claim: str = ""
-) -> None:
-    """Show launch progress; a launcher's progress also renews its claim (a long pull)."""
-    launching = Instance.objects.filter(pk=instance.pk, state=InstanceState.LAUNCHING)
-    launching.update(progress=progress, status_message=message[:500])
-    if claim:
-        launching.filter(launch_claim=claim).update(launch_claimed_at=timezone.now())
+def instance_report_progress(*, instance: Instance, progress: int, message: str) -> None:
+    """Show launch progress. Raises LaunchInterrupted when the instance is no longer launching
+    (the renter stopped or destroyed it), so a long pull ends at its next progress line."""
+    still_launching = Instance.objects.filter(pk=instance.pk, state=InstanceState.LAUNCHING).update(
+        progress=progress, status_message=message[:500]
+    )
+    if not still_launching:
+        raise LaunchInterrupted(f"instance {instance.pk} is no longer launching")
     instance_progress.send_robust(
         sender=Instance,
         instance_id=instance.pk,
@@ -346,51 +346,62 @@ def _check_launch_mode(host: DockerHost, instance: Instance, container_id: str) 
 
 
 @dataclass(frozen=True)
-class LaunchOutcome:
+class WorkOutcome:
+    """What a launch, stop or destroy came to: the instance's state afterwards, or "busy"
+    (another worker holds the lease: try again after ``retry_after`` seconds), "retry" (the
+    host did not answer: try again after ``retry_after``) or "gone"."""
+
     instance_id: int
     state: str
     container_id: str = ""
-    # "busy": another worker holds the launch; try again after this many seconds.
     retry_after: float = 0
 
 
-# How long a launch claim holds without being renewed. Pull progress renews it, so only a
-# launcher that died (or a pull silent for this long) loses its claim to the next worker.
-LAUNCH_LEASE = timedelta(minutes=15)
+class LaunchInterrupted(Exception):
+    """The instance left launching (stopped, destroyed) while its launch was under way."""
 
 
-def launch_claim(*, instance_id: int) -> str | None:
-    """Claim the launch of a launching instance for this worker: a token, or None when another
-    worker's unexpired claim holds it.
+# A launch whose host does not answer is tried this many times (about half an hour with the
+# backoff in scheduler.work) before it fails and the rental ends.
+MAX_LAUNCH_ATTEMPTS = 10
 
-    One conditional UPDATE decides (as healthchecks' sendalerts claims a check): two workers
-    that both read "launching, 0 attempts" cannot both win, so only one runs ``docker run``
-    and no loser's clean-up removes the winner's container.
-    """
-    token = secrets.token_hex(8)
-    now = timezone.now()
-    claimed = (
-        Instance.objects.filter(pk=instance_id, state=InstanceState.LAUNCHING)
-        .filter(Q(launch_claimed_at=None) | Q(launch_claimed_at__lt=now - LAUNCH_LEASE))
-        .update(launch_claim=token, launch_claimed_at=now, launch_attempts=F("launch_attempts") + 1)
+
+def _leased(instance_id: int, state: str, work) -> WorkOutcome:
+    """Run ``work(token)`` holding the instance's lease for ``state``, renewed all along."""
+    token = work_lease.lease_claim(instance_id=instance_id, state=state)
+    if token is None:
+        current = Instance.objects.filter(pk=instance_id).values_list("state", flat=True).first()
+        if current != state:
+            return WorkOutcome(instance_id, current or "gone")
+        return WorkOutcome(instance_id, "busy", retry_after=work_lease.lease_left(instance_id))
+    outcome = None
+    try:
+        with work_lease.Heartbeat(instance_id, token):
+            outcome = work(token)
+        return outcome
+    finally:
+        retry_in = round(outcome.retry_after) if outcome and outcome.state == "retry" else None
+        work_lease.lease_release(instance_id=instance_id, token=token, retry_in=retry_in)
+
+
+def _waiting_for_host(instance: Instance, what: str, error: Exception) -> WorkOutcome:
+    """The host did not answer: say so on the instance and ask for a later try."""
+    delay = work_lease.retry_delay(instance.attempts)
+    message = (
+        f"{what}: the host has not answered yet ({str(error)[:200]}); "
+        f"try {instance.attempts}, the next in {delay} s"
     )
-    return token if claimed == 1 else None
-
-
-def launch_claim_release(*, instance_id: int, token: str) -> None:
-    Instance.objects.filter(pk=instance_id, launch_claim=token).update(
-        launch_claim="", launch_claimed_at=None
+    Instance.objects.filter(pk=instance.pk, state=instance.state).update(
+        status_message=message[:500]
     )
-
-
-def _claim_retry_after(instance_id: int) -> float:
-    claimed_at = (
-        Instance.objects.filter(pk=instance_id).values_list("launch_claimed_at", flat=True).first()
+    instance_progress.send_robust(
+        sender=Instance,
+        instance_id=instance.pk,
+        team_id=instance.team_id,
+        progress=instance.progress,
+        message=message,
     )
-    if claimed_at is None:
-        return 1.0
-    left = (claimed_at + LAUNCH_LEASE - timezone.now()).total_seconds()
-    return max(left, 1.0)
+    return WorkOutcome(instance.pk, "retry", retry_after=delay)
 
 
 def instance_launch(
@@ -398,36 +409,46 @@ def instance_launch(
     instance_id: int,
     ssh_keys: list[str] | None = None,
     registry_credentials: tuple[str, str] | None = None,
-) -> LaunchOutcome:
+) -> WorkOutcome:
     """Start the instance's container on its machine; idempotent.
 
-    Only the worker that claims the launch (``launch_claim``) touches the host; another one
-    gets "busy" and a time to try again. The container name is derived from the instance, so
-    a later attempt (a worker killed mid-way, its claim expired) finds the container the
-    first one made and adopts it instead of starting another.
+    Only the worker holding the lease touches the host; another gets "busy". The container
+    name is derived from the instance, so a later attempt (a worker killed mid-way, its lease
+    expired) finds the container the first one made and adopts it instead of starting another.
     """
-    instance = Instance.objects.select_related("machine").filter(pk=instance_id).first()
-    if instance is None or instance.state != InstanceState.LAUNCHING:
-        return LaunchOutcome(instance_id, instance.state if instance else "gone")
-    token = launch_claim(instance_id=instance_id)
-    if token is None:
-        return LaunchOutcome(instance_id, "busy", retry_after=_claim_retry_after(instance_id))
-    try:
-        return _launch_claimed(instance_id, token, ssh_keys, registry_credentials)
-    finally:
-        launch_claim_release(instance_id=instance_id, token=token)
+    return _leased(
+        instance_id,
+        InstanceState.LAUNCHING,
+        lambda token: _launch_leased(instance_id, token, ssh_keys, registry_credentials),
+    )
 
 
-def _launch_claimed(
+def _launch_failed(instance_id: int, reason: str) -> WorkOutcome:
+    moved = instance_transition(
+        instance_id=instance_id,
+        to_state=InstanceState.FAILED,
+        reason=reason,
+        only_from={InstanceState.LAUNCHING},
+    )
+    return WorkOutcome(instance_id, moved.state if moved else _state_of(instance_id))
+
+
+def _state_of(instance_id: int) -> str:
+    return Instance.objects.values_list("state", flat=True).get(pk=instance_id)
+
+
+def _launch_leased(
     instance_id: int,
     token: str,
     ssh_keys: list[str] | None,
     registry_credentials: tuple[str, str] | None,
-) -> LaunchOutcome:
+) -> WorkOutcome:
     instance = Instance.objects.select_related("machine").get(pk=instance_id)
-    # Attempts are counted when claimed, so only a later attempt can find a container an
-    # earlier one made; the first skips that look-up.
-    first_attempt = instance.launch_attempts == 1
+    if instance.state != InstanceState.LAUNCHING:
+        return WorkOutcome(instance_id, instance.state)
+    # Attempts are counted when the lease is taken, so only a later attempt can find a
+    # container an earlier one made; the first skips that look-up.
+    first_attempt = instance.attempts == 1
     host = DockerHost(instance.machine)
     try:
         spec = container_spec_for(instance, ssh_keys=ssh_keys)
@@ -436,25 +457,26 @@ def _launch_claimed(
             host.start(existing)  # a no-op when it is already running
             container_id = existing
         else:
-            container_id = _run_pulling_if_needed(
-                host, instance, spec, registry_credentials, claim=token
-            )
+            container_id = _run_pulling_if_needed(host, instance, spec, registry_credentials)
         _check_launch_mode(host, instance, container_id)
-    except (HostUnreachable, HostKeyMismatch):
-        # Transient or operator-level: leave it launching; the task retries, and the
-        # expiry sweep ends it if the machine never comes back.
-        raise
+    except LaunchInterrupted:
+        # Stopped or destroyed meanwhile: that work, waiting for this lease, stops or removes
+        # the container by its name.
+        return WorkOutcome(instance_id, _state_of(instance_id))
+    except HostUnreachable as error:
+        if instance.attempts >= MAX_LAUNCH_ATTEMPTS:
+            return _launch_failed(
+                instance_id,
+                f"Launch failed: the host did not answer in {instance.attempts} tries ({error})",
+            )
+        return _waiting_for_host(instance, "Launching", error)
+    except HostKeyMismatch as error:
+        return _launch_failed(instance_id, f"Launch refused: {error}")
     except (CommandFailed, ValueError) as error:
         # `docker run` can fail after creating the container (a port taken, say): remove it,
-        # so a retry starts clean instead of adopting a broken container.
+        # so nothing is left behind the failed rental.
         _remove_quietly(host, instance.container_name)
-        moved = instance_transition(
-            instance_id=instance_id,
-            to_state=InstanceState.FAILED,
-            reason=f"Launch failed: {error}",
-            only_from={InstanceState.LAUNCHING},
-        )
-        return LaunchOutcome(instance_id, moved.state if moved else "unchanged")
+        return _launch_failed(instance_id, f"Launch failed: {error}")
     moved = instance_transition(
         instance_id=instance_id,
         to_state=InstanceState.RUNNING,
@@ -464,13 +486,15 @@ def _launch_claimed(
         progress=100,
     )
     if moved is None:
-        # Stopped, expired, failed or destroyed while we were launching: whatever it became,
-        # it must not keep a container running on GPUs it no longer holds.
-        current = Instance.objects.get(pk=instance_id)
-        if current.state not in GPU_HOLDING_STATES:
-            _remove_quietly(host, container_id, stop_only=current.state != InstanceState.DESTROYED)
-        return LaunchOutcome(instance_id, current.state, container_id)
-    return LaunchOutcome(instance_id, moved.state, container_id)
+        # It left launching while `docker run` ran. Stopping and destroying wait for this lease
+        # and then act on the container by name; tell them its id too. Any other state holds
+        # no GPUs, so the container must not run.
+        Instance.objects.filter(pk=instance_id, container_id="").update(container_id=container_id)
+        current = _state_of(instance_id)
+        if current not in GPU_HOLDING_STATES:
+            _remove_quietly(host, container_id, stop_only=current != InstanceState.DESTROYED)
+        return WorkOutcome(instance_id, current, container_id)
+    return WorkOutcome(instance_id, moved.state, container_id)
 
 
 def _name_taken(error: CommandFailed) -> bool:
@@ -482,8 +506,6 @@ def _run_pulling_if_needed(
     instance: Instance,
     spec: ContainerSpec,
     credentials: tuple[str, str] | None = None,
-    *,
-    claim: str = "",
 ) -> str:
     """Run with the image as it is; pull (with progress) only when the host lacks it, or
     when the image is private: given with a login, or of a repository some rental pulled
@@ -510,7 +532,7 @@ def _run_pulling_if_needed(
                 raise
         _remove_quietly(host, instance.container_name)
     report = lambda pct, msg: instance_report_progress(  # noqa: E731
-        instance=instance, progress=pct, message=msg, claim=claim
+        instance=instance, progress=pct, message=msg
     )
     report(5, "Pulling image")
     if credentials is not None:
@@ -564,25 +586,107 @@ def _remove_quietly(host: DockerHost, container_id: str, *, stop_only: bool = Fa
         logger.warning("could not clean up container %s", container_id, exc_info=True)
 
 
-def instance_stop(*, instance_id: int, reason: str = "Stopped by the renter") -> Instance:
-    """Stop the container and give its GPUs back; its disk (and storage charge) stays."""
-    instance = Instance.objects.select_related("machine").get(pk=instance_id)
-    if (
-        instance.state not in TRANSITIONS
-        or InstanceState.STOPPED not in TRANSITIONS[instance.state]
-    ):
-        raise InvalidTransition(f"An instance that is {instance.state} cannot be stopped.")
-    if instance.container_id:
-        DockerHost(instance.machine).stop(instance.container_id)
-    return instance_transition(
-        instance_id=instance_id, to_state=InstanceState.STOPPED, reason=reason
+def _container_gone_or_stopped(host: DockerHost, instance: Instance, *, remove: bool) -> None:
+    """Stop (or remove) the instance's container, found by id or else by its name (a launch
+    may have made it without recording the id). A container that does not exist counts as
+    stopped. Raises HostUnreachable, HostKeyMismatch or CommandFailed when it cannot be known."""
+    ref = instance.container_id or instance.container_name
+    try:
+        if remove:
+            host.remove(ref)
+        else:
+            host.stop(ref)
+    except CommandFailed:
+        if _existing_container(host, ref):
+            raise
+
+
+def instance_stop_request(
+    *, instance_id: int, reason: str = "Stop asked for by the renter"
+) -> Instance:
+    """Ask for a stop: the instance is stopping at once (its GPU time is no longer charged) and
+    keeps its GPUs until a worker has seen the container stop (``instance_stop``)."""
+    moved = instance_transition(
+        instance_id=instance_id,
+        to_state=InstanceState.STOPPING,
+        reason=reason,
+        only_from=STOPPABLE_STATES,
+        work_due_at=timezone.now(),
+        attempts=0,
     )
+    if moved is None:
+        state = _state_of(instance_id)
+        raise InvalidTransition(f"An instance that is {state} cannot be stopped.")
+    return moved
 
 
-# States whose GPUs were given back, so starting must take them again.
-RECLAIMING_STATES = (InstanceState.STOPPED, InstanceState.FAILED)
+def instance_stop(*, instance_id: int) -> WorkOutcome:
+    """The work of a stopping instance: stop its container, then give its GPUs back. Retried
+    (with backoff) until the host confirms; its disk (and storage charge) stays."""
 
-# How long a start may hold a stopped or failed instance's GPUs before it counts as dead.
+    def stop(token: str) -> WorkOutcome:
+        instance = Instance.objects.select_related("machine").get(pk=instance_id)
+        try:
+            _container_gone_or_stopped(DockerHost(instance.machine), instance, remove=False)
+        except (HostUnreachable, HostKeyMismatch, CommandFailed) as error:
+            return _waiting_for_host(instance, "Stopping", error)
+        moved = instance_transition(
+            instance_id=instance_id,
+            to_state=InstanceState.STOPPED,
+            reason="Stopped: the container is stopped and its GPUs are free",
+            only_from={InstanceState.STOPPING},
+        )
+        return WorkOutcome(instance_id, moved.state if moved else _state_of(instance_id))
+
+    return _leased(instance_id, InstanceState.STOPPING, stop)
+
+
+def instance_destroy_request(
+    *, instance_id: int, reason: str = "Destroyed by the renter"
+) -> Instance:
+    """Ask for the container and its data to go: the instance is destroying at once (the
+    rental ends and settles now) and keeps its GPUs until a worker has removed the container
+    (``instance_destroy``). Asking again changes nothing."""
+    with transaction.atomic():
+        state = (
+            Instance.objects.select_for_update().values_list("state", flat=True).get(pk=instance_id)
+        )
+        if state in (InstanceState.DESTROYING, InstanceState.DESTROYED):
+            return Instance.objects.get(pk=instance_id)
+        return instance_transition(
+            instance_id=instance_id,
+            to_state=InstanceState.DESTROYING,
+            reason=reason,
+            work_due_at=timezone.now(),
+            attempts=0,
+        )
+
+
+def instance_destroy(*, instance_id: int) -> WorkOutcome:
+    """The work of a destroying instance: remove its container and data, then release every
+    allocation. Retried (with backoff) until the host confirms."""
+
+    def destroy(token: str) -> WorkOutcome:
+        instance = Instance.objects.select_related("machine").get(pk=instance_id)
+        try:
+            _container_gone_or_stopped(DockerHost(instance.machine), instance, remove=True)
+        except (HostUnreachable, HostKeyMismatch, CommandFailed) as error:
+            return _waiting_for_host(instance, "Destroying", error)
+        moved = instance_transition(
+            instance_id=instance_id,
+            to_state=InstanceState.DESTROYED,
+            reason="Destroyed: the container and its data are removed",
+            only_from={InstanceState.DESTROYING},
+        )
+        return WorkOutcome(instance_id, moved.state if moved else _state_of(instance_id))
+
+    return _leased(instance_id, InstanceState.DESTROYING, destroy)
+
+
+# States a stop may be asked for in.
+STOPPABLE_STATES = {InstanceState.LAUNCHING, InstanceState.RUNNING, InstanceState.EXITED}
+
+# How long a start may hold a stopped instance's GPUs before it counts as dead.
 # instance_start commits the GPUs it takes back before it runs `docker start` over SSH (which
 # times out long before this); a start whose worker died in between would otherwise hold them
 # for good, so machine_reconcile gives them back once this has passed.
@@ -590,36 +694,33 @@ START_LEASE = timedelta(minutes=10)
 
 
 def start_under_way() -> Exists:
-    """Filter for instances that instance_start has taken GPUs back for and not yet moved on.
+    """Filter for stopped instances that instance_start has taken GPUs back for and not yet
+    moved on.
 
-    Every transition into a stopped or failed state releases the GPUs, so live GPUs on such
-    an instance are a start's (for START_LEASE). Its container may already run: it is the
+    Every transition into the stopped state releases the GPUs, so live GPUs on a stopped
+    instance are a start's (for START_LEASE). Its container may already run: it is the
     start's, not a leftover, and its GPUs must not be freed under it.
     """
     return Exists(
         live_gpu_allocations().filter(
             instance=OuterRef("pk"),
-            instance__state__in=RECLAIMING_STATES,
+            instance__state=InstanceState.STOPPED,
             created_at__gt=timezone.now() - START_LEASE,
         )
     )
 
 
-def instance_start(
-    *,
-    instance_id: int,
-    ssh_keys: list[str] | None = None,
-    registry_credentials: tuple[str, str] | None = None,
-) -> Instance:
+def instance_start(*, instance_id: int) -> Instance:
     """Take the GPUs back (409 if someone else has them) and start the container again.
 
-    ``ssh_keys`` and ``registry_credentials`` serve a relaunch (no container left), as they
-    serve the first launch.
+    A stopped instance that has no container (stopped while it was launching) is launched
+    again instead: it becomes launching, in the transaction that takes its GPUs back, and the
+    caller queues the launch (a pull can take long; it never runs in a request).
 
-    The GPUs are committed before the container starts, so meanwhile the instance is still
-    stopped (or failed) but holds GPUs: machine_reconcile leaves it alone and instance_expire
-    stops its container (``start_under_way``). It becomes running only if, when the container
-    has started, it is still in the state it was started from and holds its GPUs; otherwise
+    Otherwise the GPUs are committed before the container starts, so meanwhile the instance is
+    still stopped but holds GPUs: machine_reconcile leaves it alone and instance_expire stops
+    its container (``start_under_way``). It becomes running only if, when the container has
+    started, it is still in the state it was started from and holds its GPUs; otherwise
     (expired, destroyed, or freed as a dead start meanwhile) its container is stopped again.
     """
     machine_id = Instance.objects.values_list("machine_id", flat=True).get(pk=instance_id)
@@ -632,28 +733,24 @@ def instance_start(
             .get(pk=instance_id)
         )
         from_state = instance.state
-        if from_state not in (*RECLAIMING_STATES, InstanceState.EXITED):
+        if from_state not in (InstanceState.STOPPED, InstanceState.EXITED):
             raise InvalidTransition(f"An instance that is {from_state} cannot be started.")
-        if from_state in RECLAIMING_STATES:
+        if from_state == InstanceState.STOPPED:
             gpu_allocation_reclaim(instance=instance)
         if not instance.container_id:
-            # No container to start: launch one. Launching holds GPUs, so it becomes launching
-            # in the transaction that takes them back, never a stopped instance holding GPUs.
-            instance_transition(
-                instance_id=instance_id, to_state=InstanceState.LAUNCHING, reason="Relaunching"
+            return instance_transition(
+                instance_id=instance_id,
+                to_state=InstanceState.LAUNCHING,
+                reason="Launching again",
+                work_due_at=timezone.now(),
+                attempts=0,
+                progress=0,
             )
-    if not instance.container_id:
-        instance_launch(
-            instance_id=instance_id,
-            ssh_keys=ssh_keys,
-            registry_credentials=registry_credentials,
-        )
-        return Instance.objects.get(pk=instance_id)
     host = DockerHost(instance.machine)
     try:
         host.start(instance.container_id)
     except (CommandFailed, HostUnreachable):
-        if from_state in RECLAIMING_STATES:
+        if from_state == InstanceState.STOPPED:
             with transaction.atomic():
                 # Not if it moved on meanwhile: an expiry that could not confirm the container
                 # stopped keeps the GPUs for machine_reconcile to release.
@@ -664,7 +761,7 @@ def instance_start(
     with transaction.atomic():
         current = Instance.objects.select_for_update().get(pk=instance_id)
         still_ours = current.state == from_state and (
-            from_state not in RECLAIMING_STATES
+            from_state != InstanceState.STOPPED
             or live_gpu_allocations().filter(instance=current).exists()
         )
         if still_ours:
@@ -675,50 +772,43 @@ def instance_start(
             )
     if current.state == InstanceState.RUNNING:
         return current  # exited, and reconcile saw the container running again first
+    if current.state in (InstanceState.STOPPING, InstanceState.DESTROYING):
+        return current  # a stop or destroy asked for meanwhile acts on the container itself
     # It moved on while the container started: it must not run on GPUs it no longer holds.
     _remove_quietly(host, instance.container_id, stop_only=current.state != InstanceState.DESTROYED)
     raise InvalidTransition(f"The instance became {current.state} while it was starting.")
 
 
-def instance_destroy(*, instance_id: int, reason: str = "Destroyed by the renter") -> Instance:
-    """Remove the container and its data, release every allocation."""
-    instance = Instance.objects.select_related("machine").get(pk=instance_id)
-    if instance.state == InstanceState.DESTROYED:
-        return instance
-    if instance.container_id:
-        try:
-            DockerHost(instance.machine).remove(instance.container_id)
-        except CommandFailed as error:
-            if "No such container" not in str(error):
-                raise
-    return instance_transition(
-        instance_id=instance_id, to_state=InstanceState.DESTROYED, reason=reason
-    )
-
-
-# States whose container should be running (or may be, having exited on its own).
-LIVE_STATES = (InstanceState.LAUNCHING, InstanceState.RUNNING, InstanceState.EXITED)
+# States whose container may be running and is stopped when the rental period ends.
+LIVE_STATES = (
+    InstanceState.LAUNCHING,
+    InstanceState.RUNNING,
+    InstanceState.EXITED,
+    InstanceState.STOPPING,
+)
 
 
 def _container_stopped(host: DockerHost, instance: Instance) -> tuple[bool, str]:
     """Stop the instance's container; (True, "") once it is known not to run.
 
     (False, why) when that cannot be known: the host did not answer, or answered with a
-    changed key. Launching instances are stopped by their deterministic name, which also
-    catches a container a launch in flight has just made.
+    changed key. An instance without a recorded container is stopped by its deterministic
+    name, which also catches a container a launch made without recording it.
     """
     starting = Instance.objects.filter(pk=instance.pk).filter(start_under_way()).exists()
     if instance.state not in LIVE_STATES and not starting:
-        return True, ""  # stopped or failed already, its GPUs given back then
+        return True, ""  # stopped already, its GPUs given back then
     try:
-        host.stop(instance.container_id or instance.container_name)
+        _container_gone_or_stopped(host, instance, remove=False)
     except CommandFailed as error:
-        if "No such container" in error.stderr:
-            return True, ""
         return False, f"docker stop failed: {error.stderr.strip()[:200]}"
     except (HostUnreachable, HostKeyMismatch) as error:
         return False, str(error)
     return True, ""
+
+
+def _lease_valid(instance: Instance) -> bool:
+    return instance.lease_expires_at is not None and instance.lease_expires_at > timezone.now()
 
 
 def instance_expire(*, instance_id: int) -> Instance | None:
@@ -728,9 +818,20 @@ def instance_expire(*, instance_id: int) -> Instance | None:
     its GPUs are given back only when the container is known to have stopped: with the host
     unreachable the container may still be running on them, so they stay reserved until
     ``machine_reconcile`` stops it and releases them.
+
+    Returns None (and does nothing) for an instance that has ended already, or whose launch or
+    stop a worker is carrying out right now: that finishes first, and the next expiry sweep
+    ends what it left (so the container a launch is making is never left running).
     """
     instance = Instance.objects.select_related("machine").get(pk=instance_id)
-    if instance.state in (InstanceState.EXPIRED, InstanceState.DESTROYED):
+    if instance.state in (
+        InstanceState.EXPIRED,
+        InstanceState.FAILED,
+        InstanceState.DESTROYING,
+        InstanceState.DESTROYED,
+    ):
+        return None
+    if _lease_valid(instance):
         return None
     stopped, why = _container_stopped(DockerHost(instance.machine), instance)
     reason = "The rental period ended"
@@ -745,6 +846,7 @@ def instance_expire(*, instance_id: int) -> Instance | None:
         to_state=InstanceState.EXPIRED,
         reason=reason,
         keep_gpus=not stopped,
+        only_from={instance.state},
     )
 
 
@@ -772,7 +874,8 @@ def machine_reconcile(*, machine_id: int) -> int:
     holding = live_gpu_allocations().filter(instance=OuterRef("pk"))
     ended = (
         Instance.objects.filter(machine=machine)
-        .exclude(state__in=LIVE_STATES)
+        # Destroying is its own worker's to finish; the live states are followed above.
+        .exclude(state__in=[*LIVE_STATES, InstanceState.DESTROYING])
         .filter(Q(uuid__in=running_uuids) | Exists(holding))
         # A start under way has its GPUs and (re)started container on purpose; stopping it and
         # freeing them would leave it running on GPUs someone else can rent.

@@ -5,6 +5,7 @@ import logging
 from celery import shared_task
 
 from hosts.runtime import HostKeyMismatch, HostUnreachable
+from scheduler import work
 from scheduler.services import machine_reconcile, machines_needing_reconcile
 
 logger = logging.getLogger(__name__)
@@ -27,3 +28,9 @@ def machine_reconcile_one(machine_id: int) -> int:
     except (HostUnreachable, HostKeyMismatch):
         logger.info("machine %s unreachable; heartbeats will mark it offline", machine_id)
         return 0
+
+
+@shared_task(name="scheduler.tasks.work_sweep")
+def work_sweep() -> int:
+    """Queue again launches, stops and destroys that no worker is carrying out."""
+    return work.work_sweep()

@@ -330,23 +330,33 @@ class InstanceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScop
         instance = self.get_queryset().get(pk=contract.instance_id)
         return Response(InstanceSerializer(instance).data, status=status.HTTP_201_CREATED)
 
+    def _as_now(self, instance: Instance) -> dict:
+        """The instance as it is after an action (a worker may have moved it on already)."""
+        current = Instance.objects.select_related("contract", "machine").get(pk=instance.pk)
+        return InstanceSerializer(current).data
+
+    @extend_schema(responses={202: InstanceSerializer})
     def destroy(self, request, pk=None):
+        """The rental ends now; the instance is destroying until its host confirms."""
         instance = self.get_object()
         rentals.rental_destroy_request(instance=instance)
-        return Response(InstanceSerializer(instance).data, status=status.HTTP_202_ACCEPTED)
+        return Response(self._as_now(instance), status=status.HTTP_202_ACCEPTED)
 
     @extend_schema(request=None, responses={202: InstanceSerializer})
     @action(detail=True, methods=["post"])
     def stop(self, request, pk=None):
+        """GPU time stops being charged now; the instance is stopping until its host confirms."""
         instance = self.get_object()
         rentals.rental_stop_request(instance=instance)
-        return Response(InstanceSerializer(instance).data, status=status.HTTP_202_ACCEPTED)
+        return Response(self._as_now(instance), status=status.HTTP_202_ACCEPTED)
 
     @extend_schema(request=None, responses={200: InstanceSerializer})
     @action(detail=True, methods=["post"])
     def start(self, request, pk=None):
-        rentals.rental_start(instance=self.get_object())
-        return Response(InstanceSerializer(self.get_object()).data)
+        """Running again at once, or launching again (by a worker) if it had no container."""
+        instance = self.get_object()
+        rentals.rental_start(instance=instance)
+        return Response(self._as_now(instance))
 
     @extend_schema(request=ExtendSerializer, responses={200: InstanceSerializer})
     @action(detail=True, methods=["post"])

@@ -30,17 +30,22 @@ from billing.money import MICRO_PER_DOLLAR, usage_owed
 from hosts.models import Machine, MachineStatus, in_service
 from hosts.runtime import CommandResult, DockerHost
 from hosts.selectors import maintenance_overlapping
+from marketplace.db import release_database_connection
 from marketplace.events import publish_instance_event
 from marketplace.models import Contract, Offer, SshKey, Team
 from marketplace.secrets_box import seal, unseal
+from marketplace.validation import validate_launch
 from scheduler.models import GpuAllocation, Instance, InstanceEvent, InstanceState, LaunchMode
 from scheduler.services import (
     JUPYTER_CONTAINER_PORT,
     SSH_CONTAINER_PORT,
     InvalidTransition,
     allocation_create,
+    instance_destroy_request,
     instance_start,
+    instance_stop_request,
 )
+from scheduler.work import work_enqueue_on_commit
 
 SECONDS_PER_MONTH = 30 * 24 * 3600
 MAX_RENTAL_HOURS = 24 * 365
@@ -198,6 +203,7 @@ def rental_create(*, team: Team, request: RentalRequest) -> Contract:
     its GPUs were taken meanwhile, InsufficientCredit (402) when credit is short, and
     ValidationError (400, naming the field) for terms the rental breaks.
     """
+    _validate_request(request)
     with transaction.atomic():
         machine = Machine.objects.select_for_update().filter(pk=request.machine_id).first()
         if machine is None or not machine.listed or machine.status != "online":
@@ -220,6 +226,7 @@ def rental_create(*, team: Team, request: RentalRequest) -> Contract:
             if request.launch_mode == LaunchMode.JUPYTER
             else "",
             status_message="Waiting for a worker",
+            work_due_at=now,
         )
         allocation_create(
             machine=machine,
@@ -269,8 +276,23 @@ def rental_create(*, team: Team, request: RentalRequest) -> Contract:
             {"id": instance.pk, "state": "launching", "from": "", "reason": "Rented"},
         )
         offer_refresh(machine_id=machine.pk)
-        transaction.on_commit(lambda: _enqueue_launch(instance.pk))
+        work_enqueue_on_commit(instance.pk, InstanceState.LAUNCHING)
     return contract
+
+
+def _validate_request(request: RentalRequest) -> None:
+    """What the renter asks to run, checked here whoever calls (API, console, a script), so
+    nothing invalid is ever allocated, held or stored (hosts.runtime checks the final spec
+    again before any command is built)."""
+    if request.launch_mode not in LaunchMode.values:
+        raise ValidationError({"launch_mode": f"Choose one of {', '.join(LaunchMode.values)}."})
+    validate_launch(
+        image=request.image,
+        env=dict(request.env or {}),
+        ports=list(request.ports or []),
+        entrypoint=request.entrypoint,
+        args=list(request.args or []),
+    )
 
 
 def _sealed_credential(request: RentalRequest) -> dict[str, str]:
@@ -291,12 +313,6 @@ def registry_credentials(instance: Instance) -> tuple[str, str] | None:
         return None
     password = unseal(stored.get("password", ""))
     return (stored["username"], password) if password is not None else None
-
-
-def _enqueue_launch(instance_id: int) -> None:
-    from marketplace.tasks import rental_launch
-
-    rental_launch.delay(instance_id)
 
 
 def _validate_terms(*, machine: Machine, request: RentalRequest, now: datetime) -> datetime:
@@ -371,7 +387,7 @@ def rental_extend(*, contract: Contract, hours: float) -> Contract:
             .select_related("instance")
             .get(pk=contract.pk)
         )
-        if contract.instance.state in (InstanceState.EXPIRED, InstanceState.DESTROYED):
+        if contract.settled_at is not None or contract.instance.state in ENDED_STATES:
             raise ValidationError({"hours": "This rental has ended; rent again instead."})
         new_end = contract.ends_at + timedelta(hours=hours)
         if machine.end_date and new_end > machine.end_date:
@@ -511,7 +527,17 @@ def _storage_clock_stop(contract: Contract, now: datetime) -> None:
 
 
 GPU_CLOCK_STATES = {InstanceState.RUNNING, InstanceState.EXITED}
-ENDED_STATES = {InstanceState.EXPIRED, InstanceState.DESTROYED}
+# The rental has ended: its period ran out, it failed (its launch failed or its container
+# vanished: nothing is left to run or store), or its destruction was asked for. It settles then:
+# what was used is captured and the rest of the hold goes back at once.
+ENDED_STATES = {
+    InstanceState.FAILED,
+    InstanceState.EXPIRED,
+    InstanceState.DESTROYING,
+    InstanceState.DESTROYED,
+}
+# Ended rentals whose leftovers (data, a container) are deleted after the grace period.
+GRACE_STATES = {InstanceState.EXPIRED, InstanceState.FAILED}
 
 
 def _clocks_follow(
@@ -572,7 +598,7 @@ def contract_follow_instance(*, instance_id: int) -> Contract | None:
         if state in ENDED_STATES:
             billing.hold_release(hold_id=contract.hold_id)
             contract.settled_at = now
-            if state == InstanceState.EXPIRED:
+            if state in GRACE_STATES:
                 contract.data_delete_after = now + data_grace()
             contract.save(update_fields=["settled_at", "data_delete_after"])
     return contract
@@ -653,7 +679,7 @@ def contracts_due_to_expire(now: datetime | None = None):
 def contracts_due_for_data_deletion(now: datetime | None = None):
     now = now or timezone.now()
     return Contract.objects.filter(
-        data_delete_after__lte=now, instance__state=InstanceState.EXPIRED
+        data_delete_after__lte=now, instance__state__in=GRACE_STATES
     ).values_list("instance_id", flat=True)
 
 
@@ -706,38 +732,55 @@ def team_ssh_public_keys(team_id: int) -> list[str]:
 
 # --- renter actions (one place for the console and the API) -------------------------------
 
-STOPPABLE = {InstanceState.RUNNING, InstanceState.EXITED, InstanceState.LAUNCHING}
+
+def rental_stop_request(*, instance: Instance) -> Instance:
+    """Stop: the instance is stopping at once (GPU time is no longer charged from now) and a
+    worker stops its container, trying until the host confirms; then its GPUs go back. Its
+    storage is still charged."""
+    with transaction.atomic():
+        stopping = instance_stop_request(instance_id=instance.pk)
+        work_enqueue_on_commit(instance.pk, InstanceState.STOPPING)
+    return stopping
 
 
-def rental_stop_request(*, instance: Instance) -> None:
-    """Queue a stop (after commit); the GPUs go back, storage is still charged."""
-    if instance.state not in STOPPABLE:
-        raise InvalidTransition(f"An instance that is {instance.state} cannot be stopped.")
-    from marketplace.tasks import rental_stop
-
-    transaction.on_commit(lambda: rental_stop.delay(instance.pk))
-
-
-def rental_destroy_request(*, instance: Instance) -> None:
-    """Queue removal of the container and its data, and the settlement (after commit)."""
-    from marketplace.tasks import rental_destroy
-
-    transaction.on_commit(lambda: rental_destroy.delay(instance.pk))
+def rental_destroy_request(
+    *, instance: Instance, reason: str = "Destroyed by the renter"
+) -> Instance:
+    """Destroy: the rental ends and settles at once (nothing is charged from now), and a worker
+    removes the container and its data, trying until the host confirms."""
+    with transaction.atomic():
+        destroying = instance_destroy_request(instance_id=instance.pk, reason=reason)
+        if destroying.state == InstanceState.DESTROYING:
+            work_enqueue_on_commit(instance.pk, InstanceState.DESTROYING)
+    return destroying
 
 
 def rental_start(*, instance: Instance) -> Instance:
-    """Start again with the same GPUs (409 if someone has them), within the rental period."""
+    """Start again with the same GPUs (409 if someone has them), within the rental period. A
+    rental stopped before its container existed is launched again by a worker."""
+    if instance.state == InstanceState.FAILED:
+        raise InvalidTransition(
+            "This rental ended when it failed, and nothing was charged after that; rent again."
+        )
     if instance.contract.ends_at <= timezone.now():
         raise InvalidTransition("The rental period is over; extend it first.")
-    return instance_start(
-        instance_id=instance.pk,
-        ssh_keys=team_ssh_public_keys(instance.team_id),
-        registry_credentials=registry_credentials(instance),
-    )
+    # Not inside a transaction: instance_start commits the GPUs it takes back before it runs
+    # `docker start` over SSH, which must hold no row locks.
+    started = instance_start(instance_id=instance.pk)
+    if started.state == InstanceState.LAUNCHING:
+        work_enqueue_on_commit(instance.pk, InstanceState.LAUNCHING)
+    return started
+
+
+# A command run from a request holds it (and its worker thread) meanwhile: bounded.
+EXEC_TIMEOUT = 30.0
 
 
 def rental_exec(*, instance: Instance, command: str) -> CommandResult:
-    """Run a shell command inside the renter's own running container."""
+    """Run a shell command inside the renter's own running container, for at most
+    EXEC_TIMEOUT seconds."""
     if instance.state != InstanceState.RUNNING:
         raise InvalidTransition("Commands run only in a running instance.")
-    return DockerHost(instance.machine).exec(instance.container_id, ["sh", "-c", command])
+    host = DockerHost(instance.machine)
+    release_database_connection()
+    return host.exec(instance.container_id, ["sh", "-c", command], timeout=EXEC_TIMEOUT)

@@ -21,8 +21,8 @@ def percent(value: float | None) -> str:
 
 
 STATE_BADGES = {
-    "launching": "info", "running": "ok", "exited": "warn", "stopped": "", "failed": "bad",
-    "expired": "warn", "destroyed": "",
+    "launching": "info", "running": "ok", "exited": "warn", "stopping": "info", "stopped": "",
+    "failed": "bad", "expired": "warn", "destroying": "info", "destroyed": "",
 }  # fmt: skip
 
 

@@ -249,7 +249,7 @@ def _instance_context(request: HttpRequest, instance: Instance) -> dict[str, obj
         "storage_per_hour": format_usd(held.storage),
         "remaining": contract.ends_at - now if contract.ends_at > now else None,
         "can_act": request.membership.allows(Role.MEMBER),
-        "ended": instance.state in (InstanceState.EXPIRED, InstanceState.DESTROYED),
+        "ended": instance.state in rentals.ENDED_STATES,
     }
 
 
@@ -274,10 +274,17 @@ def instance_action(request: HttpRequest, pk: int, action: str) -> HttpResponse:
     try:
         if action == "stop":
             rentals.rental_stop_request(instance=instance)
-            messages.info(request, "Stopping. GPUs are released; storage is still charged.")
+            messages.info(
+                request,
+                "Stopping: GPU time is no longer charged; the GPUs are free once the host has "
+                "stopped the container. Storage is still charged.",
+            )
         elif action == "start":
-            rentals.rental_start(instance=instance)
-            messages.success(request, "Started.")
+            started = rentals.rental_start(instance=instance)
+            if started.state == InstanceState.LAUNCHING:
+                messages.success(request, "Launching again; this page updates by itself.")
+            else:
+                messages.success(request, "Started.")
         elif action == "extend":
             hours = _number(request.POST.get("hours"), "hours", float)
             rentals.rental_extend(contract=instance.contract, hours=hours)
@@ -285,7 +292,9 @@ def instance_action(request: HttpRequest, pk: int, action: str) -> HttpResponse:
         elif action == "destroy":
             rentals.rental_destroy_request(instance=instance)
             messages.info(
-                request, "Destroying: the container and its data are removed, and the hold settled."
+                request,
+                "Destroying: the rental is settled now, and the container and its data are "
+                "removed as soon as the host confirms.",
             )
             return redirect("instances")
         else:

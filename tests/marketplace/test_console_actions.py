@@ -166,7 +166,10 @@ def test_stop_start_destroy_from_the_instance_page(console, instance, machine, f
     assert badge(response) == "running" and running(instance.container_id)
 
     response = submit(console, instance, "stop")
-    assert page_messages(response) == ["Stopping. GPUs are released; storage is still charged."]
+    assert page_messages(response) == [
+        "Stopping: GPU time is no longer charged; the GPUs are free once the host has stopped "
+        "the container. Storage is still charged."
+    ]
     assert badge(response) == "stopped"
     assert 'id="start-button"' in response.content.decode()
     instance.refresh_from_db()
@@ -201,7 +204,8 @@ def test_stop_start_destroy_from_the_instance_page(console, instance, machine, f
     response = submit(console, instance, "destroy")
     assert response.redirect_chain == [("/instances/", 302)]
     assert page_messages(response) == [
-        "Destroying: the container and its data are removed, and the hold settled."
+        "Destroying: the rental is settled now, and the container and its data are removed as "
+        "soon as the host confirms."
     ]
     assert f'data-instance="{instance.pk}"' not in response.content.decode()  # off the list
     instance.refresh_from_db()

@@ -127,7 +127,7 @@ async def test_the_instance_page_socket_shows_a_pull_a_worker_starts_later(
             subprocess.run(["docker", "image", "rm", registry.image], check=True,
                            capture_output=True)  # fmt: skip
             Instance.objects.filter(pk=instance.pk).update(
-                state="launching", container_id="", launch_attempts=0, progress=0
+                state="launching", container_id="", attempts=0, progress=0
             )
 
         await sync_to_async(back_to_a_queued_launch)()

@@ -24,6 +24,7 @@ from marketplace.tasks import expiry_sweep
 from scheduler import services as scheduler
 from scheduler.models import GpuAllocation, Instance, InstanceEvent
 from scheduler.tasks import machines_reconcile
+from scheduler.work import LEASE
 from tests.conftest import key_client
 from tests.factories import TeamFactory, UserFactory, add_member
 from tests.marketplace.conftest import containers_named, docker_inspect, fund, machine_for
@@ -149,11 +150,9 @@ def test_two_workers_launching_at_once_make_one_container(funded_team, machine):
     instance = rented(key_client(funded_team), machine)
     # Back to a first launch that no worker has picked up yet.
     subprocess.run(["docker", "rm", "-f", instance.container_id], capture_output=True, check=True)
-    Instance.objects.filter(pk=instance.pk).update(
-        state="launching", container_id="", launch_attempts=0
-    )
+    Instance.objects.filter(pk=instance.pk).update(state="launching", container_id="", attempts=0)
     start = threading.Barrier(2)
-    outcomes: list[scheduler.LaunchOutcome] = []
+    outcomes: list[scheduler.WorkOutcome] = []
 
     def launch():
         try:
@@ -171,7 +170,7 @@ def test_two_workers_launching_at_once_make_one_container(funded_team, machine):
     assert len(containers_named(instance.container_name)) == 1
     instance.refresh_from_db()
     assert instance.state == "running" and running(instance.container_id)
-    assert instance.launch_attempts == 1 and instance.launch_claim == ""
+    assert instance.attempts == 1 and instance.lease_token == ""
     started = instance.events.filter(from_state="launching", to_state="running")
     assert started.count() == 2  # the rent's own launch, and this one; not a third
 
@@ -179,11 +178,11 @@ def test_two_workers_launching_at_once_make_one_container(funded_team, machine):
 def test_a_claim_left_by_a_dead_worker_expires(funded_team, machine):
     instance = rented(key_client(funded_team), machine)
     Instance.objects.filter(pk=instance.pk).update(
-        state="launching", launch_claim="dead-worker", launch_claimed_at=timezone.now()
+        state="launching", lease_token="dead-worker", lease_expires_at=timezone.now() + LEASE
     )
     assert scheduler.instance_launch(instance_id=instance.pk).state == "busy"
     Instance.objects.filter(pk=instance.pk).update(
-        launch_claimed_at=timezone.now() - scheduler.LAUNCH_LEASE - timedelta(seconds=1)
+        lease_expires_at=timezone.now() - timedelta(seconds=1)
     )
     outcome = scheduler.instance_launch(instance_id=instance.pk)
     assert outcome.state == "running" and outcome.container_id == instance.container_id
@@ -370,12 +369,12 @@ def test_every_transition_is_an_event_with_a_reason(funded_team, machine):
     events = list(InstanceEvent.objects.filter(instance=instance))
     steps = [(e.from_state, e.to_state) for e in events]
     assert steps == [
-        ("", "launching"), ("launching", "running"), ("running", "stopped"),
-        ("stopped", "running"), ("running", "exited"), ("exited", "expired"),
-        ("expired", "destroyed"),
+        ("", "launching"), ("launching", "running"), ("running", "stopping"),
+        ("stopping", "stopped"), ("stopped", "running"), ("running", "exited"),
+        ("exited", "expired"), ("expired", "destroying"), ("destroying", "destroyed"),
     ]  # fmt: skip
     assert all(e.reason.strip() for e in events)
-    assert events[-1].reason == "Data deleted after the grace period"
+    assert events[-2].reason == "Data deleted after the grace period"
     # Each event starts where the one before it ended.
     assert all(a.to_state == b.from_state for a, b in zip(events, events[1:], strict=False))
 
