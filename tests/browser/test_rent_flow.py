@@ -121,14 +121,15 @@ def test_renter_rents_watches_it_run_follows_the_log_and_stops_it_live(
     expect(page.locator("#follow-logs")).not_to_be_checked()
     expect(log).to_contain_text("MARKER=hello-from-the-browser")
 
-    # Stop: the form posts and comes back to this page (a new document); the container takes
-    # its 10 s grace to stop, and the badge turns "stopped" in that document by itself.
+    # Stop: the form posts and comes back to this page (a new document) showing "stopping";
+    # the container takes its 10 s grace to stop, and the badge turns "stopped" in that
+    # document by itself.
     page.click("#stop-button")
     expect(page.locator(".message")).to_contain_text("Stopping")
     document = page.evaluate("window.__documentId")
     expect(badge).to_have_attribute("data-state", "stopped", timeout=60_000)
     assert page.evaluate("window.__documentId") == document
-    assert page.evaluate("window.__badgeStates") == ["running", "stopped"]
+    assert page.evaluate("window.__badgeStates") == ["stopping", "stopped"]
     expect(page.locator("#start-button")).to_be_visible()
 
 

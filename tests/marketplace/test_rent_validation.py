@@ -1,0 +1,71 @@
+"""What a renter asks to run is checked by the renting service itself, whoever calls it (API,
+console form, a script), and the database refuses what slips past: nothing invalid is ever
+allocated, held or stored."""
+
+from __future__ import annotations
+
+import pytest
+from django.core.exceptions import ValidationError
+from django.db import IntegrityError, transaction
+
+from billing.models import Hold
+from marketplace.models import Contract
+from marketplace.services import rentals
+from scheduler.models import GpuAllocation, Instance
+from tests.conftest import client_for
+from tests.marketplace.test_console_actions import RENT_FORM, page_messages
+
+pytestmark = [pytest.mark.system, pytest.mark.django_db(transaction=True)]
+
+
+def nothing_written() -> bool:
+    return not (
+        Instance.objects.exists()
+        or Contract.objects.exists()
+        or Hold.objects.exists()
+        or GpuAllocation.objects.exists()
+    )
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("launch_mode", "privileged"),
+        ("launch_mode", "ssh; rm -rf /"),
+        ("image", "busybox --privileged"),
+        ("entrypoint", "--privileged"),
+        ("env", {"NVIDIA_VISIBLE_DEVICES": "all"}),
+        ("ports", [0]),
+    ],
+)
+def test_the_renting_service_refuses_bad_specs_naming_the_field(funded_team, machine, field, value):
+    request = rentals.RentalRequest(
+        machine_id=machine.pk, gpu_count=1, image="gpumkt/busybox:latest", hours=1
+    )
+    request = rentals.RentalRequest(**{**request.__dict__, field: value})
+    with pytest.raises(ValidationError) as refused:
+        rentals.rental_create(team=funded_team, request=request)
+    assert field in refused.value.message_dict
+    assert nothing_written()
+
+
+def test_the_console_form_refuses_an_unknown_launch_mode(client, owner, funded_team, machine):
+    console = client_for(client, owner, funded_team)
+    response = console.post(
+        f"/offers/{machine.pk}/rent/", {**RENT_FORM, "launch_mode": "root"}, follow=True
+    )
+    assert page_messages(response) == [
+        "Could not rent: launch mode: Choose one of entrypoint, ssh, jupyter."
+    ]
+    assert nothing_written()
+
+
+def test_the_database_refuses_an_unknown_launch_mode_or_state(funded_team, machine):
+    instance = Instance.objects.create(
+        team=funded_team, machine=machine, gpu_count=1, image="gpumkt/busybox:latest"
+    )
+    for field, value in (("launch_mode", "root"), ("state", "hijacked")):
+        with pytest.raises(IntegrityError), transaction.atomic():
+            Instance.objects.filter(pk=instance.pk).update(**{field: value})
+    instance.refresh_from_db()
+    assert (instance.launch_mode, instance.state) == ("entrypoint", "launching")
