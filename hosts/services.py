@@ -157,6 +157,24 @@ def machine_register(*, team_id: int, name: str, address: str, port: int, ssh_us
     return machine
 
 
+# How long a first contact may take before heartbeats try it again.
+FIRST_CONTACT_GRACE = timedelta(minutes=1)
+
+
+def machines_never_reached(now: datetime | None = None) -> list[int]:
+    """Machines registered a while ago whose host key was never read: the first contact's task
+    was lost. Reading a key again is harmless (nothing is trusted until confirmed)."""
+    now = now or timezone.now()
+    return list(
+        Machine.objects.filter(
+            status=MachineStatus.PENDING,
+            host_key="",
+            offered_key="",
+            created_at__lt=now - FIRST_CONTACT_GRACE,
+        ).values_list("pk", flat=True)
+    )
+
+
 def machine_fetch_host_key(*, machine_id: int) -> Machine:
     """Connect (without trusting) and remember the key the machine offers, for confirmation."""
     machine = Machine.objects.get(pk=machine_id)

@@ -49,6 +49,10 @@ def heartbeats() -> int:
     watched = list(Machine.objects.exclude(host_key="").values_list("pk", flat=True))
     for machine_id in watched:
         heartbeat.apply_async((machine_id,), expires=services.heartbeat_seconds())
+    # First contact whose task was lost (a worker died with it): read the host key again, or
+    # the machine would wait for its provider's confirmation of a key nobody read.
+    for machine_id in services.machines_never_reached():
+        machine_connect.apply_async((machine_id,), expires=services.heartbeat_seconds())
     return len(watched)
 
 
