@@ -1,5 +1,9 @@
 """Demo data for ``make run``: an admin, a renter and a host provider (idempotent).
 
+The demo users have published passwords (``admin``/``admin-demo-pass`` is a superuser), so the
+command runs only with DEBUG on, as ``make run`` sets it: pointed at a real database by mistake
+it would open that database to anyone who read the README.
+
 Other rooms add their part through ``DEMO_DATA_STEPS`` (functions taking the demo users and the
 simulated hosts' description), so this command never imports upward into their internals.
 """
@@ -9,7 +13,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from django.core.management.base import BaseCommand
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError
 from django.utils.module_loading import import_string
 
 from marketplace.models import Membership, Role, Team, User
@@ -40,6 +45,16 @@ def demo_user(username: str, password: str, superuser: bool) -> User:
     return user
 
 
+def refuse_outside_debug() -> None:
+    if not settings.DEBUG:
+        raise CommandError(
+            "demo_data creates users with published passwords (a superuser 'admin' with "
+            "password 'admin-demo-pass'), so it runs only with DEBUG on. Run it for a local "
+            "demo with DEBUG=1 (as `make run` does); on a real database create accounts with "
+            "`manage.py createsuperuser` instead."
+        )
+
+
 class Command(BaseCommand):
     help = "Create demo users (and, through DEMO_DATA_STEPS, machines and credit)."
 
@@ -47,6 +62,7 @@ class Command(BaseCommand):
         parser.add_argument("--simhosts", default="", help="hosts.json written by simhosts")
 
     def handle(self, *args, simhosts: str, **options) -> None:
+        refuse_outside_debug()
         users = {name: demo_user(name, pw, su) for name, (pw, su) in DEMO_USERS.items()}
         hosts = json.loads(Path(simhosts).read_text()) if simhosts else []
         for step in DEMO_DATA_STEPS:
