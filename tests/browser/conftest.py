@@ -21,6 +21,13 @@ CHROMIUM_ARGS = [
 ]  # fmt: skip
 
 
+def _log_dir() -> Path:
+    """VAR_DIR, made here: a browser test run alone must not rely on another test making it."""
+    path = Path(os.environ["VAR_DIR"])
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -41,7 +48,7 @@ def live_server_url(django_db_setup, django_db_blocker):
         "ALLOWED_HOSTS": "127.0.0.1,localhost",
         "CELERY_TASK_ALWAYS_EAGER": "0",
     }
-    log = open(Path(os.environ["VAR_DIR"]) / f"uvicorn-{port}.log", "wb")  # noqa: SIM115
+    log = open(_log_dir() / f"uvicorn-{port}.log", "wb")  # noqa: SIM115
     server = subprocess.Popen(
         [sys.executable, "-m", "uvicorn", "marketplace.asgi:application", "--host", "127.0.0.1",
          "--port", str(port), "--log-level", "warning"],
@@ -103,7 +110,7 @@ def celery_worker(live_server_url, django_db_blocker):
         database = connection.settings_dict["NAME"]
     base = os.environ["DATABASE_URL"].rsplit("/", 1)[0]
     env = {**os.environ, "DATABASE_URL": f"{base}/{database}", "CELERY_TASK_ALWAYS_EAGER": "0"}
-    log = open(Path(os.environ["VAR_DIR"]) / "celery-worker.log", "wb")  # noqa: SIM115
+    log = open(_log_dir() / "celery-worker.log", "wb")  # noqa: SIM115
     worker = subprocess.Popen(
         [sys.executable, "-m", "celery", "-A", "marketplace", "worker", "--pool", "threads",
          "--concurrency", "4", "--loglevel", "info", "--without-mingle", "--without-gossip"],
