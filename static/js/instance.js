@@ -12,6 +12,7 @@
   var socket = null;
   var delay = 500;
   var opened = false;
+  var greeted = false;  // the first "hello" came (later ones follow a reconnect)
 
   function logBox() {
     var box = document.getElementById("log-text");
@@ -56,11 +57,30 @@
     if (atBottom) box.scrollTop = box.scrollHeight;
   }
 
+  function shownState() {
+    var badge = document.getElementById("state-badge");
+    return badge ? badge.dataset.state : null;
+  }
+
+  // The instance changed state, so what the Logs panel says is out of date ("The container has
+  // not started yet" under a Running badge): a follow starts again once the container runs;
+  // otherwise the panel reads the log again.
+  function logsChanged(state) {
+    if (follow && follow.checked) {
+      if (state === "running") startFollowing();  // a container that starts again
+      return;
+    }
+    document.body.dispatchEvent(new CustomEvent("instance:logs-stale"));
+  }
+
   function connect() {
     var scheme = location.protocol === "https:" ? "wss://" : "ws://";
     socket = new WebSocket(scheme + location.host + path);
     socket.onopen = function () {
-      if (opened) document.body.dispatchEvent(new CustomEvent("instance:reconnected"));
+      if (opened) {  // events sent while we were away are lost: read the page again
+        document.body.dispatchEvent(new CustomEvent("instance:reconnected"));
+        logsChanged(null);
+      }
       opened = true;
       delay = 500;
       if (follow && follow.checked) startFollowing();
@@ -78,8 +98,14 @@
         return;
       }
       document.body.dispatchEvent(new CustomEvent("instance:" + payload.event, { detail: payload.data }));
-      // A container that starts again can be followed again.
-      if (payload.event === "instance.state" && payload.data.state === "running" && follow && follow.checked) startFollowing();
+      if (payload.event === "hello" && !greeted && payload.data.state !== shownState()) {
+        // The state changed between this page's rendering and the socket's first
+        // subscription: that event was sent before we listened, so read the page again now.
+        document.body.dispatchEvent(new CustomEvent("instance:reconnected"));
+        logsChanged(payload.data.state);
+      }
+      if (payload.event === "hello") greeted = true;
+      if (payload.event === "instance.state") logsChanged(payload.data.state);
     };
     socket.onclose = function (event) {
       socket = null;

@@ -99,6 +99,8 @@ def test_renter_rents_watches_it_run_follows_the_log_and_stops_it_live(
         expect(page).to_have_url(re.compile(r"/instances/\d+/$"))
         badge = page.locator("#state-badge")
         expect(badge).to_have_attribute("data-state", "launching")
+        logs = page.locator("#logs")
+        expect(logs).to_contain_text("The container has not started yet")
     finally:
         host.start()
     document = page.evaluate("window.__documentId")
@@ -106,6 +108,11 @@ def test_renter_rents_watches_it_run_follows_the_log_and_stops_it_live(
     expect(badge).to_have_attribute("data-state", "running", timeout=90_000)
     assert page.evaluate("window.__documentId") == document  # no reload
     assert page.evaluate("window.__badgeStates") == ["launching", "running"]
+    # The Logs panel, read while launching ("not started yet"), reads the log again by itself
+    # once the container runs: its first output, without a reload or a click.
+    expect(logs).not_to_contain_text("has not started")
+    expect(logs).to_contain_text("MARKER=hello-from-the-browser")
+    assert page.evaluate("window.__documentId") == document
 
     # Follow: the last lines, then each new one as the container writes it (once a second).
     page.check("#follow-logs")
