@@ -9,19 +9,14 @@ import pytest
 
 from billing import services
 from billing.models import Hold, Transfer, TransferKind
-from marketplace.models import Contract
-from marketplace.services.rentals import contract_meter, contract_owed, metering_sweep
+from marketplace.services.rentals import contract_meter, metering_sweep
 from tests.billing.ledger_checks import assert_ledger_consistent, ledger_counts
 
 pytestmark = pytest.mark.django_db
 
-USD = 1_000_000
-
-
-def owed_by(contract: Contract, at) -> tuple[int, int]:
-    contract.refresh_from_db()
-    owed = contract_owed(contract, at)
-    return owed.gpu, owed.storage
+# The ``rent`` fixture's terms: $0.60 per GPU-hour, $0.15 per GB-month of storage (a month is
+# 30 days = 2,592,000 s), 20 GB of disk. Every amount below is worked out by hand from them, in
+# micro-dollars (µ$), each charge rounded once, half up, from its clock's seconds.
 
 
 def test_sweep_captures_what_each_contract_owes_in_one_capture_per_hold(rent):
@@ -32,15 +27,22 @@ def test_sweep_captures_what_each_contract_owes_in_one_capture_per_hold(rent):
     # Its end has passed: both clocks stop at ends_at, not at the sweep's time.
     ended = rent(ends_in=-timedelta(minutes=10), gpu_clock_since=now - timedelta(hours=1),
                  storage_clock_since=now - timedelta(hours=1))  # fmt: skip
-    contracts = [running, stopped, ended]
 
     captured = metering_sweep(now=now)
 
-    expected = {c.pk: owed_by(c, now) for c in contracts}
-    assert expected[stopped.pk][0] == 1800 * 600_000 // 3600  # banked GPU time only
-    assert expected[ended.pk] == owed_by(ended, now - timedelta(minutes=10))
-    assert captured == sum(gpu + storage for gpu, storage in expected.values())
-    for contract in contracts:
+    expected = {  # (GPU, storage) in µ$
+        # 600,000 µ$/GPU-h × 2 GPUs × 5,400 s / 3,600 = 1,800,000;
+        # 150,000 µ$/GB-month × 20 GB × 5,400 s / 2,592,000 = 6,250
+        running.pk: (1_800_000, 6_250),
+        # GPU: only the 1,800 banked seconds: 600,000 × 1,800 / 3,600 = 300,000;
+        # storage 2 h: 3,000,000 × 7,200 / 2,592,000 = 8,333.3 → 8,333
+        stopped.pk: (300_000, 8_333),
+        # Both clocks ran 1 h but stop at ends_at, 10 min ago: 3,000 s.
+        # 600,000 × 3,000 / 3,600 = 500,000; 3,000,000 × 3,000 / 2,592,000 = 3,472.2 → 3,472
+        ended.pk: (500_000, 3_472),
+    }
+    assert captured == 2_618_055  # the sum of the six amounts above
+    for contract in (running, stopped, ended):
         hold = Hold.objects.get(pk=contract.hold_id)
         assert (hold.captured_gpu, hold.captured_storage) == expected[contract.pk]
         (capture,) = Transfer.objects.filter(hold=hold, kind=TransferKind.CAPTURE)
@@ -55,18 +57,19 @@ def test_a_second_sweep_at_the_same_time_captures_nothing_and_a_later_one_the_di
     now = rent.now
     contract = rent(gpu_clock_since=now - timedelta(hours=1),
                     storage_clock_since=now - timedelta(hours=1))  # fmt: skip
-    first = metering_sweep(now=now)
+    # 1 h: 600,000 µ$ of GPU; storage 3,000,000 × 3,600 / 2,592,000 = 4,166.7 → 4,167
+    assert metering_sweep(now=now) == 604_167
     before = ledger_counts()
     assert metering_sweep(now=now) == 0
     assert contract_meter(contract=contract, now=now) == 0  # the per-contract path agrees
     assert ledger_counts() == before
 
-    later = now + timedelta(minutes=1)
-    more = metering_sweep(now=later)
-    gpu, storage = owed_by(contract, later)
-    assert first + more == gpu + storage
+    # A minute later, 3,660 s in all: GPU 600,000 × 3,660 / 3,600 = 610,000; storage
+    # 3,000,000 × 3,660 / 2,592,000 = 4,236.1 → 4,236. Total 614,236, of which 604,167 was
+    # captured already.
+    assert metering_sweep(now=now + timedelta(minutes=1)) == 10_069
     hold = Hold.objects.get(pk=contract.hold_id)
-    assert (hold.captured_gpu, hold.captured_storage) == (gpu, storage)
+    assert (hold.captured_gpu, hold.captured_storage) == (610_000, 4_236)
     assert Transfer.objects.filter(hold=hold, kind=TransferKind.CAPTURE).count() == 2
     assert_ledger_consistent()
 
@@ -89,5 +92,10 @@ def test_the_sweep_goes_through_every_batch(rent):
         for n in range(5)
     ]
     captured = metering_sweep(now=now, batch_size=2)
-    assert captured == sum(sum(owed_by(c, now)) for c in contracts)
+    # GPU clocks of 1..5 minutes at 600,000 µ$/h are 10,000 µ$ a minute: 10,000 × (1+2+3+4+5);
+    # storage clocks start now, so no storage yet.
+    assert captured == 150_000
+    assert sorted(Hold.objects.get(pk=c.hold_id).captured_gpu for c in contracts) == [
+        10_000, 20_000, 30_000, 40_000, 50_000,
+    ]  # fmt: skip
     assert Transfer.objects.filter(kind=TransferKind.CAPTURE).count() == 5

@@ -8,7 +8,6 @@ import pytest
 from django.utils import timezone
 
 from billing.models import Hold
-from billing.money import usage_owed
 from billing.selectors import team_balance
 from marketplace.models import Contract, Offer
 from marketplace.services import rentals
@@ -74,12 +73,12 @@ def test_rent_runs_a_container_with_its_units_limits_env_ports_and_gpus(
         f"/api/v1/instances/{instance.pk}/exec/", {"command": "echo $FOO; nproc"}, format="json"
     ).json()
     assert run["exit_code"] == 0 and RENT["env"]["FOO"] in run["output"]
-    # The hold covers 3 hours of 2 GPUs plus storage.
+    # The hold covers 3 hours of 2 GPUs plus storage: $0.50/GPU-h × 2 GPUs × 3 h = 3,000,000 µ$;
+    # $0.10/GB-month × 10 GB × 10,800 s / 2,592,000 s = 4,166.7 → 4,167 µ$.
     contract = instance.contract
     hold = Hold.objects.get(pk=contract.hold_id)
-    quote = rentals.rental_quote(machine=machine, gpu_count=2, disk_gb=10, hours=3)
-    assert hold.amount == quote.total
-    assert team_balance(funded_team.pk).held == quote.total
+    assert hold.amount == 3_004_167
+    assert team_balance(funded_team.pk).held == 3_004_167
     # The offer now shows the two free GPUs left.
     assert Offer.objects.get(machine=machine).num_gpus == 2
 
@@ -122,8 +121,9 @@ def test_stop_start_extend_destroy_and_the_ledger(funded_team, sim_host_factory,
     )
     contract.refresh_from_db()
     assert contract.ends_at == ends_before + timedelta(hours=2)
-    extra = rentals.rental_quote(machine=machine, gpu_count=1, disk_gb=10, hours=2).total
-    assert Hold.objects.get(pk=contract.hold_id).amount == hold_before + extra
+    # 2 more hours: $0.50/GPU-h × 1 GPU × 2 h = 1,000,000 µ$; $0.10/GB-month × 10 GB ×
+    # 7,200 s / 2,592,000 s = 2,777.8 → 2,778 µ$.
+    assert Hold.objects.get(pk=contract.hold_id).amount == hold_before + 1_002_778
 
     available_before = (
         team_balance(funded_team.pk).available + Hold.objects.get(pk=contract.hold_id).amount
@@ -135,12 +135,15 @@ def test_stop_start_extend_destroy_and_the_ledger(funded_team, sim_host_factory,
     contract.refresh_from_db()
     assert contract.settled_at is not None
     hold = Hold.objects.get(pk=contract.hold_id)
-    owed_gpu = usage_owed(rate_per_hour=contract.price_per_gpu_hour, seconds=contract.gpu_seconds)
-    owed_storage = rentals.storage_owed(
-        price_per_gb_month=contract.storage_price_per_gb_month,
-        disk_gb=10,
-        seconds=contract.storage_seconds,
-    )
+    # Both clocks ran the hour moved back plus the seconds this test took (real time, so the
+    # seconds are read back; a minute bounds them). Charged per second, rounded once, half up:
+    # GPU 500,000 µ$/h × s / 3,600; storage $0.10 × 10 GB = 1,000,000 µ$/month × s / 2,592,000.
+    # At 3,600 s that is 500,000 + 1,389 = 501,389 µ$; at 3,660 s, 508,333 + 1,412 = 509,745.
+    gpu_s, storage_s = contract.gpu_seconds, contract.storage_seconds
+    assert 3_600 <= gpu_s <= storage_s <= 3_660
+    owed_gpu = (500_000 * gpu_s + 1_800) // 3_600
+    owed_storage = (1_000_000 * storage_s + 1_296_000) // 2_592_000
+    assert 501_389 <= owed_gpu + owed_storage <= 509_745
     assert hold.captured == owed_gpu + owed_storage
     assert team_balance(funded_team.pk).held == 0
     assert team_balance(funded_team.pk).available == available_before - hold.captured
@@ -156,16 +159,11 @@ def test_metering_captures_only_what_is_new(funded_team, machine):
     contract.refresh_from_db()
     at = start + timedelta(minutes=90)
     first = rentals.contract_meter(contract=contract, now=at)
-    expected = usage_owed(
-        rate_per_hour=contract.price_per_gpu_hour, seconds=5400
-    ) + rentals.storage_owed(
-        price_per_gb_month=contract.storage_price_per_gb_month,
-        disk_gb=contract.disk_gb,
-        seconds=5400,
-    )
-    assert first == expected
+    # 90 min = 5,400 s: $0.50/GPU-h × 1 GPU × 1.5 h = 750,000 µ$; $0.10/GB-month × 10 GB ×
+    # 5,400 s / 2,592,000 s = 2,083.3 → 2,083 µ$.
+    assert first == 752_083
     assert rentals.contract_meter(contract=contract, now=at) == 0
-    assert Hold.objects.get(pk=contract.hold_id).captured == expected
+    assert Hold.objects.get(pk=contract.hold_id).captured == 752_083
 
 
 def test_expiry_stops_then_deletes_after_the_grace_period(funded_team, machine):
@@ -189,11 +187,9 @@ def test_expiry_stops_then_deletes_after_the_grace_period(funded_team, machine):
     assert contract.settled_at is not None and hold.closed_at is not None
     # Charged up to the end date and not a second past it; the rest of the hold came back.
     assert contract.gpu_seconds == contract.storage_seconds == 2 * 3600 - 1
-    owed = usage_owed(rate_per_hour=contract.price_per_gpu_hour, seconds=7199)
-    owed += rentals.storage_owed(
-        price_per_gb_month=contract.storage_price_per_gb_month, disk_gb=contract.disk_gb,
-        seconds=7199,
-    )  # fmt: skip
+    # 7,199 s: $0.50/GPU-h × 7,199 / 3,600 = 999,861.1 → 999,861 µ$; $0.10/GB-month × 10 GB ×
+    # 7,199 s / 2,592,000 s = 2,777.4 → 2,777 µ$.
+    owed = 1_002_638
     assert hold.captured == owed
     assert team_balance(funded_team.pk).held == 0
     assert team_balance(funded_team.pk).available == available_before + held - owed
