@@ -65,6 +65,14 @@ class Machine(models.Model):
     # range (32768-60999), where outgoing connections take local ports.
     port_range_start = models.PositiveIntegerField(default=20000)
     port_range_end = models.PositiveIntegerField(default=20999)
+    # Renters' images come from public registries only: a registry on loopback, link-local or
+    # private addresses would make this machine's Docker speak to the provider's own network.
+    # A provider who runs a registry on its LAN for its renters turns this on.
+    allow_private_registries = models.BooleanField(
+        default=False,
+        help_text="Let renters pull images from registries on this machine's own network "
+        "(loopback, link-local and private addresses).",
+    )
     reliability = models.FloatField(default=1.0)
     last_heartbeat_at = models.DateTimeField(null=True, blank=True)
     heartbeat_misses = models.PositiveSmallIntegerField(default=0)

@@ -2,29 +2,36 @@
 
 ``ContainerSpec`` is validated field by field (``InvalidContainerSpec`` names the field), and
 ``docker_run_argv`` is a pure function from a spec to an argv list. It can only produce the
-flags written below: no ``--privileged``, no host networking, no bind mounts (only named
-volumes, by ``--mount type=volume``), no Docker socket, no renter ``NVIDIA_*`` variables. GPUs are pinned by UUID: ``--gpus`` where the NVIDIA
-runtime exists, else ``NVIDIA_VISIBLE_DEVICES``.
+flags written below: no ``--privileged``, no host networking (only the platform's own
+``gpumkt-*`` bridge networks), no bind mounts (only named volumes, by ``--mount
+type=volume``), no Docker socket, no renter ``NVIDIA_*`` variables. GPUs are pinned by UUID:
+``--gpus`` where the NVIDIA runtime exists, else ``NVIDIA_VISIBLE_DEVICES``. Logs are capped.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
+import socket
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from django.conf import settings
+
 from hosts import ssh
+from hosts.addresses import literal_ip, loopback_allowed
 from hosts.ssh import CommandFailed, CommandResult, HostKeyMismatch, HostUnreachable
 
 if TYPE_CHECKING:
     from hosts.models import Machine
 
 __all__ = [
-    "CommandFailed", "CommandResult", "ContainerSpec", "ContainerState", "DockerHost",
-    "HostKeyMismatch", "HostUnreachable", "InvalidContainerSpec", "docker_run_argv",
-    "image_repository", "validate_env", "validate_image", "validate_ports", "validate_volumes",
+    "CommandFailed", "CommandResult", "ContainerDidNotStart", "ContainerSpec", "ContainerState",
+    "DockerHost", "HostKeyMismatch", "HostUnreachable", "ImageNotOnHost", "InvalidContainerSpec",
+    "NetworkNotIsolated", "TENANT_NETWORK", "docker_run_argv", "image_repository",
+    "registry_refusal", "validate_env", "validate_image", "validate_ports", "validate_volumes",
 ]  # fmt: skip
 
 PLATFORM_LABEL = "gpumkt.platform"
@@ -32,6 +39,39 @@ MACHINE_LABEL = "gpumkt.machine"
 # Docker can cap a container's writable layer only on overlay2 over xfs with project quotas
 # (--storage-opt size=…), which most hosts lack; the disk share is recorded, not enforced.
 DISK_LABEL = "gpumkt.disk_gb"
+
+# Every rental joins this bridge, made with inter-container communication off: Docker drops
+# traffic between two containers on it, so one tenant cannot reach another's ports (a Jupyter,
+# a database) on the same machine, while published ports still answer (they come in from the
+# host). One network per machine rather than one per rental: Docker's default address pools
+# hold only about 30 bridge networks per engine (measured: the 31st create fails), fewer than
+# the rentals a big machine can hold. Containers that must talk to each other (a deployment's
+# group) share a network of their own, any other ``gpumkt-*`` name, made with ICC on; Docker
+# keeps separate bridges apart.
+TENANT_NETWORK = "gpumkt-tenants"
+_NETWORK = re.compile(r"^gpumkt-[a-z0-9][a-z0-9_.-]{0,100}$")
+ICC_OPTION = "com.docker.network.bridge.enable_icc"
+# Only one launch at a time may create a network on a host: Docker's duplicate-name check is
+# not atomic, and two networks of one name make every `--network` by that name fail. The
+# lock file is in the SSH user's home, where no other user of the host can plant it.
+_NETWORK_CREATE = (
+    'n=$1; shift; exec 9>>"$HOME/.gpumkt-network.lock" || exit 1; '
+    "if command -v flock >/dev/null; then flock 9; fi; "
+    'docker network inspect "$n" >/dev/null 2>&1 || exec "$@"'
+)
+
+# json-file logs are kept in full by default: a container printing forever fills the
+# provider's disk (and its co-tenants' with it). 3 files of 10 MiB keep the last 20-30 MiB,
+# enough for `docker logs --tail` and a crash's story; Docker rotates and drops the oldest.
+LOG_MAX_KB = 10 * 1024
+LOG_MAX_FILES = 3
+
+# What `docker run` exits with (Docker's documented codes): 125 the daemon refused (no such
+# image under --pull=never, a port taken, a name in use); 126 the command cannot be invoked;
+# 127 the command is not found. The container exists (Created) after a 126 or 127.
+EXIT_DOCKER_ERROR, EXIT_CANNOT_INVOKE, EXIT_NOT_FOUND = 125, 126, 127
+# The program Docker names in a failed start: `exec: "1": executable file not found in $PATH`.
+_EXEC_PROGRAM = re.compile(r'exec: "((?:[^"\\]|\\.){1,255})"')
 
 # Docker's reference grammar: [registry[:port]/]path[:tag][@digest], lower-case path.
 _COMPONENT = r"[a-z0-9]+(?:(?:\.|_|__|-+)[a-z0-9]+)*"
@@ -61,6 +101,26 @@ class InvalidContainerSpec(ValueError):
         super().__init__(f"{field}: {reason}")
 
 
+class ImageNotOnHost(CommandFailed):
+    """``docker run --pull=never`` failed and the image is not on the machine: pull it."""
+
+
+class ContainerDidNotStart(CommandFailed):
+    """The container was made but its command could not run (not found, not executable):
+    no pull can help; ``reason`` says what the renter must change."""
+
+    def __init__(self, argv: list[str], exit_code: int, stderr: str, reason: str):
+        super().__init__(argv, exit_code, stderr)
+        self.reason = reason
+
+    def __str__(self) -> str:
+        return f"{self.reason} (docker run exited {self.exit_code})"
+
+
+class NetworkNotIsolated(ValueError):
+    """The machine has a network of the tenants' name that lets containers reach each other."""
+
+
 def _no_control(value: str, name: str, *, newlines: bool = False) -> None:
     bad = "\0" if newlines else "\0\n\r"
     if any(c in value for c in bad):
@@ -86,6 +146,78 @@ def validate_image(image: str) -> None:
     if not _IMAGE.fullmatch(image):
         raise InvalidContainerSpec(
             "image", f"'{image[:60]}' is not a Docker image name like 'pytorch/pytorch:2.3.0'"
+        )
+
+
+# Registries on these ranges are on the provider's own network: a pull from there makes the
+# provider's Docker speak to its loopback services, its LAN or its cloud's metadata service.
+_SHARED_ADDRESS_SPACE = ipaddress.ip_network("100.64.0.0/10")  # carrier-grade NAT, Tailscale
+
+
+def _registry_loopback_allowed() -> bool:
+    """As for machine addresses (HOST_ALLOW_LOOPBACK: tests, ``make run``, whose registries
+    are on loopback), unless REGISTRY_ALLOW_LOOPBACK says otherwise."""
+    allowed = getattr(settings, "REGISTRY_ALLOW_LOOPBACK", None)
+    return loopback_allowed() if allowed is None else bool(allowed)
+
+
+def _registry_address_refusal(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str | None:
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    if ip.is_loopback:
+        return None if _registry_loopback_allowed() else "a loopback address (the machine itself)"
+    if ip.is_unspecified:
+        return "an unspecified address (0.0.0.0 or ::, the machine itself)"
+    if ip.is_link_local:
+        return "a link-local address (169.254.0.0/16, fe80::/10: cloud metadata services)"
+    if ip.is_private or ip in _SHARED_ADDRESS_SPACE:
+        return "a private address (the provider's own network)"
+    if ip.is_multicast or ip.is_reserved:
+        return "a multicast or reserved address"
+    return None
+
+
+def registry_refusal(image: str, *, allow_private: bool, resolve=socket.getaddrinfo) -> str | None:
+    """Why the platform will not pull ``image`` on a machine (None: it may).
+
+    Refused: a registry on loopback, link-local, private or unspecified addresses, given as an
+    address or as a name resolving to one (any of its addresses), unless the machine's
+    provider allows private registries (``allow_private``). Loopback is allowed where
+    ``HOST_ALLOW_LOOPBACK`` is set (tests, ``make run``), as for machine addresses, unless
+    ``REGISTRY_ALLOW_LOOPBACK`` is set apart. Docker
+    Hub is public and not looked up. Checked at rent time and again right before a pull, since
+    a name can be pointed elsewhere meanwhile; the host's Docker resolves the name once more
+    itself, so this narrows the window and a provider's egress firewall closes it.
+    """
+    registry = registry_of(image)
+    if allow_private or registry == "docker.io":
+        return None
+    name = registry.rsplit(":", 1)[0] if ":" in registry else registry
+    lowered = name.lower().rstrip(".")
+    if lowered == "localhost" or lowered.endswith(".localhost"):
+        reason = _registry_address_refusal(ipaddress.ip_address("127.0.0.1"))
+        return f"the registry {registry} is {reason}" if reason else None
+    ip = literal_ip(name)
+    if ip is not None:
+        reason = _registry_address_refusal(ip)
+        return f"the registry {registry} is {reason}" if reason else None
+    try:
+        infos = resolve(name, None, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        return f"the registry name {name} does not resolve"
+    for *_, sockaddr in infos:
+        reason = _registry_address_refusal(ipaddress.ip_address(sockaddr[0].split("%", 1)[0]))
+        if reason is not None:
+            return f"the registry {registry} resolves to {sockaddr[0]}, {reason}"
+    return None
+
+
+def check_registry(image: str, *, allow_private: bool) -> None:
+    """Raise InvalidContainerSpec("image", why) for an image from the provider's own network."""
+    reason = registry_refusal(image, allow_private=allow_private)
+    if reason is not None:
+        raise InvalidContainerSpec(
+            "image", f"{reason}; this machine's provider does not allow private registries"
         )
 
 
@@ -201,10 +333,19 @@ class ContainerSpec:
     volumes: list[tuple[str, str]] = field(default_factory=list)  # (volume name, mount path)
 
     disk_gb: int | None = None  # the units' disk share, recorded as a label
+    network: str = TENANT_NETWORK  # one of the platform's gpumkt-* bridges, never the host's
+    log_max_kb: int = LOG_MAX_KB  # per log file; Docker keeps log_max_files of them
+    log_max_files: int = LOG_MAX_FILES
 
     def __post_init__(self) -> None:
         if not _NAME.fullmatch(_text(self.name, "name")):
             raise InvalidContainerSpec("name", "letters, digits, '_', '.', '-' only")
+        if not _NETWORK.fullmatch(_text(self.network, "network")):
+            raise InvalidContainerSpec(
+                "network", "only the platform's own networks (gpumkt-…), never the host's"
+            )
+        _whole_number(self.log_max_kb, "log_max_kb", 16, 1024 * 1024, " KiB")
+        _whole_number(self.log_max_files, "log_max_files", 1, 20)
         validate_image(self.image)
         validate_env(self.env)
         if not isinstance(self.ports, list | tuple):
@@ -280,6 +421,10 @@ def docker_run_argv(spec: ContainerSpec, *, machine_id: int, nvidia_runtime: boo
         "--shm-size", f"{spec.shm_mb}m",
         "--security-opt", "no-new-privileges",
         "--pids-limit", "4096",
+        "--network", spec.network,
+        "--log-driver", "json-file",
+        "--log-opt", f"max-size={spec.log_max_kb}k",
+        "--log-opt", f"max-file={spec.log_max_files}",
     ]  # fmt: skip
     env = {k: v for k, v in spec.env.items() if not k.upper().startswith("NVIDIA_")}
     if spec.gpu_uuids:
@@ -334,14 +479,86 @@ class DockerHost:
         return ssh.run(self.machine, argv, timeout=timeout, check=check)
 
     def run(self, spec: ContainerSpec, *, pull: bool = True) -> str:
-        """Start the container; ``pull=False`` fails fast ("No such image") instead of pulling
-        silently, so the caller can pull with progress."""
+        """Start the container on its network (made first when the machine lacks it).
+
+        ``pull=False`` fails fast with ImageNotOnHost instead of pulling silently, so the
+        caller can pull with progress. A command the image cannot run raises
+        ContainerDidNotStart (the container is left Created, for the caller to remove).
+        Told apart by docker's exit status and the image's presence, not by its wording.
+        """
         argv = docker_run_argv(
             spec, machine_id=self.machine.pk, nvidia_runtime=self.machine.nvidia_runtime
         )
         if not pull:
             argv.insert(argv.index("--detach"), "--pull=never")
-        return self._run(argv).stdout.strip()
+        self.network_ensure(spec.network)
+        try:
+            return self._run(argv).stdout.strip()
+        except CommandFailed as error:
+            raise self._why_not_started(spec, error, pulled=pull) from error
+
+    def _why_not_started(
+        self, spec: ContainerSpec, error: CommandFailed, *, pulled: bool
+    ) -> CommandFailed:
+        if error.exit_code in (EXIT_CANNOT_INVOKE, EXIT_NOT_FOUND):
+            named = _EXEC_PROGRAM.search(error.stderr)
+            program = named.group(1) if named else (spec.entrypoint or "the image's command")
+            if error.exit_code == EXIT_NOT_FOUND:
+                reason = f"executable '{program}' not found in the image"
+            else:
+                reason = f"'{program}' cannot be run in the image (not an executable file)"
+            return ContainerDidNotStart(error.argv, error.exit_code, error.stderr, reason)
+        if (
+            error.exit_code == EXIT_DOCKER_ERROR
+            and not pulled
+            and not self.image_present(image_reference(spec.image))
+        ):
+            return ImageNotOnHost(error.argv, error.exit_code, error.stderr)
+        return error
+
+    def network_ensure(self, name: str) -> None:
+        """Make the platform network ``name`` unless the machine has it; idempotent, and safe
+        for launches racing on one host (they take turns under a lock file on the host).
+
+        The tenants' network is made with inter-container communication off and refused
+        (NetworkNotIsolated) if one of its name exists that lets containers talk.
+        """
+        if not _NETWORK.fullmatch(name or ""):
+            raise InvalidContainerSpec("network", f"'{str(name)[:40]}' is not a platform network")
+        found = self._network_options(name)
+        if found is None:
+            create = ["docker", "network", "create", "--driver", "bridge",
+                      "--label", f"{PLATFORM_LABEL}=1"]  # fmt: skip
+            if name == TENANT_NETWORK:
+                create += ["--opt", f"{ICC_OPTION}=false"]
+            self._run(["sh", "-c", _NETWORK_CREATE, "sh", name, *create, name])
+            found = self._network_options(name)
+            if found is None:
+                raise CommandFailed(["docker", "network"], 1, f"network {name} was not made")
+        driver, options = found
+        if name == TENANT_NETWORK and (driver != "bridge" or options.get(ICC_OPTION) != "false"):
+            raise NetworkNotIsolated(
+                f"the machine's network {name} lets containers reach each other; the provider "
+                f"must remove it (docker network rm {name}) for the platform to make it again"
+            )
+
+    def _network_options(self, name: str) -> tuple[str, dict[str, str]] | None:
+        """(driver, options) of the network ``name``, or None when the machine has none."""
+        result = self._run(
+            ["docker", "network", "inspect", "--format", "{{json .}}", name], check=False
+        )
+        if result.exit_code != 0:
+            return None
+        network = json.loads(result.stdout.splitlines()[0])
+        return network.get("Driver", ""), network.get("Options") or {}
+
+    def network_remove(self, name: str) -> bool:
+        """Remove a group's network once no container uses it; True when it is gone. The
+        tenants' network is shared by every rental on the machine and stays."""
+        if name == TENANT_NETWORK or not _NETWORK.fullmatch(name or ""):
+            raise InvalidContainerSpec("network", f"'{str(name)[:40]}' is not a group network")
+        self._run(["docker", "network", "rm", name], check=False)
+        return self._network_options(name) is None
 
     def stop(self, container: str, *, grace_seconds: int = 10) -> None:
         self._run(

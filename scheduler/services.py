@@ -26,6 +26,8 @@ from hosts.runtime import (
     DockerHost,
     HostKeyMismatch,
     HostUnreachable,
+    ImageNotOnHost,
+    check_registry,
     image_repository,
 )
 from scheduler import work as work_lease
@@ -523,14 +525,19 @@ def _run_pulling_if_needed(
         ).exists()
     )
     if not private:
+        # Only a missing image is pulled: a command the image cannot run (exit 126/127,
+        # ContainerDidNotStart) or any other refusal fails the launch with Docker's reason.
         try:
             return host.run(spec, pull=False)
+        except ImageNotOnHost:
+            pass
         except CommandFailed as error:
             if _name_taken(error):
                 return _adopt(host, instance, error)
-            if "No such image" not in error.stderr and "not found" not in error.stderr:
-                raise
-        _remove_quietly(host, instance.container_name)
+            raise
+    # Checked again here, on the worker, right before the host speaks to the registry: the
+    # registry's name may point somewhere else now than when the rental was made.
+    check_registry(instance.image, allow_private=instance.machine.allow_private_registries)
     report = lambda pct, msg: instance_report_progress(  # noqa: E731
         instance=instance, progress=pct, message=msg
     )

@@ -28,7 +28,7 @@ from psycopg.types.datetime import TimestamptzLoader
 from billing import services as billing
 from billing.money import MICRO_PER_DOLLAR, usage_owed
 from hosts.models import Machine, MachineStatus, in_service
-from hosts.runtime import CommandResult, DockerHost
+from hosts.runtime import CommandResult, DockerHost, InvalidContainerSpec, check_registry
 from hosts.selectors import maintenance_overlapping
 from marketplace.db import release_database_connection
 from marketplace.events import publish_instance_event
@@ -204,6 +204,7 @@ def rental_create(*, team: Team, request: RentalRequest) -> Contract:
     ValidationError (400, naming the field) for terms the rental breaks.
     """
     _validate_request(request)
+    _check_registry(request)
     with transaction.atomic():
         machine = Machine.objects.select_for_update().filter(pk=request.machine_id).first()
         if machine is None or not machine.listed or machine.status != "online":
@@ -293,6 +294,20 @@ def _validate_request(request: RentalRequest) -> None:
         entrypoint=request.entrypoint,
         args=list(request.args or []),
     )
+
+
+def _check_registry(request: RentalRequest) -> None:
+    """Refuse an image from a registry on the machine's own network unless its provider allows
+    one (hosts.runtime.registry_refusal). Before any lock is taken: a name lookup may be slow."""
+    allowed = (
+        Machine.objects.filter(pk=request.machine_id)
+        .values_list("allow_private_registries", flat=True)
+        .first()
+    )
+    try:
+        check_registry(request.image, allow_private=bool(allowed))
+    except InvalidContainerSpec as error:
+        raise ValidationError({error.field: error.reason}) from error
 
 
 def _sealed_credential(request: RentalRequest) -> dict[str, str]:

@@ -53,6 +53,8 @@ def test_argv_is_exactly_the_expected_one():
         "--label", "gpumkt.instance=u-1", "--label", "gpumkt.machine=7", "--label", "gpumkt.platform=1",
         "--cpus", "4", "--cpu-shares", "4096", "--memory", "8192m", "--memory-reservation", "6553m", "--shm-size", "4096m",
         "--security-opt", "no-new-privileges", "--pids-limit", "4096",
+        "--network", "gpumkt-tenants", "--log-driver", "json-file",
+        "--log-opt", "max-size=10240k", "--log-opt", "max-file=3",
         "--gpus", '"device=GPU-aaaaaaaa-1111-2222-3333-444444444444,GPU-bbbbbbbb-2222-3333-4444-555555555555"',
         "--env", "A=1", "--publish", "20001:22/tcp", "--entrypoint", "/bin/sh",
         "pytorch/pytorch:2.3.0", "-c", "echo hi",
@@ -92,9 +94,15 @@ def test_nasty_values_in_env_and_args_stay_single_quoted_argv_elements(value):
     assert f"V={value}" in argv and argv[-1] == value
     command = shlex.join(argv)
     assert shlex.split(command) == argv  # the remote shell sees exactly these words
+    # The one network is the platform's tenants' bridge, never one the input could name.
+    options = argv[: argv.index(spec().image)]
+    assert [options[i + 1] for i, a in enumerate(options) if a.startswith("--net")] == [
+        "gpumkt-tenants"
+    ]
     for flag in (
         "--privileged",
-        "--network",
+        "--net=host",
+        "--network=host",
         "--volume",
         "-v",
         "--mount",
