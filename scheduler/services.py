@@ -21,6 +21,7 @@ from django.utils import timezone
 from hosts.models import Gpu, Machine
 from hosts.ports import pick_free_ports
 from hosts.runtime import (
+    EXIT_DOCKER_ERROR,
     CommandFailed,
     ContainerSpec,
     DockerHost,
@@ -499,8 +500,11 @@ def _launch_leased(
     return WorkOutcome(instance_id, moved.state, container_id)
 
 
-def _name_taken(error: CommandFailed) -> bool:
-    return "is already in use" in error.stderr
+def _may_exist(error: CommandFailed) -> bool:
+    """Whether a failed `docker run` may have left a container of its name: the daemon
+    refused (exit 125: the name taken by an earlier launch's container, or a port taken after
+    the container was made). The caller looks it up by name; Docker's wording is not read."""
+    return error.exit_code == EXIT_DOCKER_ERROR
 
 
 def _run_pulling_if_needed(
@@ -532,7 +536,7 @@ def _run_pulling_if_needed(
         except ImageNotOnHost:
             pass
         except CommandFailed as error:
-            if _name_taken(error):
+            if _may_exist(error):
                 return _adopt(host, instance, error)
             raise
     # Checked again here, on the worker, right before the host speaks to the registry: the
@@ -562,7 +566,7 @@ def _run_pulling_if_needed(
     try:
         return host.run(spec, pull=False)
     except CommandFailed as error:
-        if _name_taken(error):
+        if _may_exist(error):
             return _adopt(host, instance, error)
         raise
 

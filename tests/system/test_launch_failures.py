@@ -6,6 +6,7 @@ the worker right before a pull."""
 # ruff: noqa: F811 - the rental fixtures are imported from tests.marketplace.conftest
 from __future__ import annotations
 
+import socket
 import subprocess
 
 import pytest
@@ -19,6 +20,7 @@ from tests.marketplace.conftest import (  # noqa: F401 - fixtures used by name
     docker_inspect,
     funded_team,
     machine,
+    machine_for,
     provider_team,
 )
 from tests.marketplace.registry import Registry
@@ -97,6 +99,26 @@ def test_a_command_the_image_cannot_run_fails_with_that_reason_and_pulls_nothing
     assert manifests_served(registry) == served_before  # nothing was pulled
     instance = Instance.objects.get(pk=body["id"])
     assert containers_named(instance.container_name) == []  # the Created container is gone
+    assert not GpuAllocation.objects.filter(instance=instance, released_at=None).exists()
+
+
+def test_a_host_port_taken_by_another_program_fails_with_dockers_reason_and_pulls_nothing(
+    funded_team, sim_host_factory, provider_team
+):
+    """docker run exits 125 having made the container: it is not taken for a missing image,
+    and nothing is left behind."""
+    machine = machine_for(sim_host_factory(gpus=1), provider_team)
+    squatter = socket.create_server(("0.0.0.0", machine.port_range_start))  # the first picked
+    try:
+        response = rent(key_client(funded_team), machine, BASE_IMAGE, ports=[8080])
+        assert response.status_code == 201, response.content
+        instance = Instance.objects.get(pk=response.json()["id"])
+    finally:
+        squatter.close()
+    assert instance.state == "failed"
+    assert "address already in use" in instance.status_message, instance.status_message
+    assert "pull" not in instance.status_message
+    assert containers_named(instance.container_name) == []
     assert not GpuAllocation.objects.filter(instance=instance, released_at=None).exists()
 
 
