@@ -378,3 +378,28 @@ def test_docker_run_is_given_the_image_with_a_tag(image, given):
     assert image_reference(image) == given
     argv = docker_run_argv(spec(image=image), machine_id=1, nvidia_runtime=False)
     assert given in argv and argv.index(given) == len(argv) - 1  # no args: the image is last
+
+
+@pytest.mark.parametrize(
+    "network",
+    ["host", "bridge", "none", "container:gpumkt-abc", "gpumkt", "--network=host", "Gpumkt-x", ""],
+)
+def test_only_the_platforms_own_networks_can_be_joined(network):
+    with pytest.raises(InvalidContainerSpec) as caught:
+        spec(network=network)
+    assert caught.value.field == "network"
+
+
+def test_a_group_network_is_joined_by_name():
+    argv = docker_run_argv(spec(network="gpumkt-group-7"), machine_id=1, nvidia_runtime=False)
+    assert argv[argv.index("--network") + 1] == "gpumkt-group-7"
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("log_max_kb", 0), ("log_max_kb", 10**9), ("log_max_files", 0), ("log_max_files", "3")],
+)
+def test_log_caps_are_sane(field, value):
+    with pytest.raises(InvalidContainerSpec) as caught:
+        spec(**{field: value})
+    assert caught.value.field == field
