@@ -6,7 +6,9 @@ published port still answers from outside, as the renter's connection line says.
 from __future__ import annotations
 
 import socket
+import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -156,3 +158,22 @@ def test_containers_of_one_group_share_a_network_of_their_own(sim_host_factory, 
         host.remove(client)
     assert host.network_remove(group) is True
     assert host.network_remove(group) is True  # already gone: still fine
+
+
+def test_launches_racing_on_one_host_make_one_network(sim_host_factory, provider_team):
+    """Docker's duplicate-name check is not atomic (measured: six concurrent `docker network
+    create` of one name made two networks, and `--network` by that name then fails); the
+    platform's creates take turns on the host."""
+    machine = machine_for(sim_host_factory(gpus=1), provider_team)
+    group = f"gpumkt-race-t{machine.pk}-{int(time.time() * 1000) % 10**9}"
+    hosts = [DockerHost(machine) for _ in range(6)]
+    with ThreadPoolExecutor(max_workers=6) as pool:
+        list(pool.map(lambda host: host.network_ensure(group), hosts))
+    try:
+        listed = subprocess.run(
+            ["docker", "network", "ls", "--quiet", "--filter", f"name=^{group}$"],
+            capture_output=True, text=True, check=True,
+        ).stdout.split()  # fmt: skip
+        assert len(listed) == 1, listed
+    finally:
+        hosts[0].network_remove(group)
