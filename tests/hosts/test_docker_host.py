@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from hosts import ssh
 from hosts.runtime import CommandFailed, ContainerSpec, DockerHost, InvalidContainerSpec
 from tests.conftest import sim_container_label
 from tests.hosts.support import containers, docker_inspect, online_machine
@@ -38,8 +39,7 @@ def test_a_container_runs_with_the_units_limits_env_ports_and_gpus(team, sim_hos
     text = nasty(marker)
     # The control: a command through the same SSH transport does land in this machine's /tmp.
     control = marker.with_name(marker.name + "-control")
-    online = DockerHost(machine)
-    online._run(["touch", str(control)])
+    ssh.run(machine, ["touch", str(control)])
     assert control.exists()
     control.unlink()
     gpus = [g.uuid for g in sim_host.spec.gpus[:2]]
