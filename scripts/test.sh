@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `make test`: install what is missing, start PostgreSQL, Redis and Docker, lint, run the suite.
-# Extra arguments go to pytest (e.g. `make test ARGS="-k billing"`).
+# Extra arguments go to pytest (e.g. `make test ARGS="-k billing"`). Without them the money
+# tests run a second time on SQLite; the script fails if either run fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/bootstrap.sh test
@@ -20,4 +21,24 @@ echo "==> pytest"
 export DATABASE_URL="${TEST_DATABASE_URL:-postgres://gpumkt:gpumkt@127.0.0.1:5432/gpumkt}"
 export REDIS_URL="$test_redis_url"
 mkdir -p var/staticfiles  # whitenoise serves through finders in tests; it wants the root to exist
-exec .venv/bin/pytest -n "${PYTEST_WORKERS:-3}" --dist loadfile "$@"
+status=0
+.venv/bin/pytest -n "${PYTEST_WORKERS:-3}" --dist loadfile "$@" || status=$?
+
+# The ledger again on SQLite, `make run`'s database: billing/services.py writes differently
+# there (no arrays, no COPY-style bulk statements), and only this job runs those branches. Run
+# with the whole suite only: ARGS choose tests, and these are not the ones chosen. Each xdist
+# worker makes its own file database (tests/billing/conftest.py); pytest-randomly shuffles
+# this job too and prints its seed.
+SQLITE_MONEY_TESTS=(
+  tests/billing/test_holds.py tests/billing/test_metering.py tests/billing/test_concurrency.py
+  tests/billing/test_contracts_in_step.py tests/billing/test_admin.py
+)
+if [ $# -eq 0 ]; then
+  echo "==> pytest on SQLite: the money tests"
+  sqlite_dir="$(mktemp -d)"
+  DATABASE_URL="sqlite:///$sqlite_dir/marketplace.sqlite3" \
+    .venv/bin/pytest -n "${PYTEST_WORKERS:-3}" --dist loadfile "${SQLITE_MONEY_TESTS[@]}" \
+    || status=$?
+  rm -rf "$sqlite_dir"
+fi
+exit "$status"

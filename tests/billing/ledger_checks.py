@@ -1,7 +1,8 @@
 """Whole-ledger invariant checks shared by the billing tests (read-only SQL over everything).
 
 A handful of queries however big the ledger is, so the state-machine test can run them after
-every step of hundreds of examples.
+every step of hundreds of examples. Plain SQL that PostgreSQL and SQLite both speak: the money
+tests run on both (scripts/test.sh).
 """
 
 from __future__ import annotations
@@ -36,14 +37,14 @@ def assert_ledger_consistent() -> None:
     assert (
         _rows(
             "SELECT id FROM billing_transfer t"
-            " WHERE NOT EXISTS (SELECT FROM billing_entry e WHERE e.transfer_id = t.id)"
+            " WHERE NOT EXISTS (SELECT 1 FROM billing_entry e WHERE e.transfer_id = t.id)"
         )
         == []
     )
     assert (
         _rows(
             "SELECT id FROM billing_entry e"
-            " WHERE NOT EXISTS (SELECT FROM billing_account a WHERE a.id = e.account_id)"
+            " WHERE NOT EXISTS (SELECT 1 FROM billing_account a WHERE a.id = e.account_id)"
         )
         == []
     )
@@ -53,9 +54,11 @@ def assert_ledger_consistent() -> None:
     totals: dict[str, int] = {}
     held_accounts: dict[int, int] = {}
     accounts = _rows(
-        "SELECT a.id, a.team_id, a.kind, a.balance, coalesce(sum(e.amount), 0),"
-        " (array_agg(e.balance_after ORDER BY e.id DESC))[1]"
-        " FROM billing_account a LEFT JOIN billing_entry e ON e.account_id = a.id GROUP BY a.id"
+        "SELECT a.id, a.team_id, a.kind, a.balance,"
+        " (SELECT coalesce(sum(e.amount), 0) FROM billing_entry e WHERE e.account_id = a.id),"
+        " (SELECT e.balance_after FROM billing_entry e WHERE e.account_id = a.id"
+        "  ORDER BY e.id DESC LIMIT 1)"
+        " FROM billing_account a"
     )
     for pk, team_id, kind, balance, entries_sum, last_after in accounts:
         assert balance == entries_sum, (pk, kind, balance, entries_sum)

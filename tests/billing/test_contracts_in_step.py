@@ -26,6 +26,7 @@ from marketplace.services.rentals import (
     contracts_follow_machine,
 )
 from scheduler.models import Instance
+from tests.billing.databases import postgresql_only
 from tests.billing.ledger_checks import assert_ledger_consistent, ledger_counts
 
 pytestmark = pytest.mark.django_db
@@ -120,6 +121,7 @@ def test_contracts_in_step_are_left_alone_by_the_sweep(rent):
     assert contract_follow_instance(instance_id=stopped.instance_id).gpu_seconds == 600
 
 
+@postgresql_only("row locks and pg_stat_activity (SQLite locks the whole file, so no deadlock)")
 @pytest.mark.django_db(transaction=True)
 def test_a_rental_ending_while_the_renter_rents_again_does_not_deadlock(rent, renter_team):
     """Renting locks the renter's available account, then their held one. Settling a rental

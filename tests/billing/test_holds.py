@@ -18,6 +18,7 @@ from billing.errors import (
 from billing.models import Account, AccountKind, Entry, Hold, HoldStatus, Transfer, TransferKind
 from billing.selectors import team_balance, team_earnings_balance, team_low_balance
 from billing.services import HoldUsage
+from tests.billing.databases import LEDGER_TRIGGERS
 from tests.billing.ledger_checks import assert_ledger_consistent, ledger_counts
 
 pytestmark = pytest.mark.django_db
@@ -306,6 +307,7 @@ def test_database_refuses_over_resolving_a_hold(renter_team, provider_team):
         Hold.objects.filter(pk=hold.pk).update(captured_gpu=3 * USD, captured_storage=2 * USD)
 
 
+@LEDGER_TRIGGERS
 def test_ledger_rows_are_immutable(renter_team):
     transfer = grant(renter_team, USD)
     with pytest.raises(TypeError):
@@ -327,6 +329,7 @@ def test_ledger_rows_are_immutable(renter_team):
             cursor.execute(sql)
 
 
+@LEDGER_TRIGGERS
 def test_database_refuses_an_unbalanced_insert(renter_team):
     transfer = grant(renter_team, USD)
     account = Account.objects.get(team=renter_team, kind=AccountKind.AVAILABLE)
@@ -350,6 +353,7 @@ def _balanced_entries(transfer_id: int, account_ids: tuple[int, int], team_id: i
     ]  # fmt: skip
 
 
+@LEDGER_TRIGGERS
 def test_database_refuses_entries_for_missing_transfers_or_accounts(renter_team):
     transfer = grant(renter_team, USD)
     available = Account.objects.get(team=renter_team, kind=AccountKind.AVAILABLE)
@@ -367,6 +371,7 @@ def test_database_refuses_entries_for_missing_transfers_or_accounts(renter_team)
     assert ledger_counts() == before
 
 
+@LEDGER_TRIGGERS
 def test_database_refuses_transfers_for_missing_holds_or_teams(renter_team):
     before = ledger_counts()
     for fields, message in (({"hold_id": 999_999_999}, "hold"), ({"team_id": 999_999_999}, "team")):
@@ -379,6 +384,7 @@ def test_database_refuses_transfers_for_missing_holds_or_teams(renter_team):
     assert ledger_counts() == before
 
 
+@LEDGER_TRIGGERS
 def test_database_refuses_deleting_accounts_and_holds(renter_team, provider_team):
     grant(renter_team, 10 * USD)
     hold = make_hold(renter_team, provider_team, 4 * USD)
