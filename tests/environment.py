@@ -24,7 +24,9 @@ os.environ["REDIS_URL"] = f"{redis_base}/{(namespace * 4 + worker_index) % 16}"
 os.environ["CHANNEL_PREFIX"] = f"gpumkt-test-{tag}"
 os.environ["CACHE_KEY_PREFIX"] = f"gpumkt-test-{tag}"
 os.environ.setdefault("CELERY_TASK_ALWAYS_EAGER", "1")
-os.environ.setdefault("VAR_DIR", f"/tmp/gpumkt-test-{tag}")
-os.environ.setdefault("PLATFORM_SSH_KEY_PATH", f"/tmp/gpumkt-test-{tag}/platform_ssh_key")
+# Set, not defaulted: xdist workers inherit the controller's environment, so a default set
+# there (tagged gw0) would make every worker share one folder and one platform key file.
+os.environ["VAR_DIR"] = f"/tmp/gpumkt-test-{tag}"
+os.environ["PLATFORM_SSH_KEY_PATH"] = f"/tmp/gpumkt-test-{tag}/platform_ssh_key"
 os.environ.setdefault("WHITENOISE_USE_FINDERS", "1")
 os.environ.setdefault("HOST_ALLOW_LOOPBACK", "1")  # simulated hosts are sshd on 127.x
