@@ -66,6 +66,7 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "channels",
+    "axes",
     "marketplace",
     "scheduler",
     "hosts",
@@ -82,6 +83,8 @@ MIDDLEWARE = [
     "marketplace.tenancy.ActiveTeamMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last, as django-axes asks: it turns a locked-out log-in into the lockout page.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "marketplace.urls"
@@ -143,6 +146,27 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
+# django-axes counts failed password log-ins (console and admin) and refuses a user name from
+# one address after LOGIN_FAILURE_LIMIT failures, even with the right password, until the
+# lockout ends. Its backend goes first so it sees each attempt; the model backend logs in.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_FAILURE_LIMIT = int(os.environ.get("LOGIN_FAILURE_LIMIT", "5"))
+AXES_COOLOFF_TIME = timedelta(minutes=int(os.environ.get("LOGIN_LOCKOUT_MINUTES", "15")))
+# User name and address together: a stranger cannot lock a user out from elsewhere, and one
+# address cannot guess one user's password on and on.
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_CALLABLE = "marketplace.views.accounts.login_locked_out"
+# The address is the peer's, never a client-set header (a forged X-Forwarded-For would dodge
+# the lockout), except behind our own proxy, whose one hop is trusted.
+AXES_IPWARE_META_PRECEDENCE_ORDER = (
+    ["HTTP_X_FORWARDED_FOR", "REMOTE_ADDR"] if env_bool("BEHIND_PROXY", False) else ["REMOTE_ADDR"]
+)
+AXES_IPWARE_PROXY_COUNT = 1 if env_bool("BEHIND_PROXY", False) else None
+
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "console-home"
 LOGOUT_REDIRECT_URL = "login"
@@ -232,12 +256,21 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["marketplace.api.permissions.TeamAccess"],
-    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "DEFAULT_PAGINATION_CLASS": "marketplace.api.pagination.BoundedLimitOffsetPagination",
     "PAGE_SIZE": 50,
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "marketplace.api.errors.api_exception_handler",
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
+    # Per API key or user (marketplace/api/throttling.py); over a budget the API answers 429.
+    "DEFAULT_THROTTLE_CLASSES": [
+        "marketplace.api.throttling.WriteRateThrottle",
+        "marketplace.api.throttling.OfferSearchRateThrottle",
+    ],
+    "DEFAULT_THROTTLE_RATES": {
+        "write": os.environ.get("API_THROTTLE_WRITE", "600/min"),
+        "offer_search": os.environ.get("API_THROTTLE_OFFER_SEARCH", "1200/min"),
+    },
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "GPU Marketplace API",

@@ -1,4 +1,5 @@
-"""REST API for the billing room. Amounts are integers in micro-dollars (1 USD = 1,000,000).
+"""REST API for the billing room. Amounts are dollars as decimal strings (``"99.768611"``),
+as everywhere in the API; the ledger keeps integer micro-dollars inside.
 
 Every viewset is a ``TeamScopedViewSet``: its queries go through the tenancy gateway, so
 another team's ledger entry, hold or top-up answers 404 and lists hold only the team's rows.
@@ -11,7 +12,7 @@ from datetime import datetime
 import django_filters
 from django.conf import settings
 from django.http import Http404
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import extend_schema, extend_schema_field
 from rest_framework import mixins, serializers, status
 from rest_framework.response import Response
 from rest_framework.routers import SimpleRouter
@@ -21,19 +22,21 @@ from billing.errors import InvalidAmount
 from billing.models import Account, ChargeUsage, Entry, Hold, TopUp, TransferKind
 from billing.money import parse_usd
 from marketplace.api.base import TeamScopedViewSet
+from marketplace.api.fields import DOLLARS_SCHEMA, DollarsField, dollars
 
-MICRO = "Micro-dollars (1 USD = 1,000,000)."
+USD = "Dollars."
 
 
 class BalanceSerializer(serializers.Serializer):
-    available = serializers.IntegerField(help_text=MICRO)
-    held = serializers.IntegerField(help_text=MICRO)
-    earnings = serializers.IntegerField(help_text=MICRO + " Unpaid provider earnings.")
+    available = DollarsField(help_text=USD)
+    held = DollarsField(help_text=USD)
+    earnings = DollarsField(help_text=USD + " Unpaid provider earnings.")
 
 
 class BalanceViewSet(TeamScopedViewSet):
     """The acting team's credit: available, held by running rentals, and provider earnings."""
 
+    pagination_class = None  # one object (or a short list by month), not pages
     base_queryset = Account.objects.all()
     serializer_class = BalanceSerializer
 
@@ -42,7 +45,9 @@ class BalanceViewSet(TeamScopedViewSet):
         balance = selectors.balance_from_accounts(accounts)
         earnings = accounts.filter(kind="earnings").values_list("balance", flat=True).first()
         return Response(
-            {"available": balance.available, "held": balance.held, "earnings": earnings or 0}
+            BalanceSerializer(
+                {"available": balance.available, "held": balance.held, "earnings": earnings or 0}
+            ).data
         )
 
 
@@ -62,17 +67,18 @@ class EntrySerializer(serializers.ModelSerializer):
         " storage_amount split it). Empty for other kinds.",
     )
     gpu_amount = serializers.SerializerMethodField(
-        help_text=MICRO + " The GPU time part of a usage charge's gross amount (what the renter"
+        help_text=USD + " The GPU time part of a usage charge's gross amount (what the renter"
         " paid, platform fee included); null for other kinds."
     )
     storage_amount = serializers.SerializerMethodField(
-        help_text=MICRO + " The storage part of a usage charge's gross amount; null for other"
+        help_text=USD + " The storage part of a usage charge's gross amount; null for other"
         " kinds. gpu_amount + storage_amount is the charge's gross amount."
     )
     account = serializers.CharField(source="account_kind", read_only=True)
-    amount = serializers.IntegerField(
-        read_only=True, help_text=MICRO + " This account's change (negative: money out)."
+    amount = DollarsField(
+        read_only=True, help_text=USD + " This account's change (negative: money out)."
     )
+    balance_after = DollarsField(read_only=True, help_text=USD + " The account's balance after it.")
 
     class Meta:
         model = Entry
@@ -81,13 +87,15 @@ class EntrySerializer(serializers.ModelSerializer):
             "account", "amount", "gpu_amount", "storage_amount", "balance_after",
         ]  # fmt: skip
 
-    def get_gpu_amount(self, entry: Entry) -> int | None:
+    @extend_schema_field({**DOLLARS_SCHEMA, "nullable": True})
+    def get_gpu_amount(self, entry: Entry) -> str | None:
         split = entry.transfer.usage_split
-        return None if split is None else split[0]
+        return None if split is None else dollars(split[0])
 
-    def get_storage_amount(self, entry: Entry) -> int | None:
+    @extend_schema_field({**DOLLARS_SCHEMA, "nullable": True})
+    def get_storage_amount(self, entry: Entry) -> str | None:
         split = entry.transfer.usage_split
-        return None if split is None else split[1]
+        return None if split is None else dollars(split[1])
 
 
 class EntryFilter(django_filters.FilterSet):
@@ -110,8 +118,12 @@ class LedgerViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScoped
 
 
 class HoldSerializer(serializers.ModelSerializer):
-    captured = serializers.IntegerField(read_only=True)
-    remaining = serializers.IntegerField(read_only=True)
+    amount = DollarsField(read_only=True, help_text=USD + " Held in all.")
+    captured_gpu = DollarsField(read_only=True, help_text=USD)
+    captured_storage = DollarsField(read_only=True, help_text=USD)
+    captured = DollarsField(read_only=True, help_text=USD)
+    released = DollarsField(read_only=True, help_text=USD)
+    remaining = DollarsField(read_only=True, help_text=USD)
 
     class Meta:
         model = Hold
@@ -132,6 +144,9 @@ class HoldViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScopedVi
 
 
 class TopUpSerializer(serializers.ModelSerializer):
+    amount = DollarsField(read_only=True, help_text=USD + " Credit the top-up adds.")
+    amount_paid = DollarsField(read_only=True, help_text=USD + " What the payer paid.")
+
     class Meta:
         model = TopUp
         fields = [
@@ -182,7 +197,7 @@ class TopUpViewSet(
 class InvoiceLineSerializer(serializers.Serializer):
     reference = serializers.CharField()
     usage_kind = serializers.CharField(help_text='"gpu", "storage", or "" (other charges).')
-    amount = serializers.IntegerField(help_text=MICRO)
+    amount = DollarsField(help_text=USD)
     charges = serializers.IntegerField(
         help_text="Usage charges that charged this kind. A charge covering GPU time and storage"
         " counts on both of its lines; the invoice's charges count it once."
@@ -191,17 +206,18 @@ class InvoiceLineSerializer(serializers.Serializer):
 
 class InvoiceSerializer(serializers.Serializer):
     month = serializers.CharField(help_text="YYYY-MM")
-    total = serializers.IntegerField(help_text=MICRO)
+    total = DollarsField(help_text=USD)
     charges = serializers.IntegerField(
         required=False, help_text="Usage charges in the month, each counted once."
     )
     lines = InvoiceLineSerializer(many=True, required=False)
-    credit_added = serializers.IntegerField(required=False, help_text=MICRO)
+    credit_added = DollarsField(required=False, help_text=USD)
 
 
 class InvoiceViewSet(TeamScopedViewSet):
     """Monthly invoices: one line per rental reference per usage kind."""
 
+    pagination_class = None  # one object (or a short list by month), not pages
     base_queryset = Entry.objects.all()
     serializer_class = InvoiceSerializer
     lookup_field = "month"
@@ -210,7 +226,11 @@ class InvoiceViewSet(TeamScopedViewSet):
 
     def list(self, request):
         months = selectors.invoice_months(self.get_queryset())
-        return Response([{"month": f"{m:%Y-%m}", "total": total} for m, total in months])
+        return Response(
+            InvoiceSerializer(
+                [{"month": f"{m:%Y-%m}", "total": total} for m, total in months], many=True
+            ).data
+        )
 
     def retrieve(self, request, month: str):
         try:
@@ -221,28 +241,30 @@ class InvoiceViewSet(TeamScopedViewSet):
         if not invoice.lines and not invoice.credit_added:
             raise Http404
         return Response(
-            {
-                "month": month,
-                "total": invoice.total,
-                "charges": invoice.charges,
-                "credit_added": invoice.credit_added,
-                "lines": [
-                    {
-                        "reference": line.reference,
-                        "usage_kind": line.usage_kind,
-                        "amount": line.amount,
-                        "charges": line.charges,
-                    }
-                    for line in invoice.lines
-                ],
-            }
+            InvoiceSerializer(
+                {
+                    "month": month,
+                    "total": invoice.total,
+                    "charges": invoice.charges,
+                    "credit_added": invoice.credit_added,
+                    "lines": [
+                        {
+                            "reference": line.reference,
+                            "usage_kind": line.usage_kind,
+                            "amount": line.amount,
+                            "charges": line.charges,
+                        }
+                        for line in invoice.lines
+                    ],
+                }
+            ).data
         )
 
 
 class EarningsRowSerializer(serializers.Serializer):
-    gross = serializers.IntegerField(help_text=MICRO + " What renters were charged.")
-    fee = serializers.IntegerField(help_text=MICRO + " The platform fee within gross.")
-    net = serializers.IntegerField(help_text=MICRO + " The provider's earnings.")
+    gross = DollarsField(help_text=USD + " What renters were charged.")
+    fee = DollarsField(help_text=USD + " The platform fee within gross.")
+    net = DollarsField(help_text=USD + " The provider's earnings.")
 
 
 class MachineEarningsSerializer(EarningsRowSerializer):
@@ -262,6 +284,7 @@ class EarningsSerializer(serializers.Serializer):
 class EarningsViewSet(TeamScopedViewSet):
     """Provider earnings per machine reference and per day; the platform fee separately."""
 
+    pagination_class = None  # one object (or a short list by month), not pages
     base_queryset = Entry.objects.all()
     serializer_class = EarningsSerializer
     audience = "provider"
@@ -273,11 +296,13 @@ class EarningsViewSet(TeamScopedViewSet):
             return [{key: str(r.key), "gross": r.gross, "fee": r.fee, "net": r.net} for r in found]
 
         return Response(
-            {
-                "fee_percent": str(settings.PLATFORM_FEE_PERCENT),
-                "by_machine": rows(selectors.earnings_by_machine(entries), "machine_reference"),
-                "by_day": rows(selectors.earnings_by_day(entries), "day"),
-            }
+            EarningsSerializer(
+                {
+                    "fee_percent": str(settings.PLATFORM_FEE_PERCENT),
+                    "by_machine": rows(selectors.earnings_by_machine(entries), "machine_reference"),
+                    "by_day": rows(selectors.earnings_by_day(entries), "day"),
+                }
+            ).data
         )
 
 

@@ -15,6 +15,7 @@ from hosts.keys import public_key_fingerprint, team_public_key
 from hosts.models import Gpu, Machine, MachineEvent, MaintenanceWindow
 from hosts.selectors import GPU_STATES, gpu_occupancy, hourly_history
 from marketplace.api.base import TeamScopedViewSet
+from marketplace.api.fields import DollarsField
 from marketplace.fleet import EARNINGS_DAYS, machine_earnings_by_day
 from marketplace.models import Role
 
@@ -50,6 +51,8 @@ class MachineSerializer(serializers.ModelSerializer):
 
     gpus = serializers.SerializerMethodField()
     unit = serializers.SerializerMethodField()
+    price_per_gpu_hour = DollarsField(read_only=True, help_text="Dollars per GPU-hour.")
+    storage_price_per_gb_month = DollarsField(read_only=True, help_text="Dollars per GB-month.")
 
     class Meta:
         model = Machine
@@ -108,9 +111,9 @@ class HistoryQuerySerializer(serializers.Serializer):
 
 class EarningsDaySerializer(serializers.Serializer):
     day = serializers.DateField(source="key")
-    gross = serializers.IntegerField(help_text="micro-dollars renters were charged")
-    fee = serializers.IntegerField(help_text="micro-dollars of platform fee within gross")
-    net = serializers.IntegerField(help_text="micro-dollars earned (gross − fee)")
+    gross = DollarsField(help_text="Dollars renters were charged.")
+    fee = DollarsField(help_text="Dollars of platform fee within gross.")
+    net = DollarsField(help_text="Dollars earned (gross − fee).")
 
 
 class EarningsQuerySerializer(serializers.Serializer):
@@ -135,7 +138,7 @@ class MaintenanceWindowSerializer(serializers.ModelSerializer):
 class MachineRegisterSerializer(serializers.Serializer):
     name = serializers.CharField(max_length=80, required=False, default="")
     address = serializers.CharField(max_length=255)
-    port = serializers.IntegerField(default=22)
+    port = serializers.IntegerField(min_value=1, max_value=65535, default=22)
     ssh_user = serializers.CharField(max_length=32, default="root")
 
 
@@ -144,13 +147,13 @@ class ConfirmSerializer(serializers.Serializer):
 
 
 class TermsSerializer(serializers.Serializer):
-    price_per_gpu_hour = serializers.IntegerField(help_text="micro-dollars")
-    storage_price_per_gb_month = serializers.IntegerField(help_text="micro-dollars")
-    min_gpus = serializers.IntegerField(default=1)
+    price_per_gpu_hour = DollarsField(help_text='Dollars per GPU-hour, like "1.45".')
+    storage_price_per_gb_month = DollarsField(help_text='Dollars per GB-month, like "0.10".')
+    min_gpus = serializers.IntegerField(min_value=1, max_value=1024, default=1)
     end_date = serializers.DateTimeField(required=False, allow_null=True, default=None)
     location = serializers.CharField(max_length=64, allow_blank=True, default="")
-    port_range_start = serializers.IntegerField(required=False)
-    port_range_end = serializers.IntegerField(required=False)
+    port_range_start = serializers.IntegerField(min_value=1024, max_value=65535, required=False)
+    port_range_end = serializers.IntegerField(min_value=1024, max_value=65535, required=False)
 
 
 class ListingSerializer(serializers.Serializer):
@@ -184,7 +187,7 @@ class MachineViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScope
         )
 
     @extend_schema(parameters=[HistoryQuerySerializer], responses=HistoryPointSerializer(many=True))
-    @action(detail=True, methods=["get"])
+    @action(detail=True, methods=["get"], pagination_class=None, filter_backends=[])
     def history(self, request, pk=None):
         """Per hour, oldest first: heartbeats answered and GPU utilization (the machine
         page's uptime and utilization charts)."""
@@ -195,7 +198,7 @@ class MachineViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScope
         return Response(HistoryPointSerializer(points, many=True).data)
 
     @extend_schema(parameters=[EarningsQuerySerializer], responses=EarningsDaySerializer(many=True))
-    @action(detail=True, methods=["get"])
+    @action(detail=True, methods=["get"], pagination_class=None, filter_backends=[])
     def earnings(self, request, pk=None):
         """Per day, oldest first, days without charges included: what renters were charged
         on this machine, the platform fee and the net earnings (the machine page's chart)."""
@@ -268,7 +271,7 @@ class MachineViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScope
         return Response(MachineSerializer(machine).data, status=status.HTTP_202_ACCEPTED)
 
     @extend_schema(request=None, responses=MachineEventSerializer(many=True))
-    @action(detail=True, methods=["get"])
+    @action(detail=True, methods=["get"], filter_backends=[])
     def events(self, request, pk=None):
         machine = self.get_object()
         page = self.paginate_queryset(machine.events.all())
@@ -280,7 +283,7 @@ class MachineViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScope
         request=MaintenanceWindowSerializer,
         responses={201: MaintenanceWindowSerializer},
     )
-    @action(detail=True, methods=["get", "post"])
+    @action(detail=True, methods=["get", "post"], pagination_class=None, filter_backends=[])
     def maintenance(self, request, pk=None):
         """Maintenance windows: no new rental may overlap one."""
         machine = self.get_object()

@@ -6,15 +6,16 @@ from collections.abc import Mapping
 
 from django.http import Http404
 from django.utils import timezone
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_field
 from rest_framework import mixins, serializers, status
 from rest_framework.decorators import action, api_view
 from rest_framework.response import Response
 
-from billing.money import MICRO_PER_DOLLAR
 from marketplace import offer_query
 from marketplace.api.base import TeamScopedViewSet
+from marketplace.api.fields import DOLLARS_SCHEMA, DollarsField, FiniteFloatField, dollars
 from marketplace.api.permissions import api_team, read_only_methods
+from marketplace.api.throttling import throttle_scope
 from marketplace.models import Contract, Offer, SshKey
 from marketplace.selectors import instance_connection, instance_logs
 from marketplace.services import rentals
@@ -23,10 +24,8 @@ from scheduler import services as scheduler
 from scheduler.models import Instance, InstanceState, LaunchMode
 
 MAX_PAGE = 256
-
-
-def dollars(micro: int) -> float:
-    return round(micro / MICRO_PER_DOLLAR, 6)
+MAX_OFFSET = 10_000
+MAX_ID = 2**63 - 1  # a bigint primary key; past it the database would refuse the query
 
 
 class OfferSerializer(serializers.ModelSerializer):
@@ -64,13 +63,16 @@ class OfferSerializer(serializers.ModelSerializer):
     def get_disk_space(self, offer) -> float:
         return round(offer.disk_per_unit * offer.num_gpus, 1)
 
-    def get_dph_total(self, offer) -> float:
+    @extend_schema_field(DOLLARS_SCHEMA)
+    def get_dph_total(self, offer) -> str:
         return dollars(offer.dph_total)
 
-    def get_dph_per_gpu(self, offer) -> float:
+    @extend_schema_field(DOLLARS_SCHEMA)
+    def get_dph_per_gpu(self, offer) -> str:
         return dollars(offer.price_per_gpu_hour)
 
-    def get_storage_cost(self, offer) -> float:
+    @extend_schema_field(DOLLARS_SCHEMA)
+    def get_storage_cost(self, offer) -> str:
         return dollars(offer.storage_cost)
 
     def get_duration(self, offer) -> float | None:
@@ -115,19 +117,35 @@ def search_offers(query: offer_query.OfferQuery, limit: int, offset: int) -> lis
     return list(offer_query.apply(Offer.objects.all(), query)[offset : offset + limit])
 
 
+class OfferPageSerializer(serializers.Serializer):
+    limit = serializers.IntegerField(
+        min_value=1,
+        max_value=MAX_PAGE,
+        default=64,
+        error_messages={
+            "min_value": f"Between 1 and {MAX_PAGE}.",
+            "max_value": f"Between 1 and {MAX_PAGE}.",
+        },
+    )
+    # Deeper pages cost the database a scan past every skipped row; a narrower query finds
+    # the same offers without one.
+    offset = serializers.IntegerField(
+        min_value=0,
+        max_value=MAX_OFFSET,
+        default=0,
+        error_messages={
+            "min_value": "Must not be negative.",
+            "max_value": f"Pages go at most {MAX_OFFSET} offers deep; narrow the query instead.",
+        },
+    )
+
+
 def _page_params(data) -> tuple[int, int]:
-    try:
-        limit = int(data.get("limit", 64))
-        offset = int(data.get("offset", 0))
-    except (TypeError, ValueError):
-        raise serializers.ValidationError(
-            {"limit": "limit and offset are whole numbers."}
-        ) from None
-    if not (1 <= limit <= MAX_PAGE):
-        raise serializers.ValidationError({"limit": f"Between 1 and {MAX_PAGE}."})
-    if offset < 0:
-        raise serializers.ValidationError({"offset": "Must not be negative."})
-    return limit, offset
+    page = OfferPageSerializer(
+        data={name: data[name] for name in ("limit", "offset") if name in data}
+    )
+    page.is_valid(raise_exception=True)
+    return page.validated_data["limit"], page.validated_data["offset"]
 
 
 def _offer_query(request) -> tuple[offer_query.OfferQuery, str]:
@@ -143,16 +161,43 @@ def _offer_query(request) -> tuple[offer_query.OfferQuery, str]:
     return offer_query.parse_json(request.data), "filters"
 
 
+class OfferResultsSerializer(serializers.Serializer):
+    offers = OfferSerializer(many=True)
+    next_offset = serializers.IntegerField(
+        allow_null=True, help_text="The offset of the next page; null on the last page."
+    )
+
+
+OFFER_FILTER_BODY = {
+    "type": "object",
+    "description": 'Filters by field, like {"num_gpus": {"gte": 2}, "geolocation": {"in": '
+    '["US", "CA"]}}; or {"q": "num_gpus>=2 -o dph_total"}; "order": [["dph_total", "asc"]].',
+    "properties": {
+        "q": {"type": "string"},
+        "limit": {"type": "integer", "minimum": 1, "maximum": MAX_PAGE, "default": 64},
+        "offset": {"type": "integer", "minimum": 0, "maximum": MAX_OFFSET, "default": 0},
+    },
+    "additionalProperties": True,
+}
+
+
 @read_only_methods("POST")  # a search with a JSON body: read-only keys and viewers may use it
+@throttle_scope("offer_search")
 @extend_schema(
+    methods=["GET"],
     summary="Search offers",
     parameters=[
         OpenApiParameter("q", str, description="e.g. num_gpus>=2 gpu_name=RTX_4090 -o dph_total"),
-        OpenApiParameter("limit", int),
-        OpenApiParameter("offset", int),
+        OpenApiParameter("limit", int, description=f"1..{MAX_PAGE} (default 64)"),
+        OpenApiParameter("offset", int, description=f"0..{MAX_OFFSET}"),
     ],
-    request={"application/json": {"type": "object"}},
-    responses=OfferSerializer(many=True),
+    responses=OfferResultsSerializer,
+)
+@extend_schema(
+    methods=["POST"],
+    summary="Search offers with a JSON filter body",
+    request={"application/json": OFFER_FILTER_BODY},
+    responses=OfferResultsSerializer,
 )
 @api_view(["GET", "POST"])
 def offers(request):
@@ -183,16 +228,16 @@ def offers(request):
 
 class QuoteSerializer(serializers.Serializer):
     num_gpus = serializers.IntegerField(min_value=1, max_value=64)
-    duration_hours = serializers.FloatField(
+    duration_hours = FiniteFloatField(
         min_value=rentals.MIN_RENTAL_HOURS, max_value=rentals.MAX_RENTAL_HOURS
     )
     disk_gb = serializers.IntegerField(min_value=1, max_value=100_000, default=10)
 
 
 class QuoteResultSerializer(serializers.Serializer):
-    gpu = serializers.FloatField(help_text="dollars held for GPU time")
-    storage = serializers.FloatField(help_text="dollars held for storage")
-    total = serializers.FloatField()
+    gpu = DollarsField(help_text="Dollars held for GPU time.")
+    storage = DollarsField(help_text="Dollars held for storage.")
+    total = DollarsField(help_text="Dollars held in all.")
 
 
 @extend_schema(
@@ -223,10 +268,12 @@ def offer_quote(request, machine_id: int):
 
 
 class RentSerializer(serializers.Serializer):
-    machine_id = serializers.IntegerField(help_text="The offer's machine_id.")
+    machine_id = serializers.IntegerField(
+        min_value=1, max_value=MAX_ID, help_text="The offer's machine_id."
+    )
     num_gpus = serializers.IntegerField(min_value=1, max_value=64)
     image = serializers.CharField(max_length=255)
-    duration_hours = serializers.FloatField(
+    duration_hours = FiniteFloatField(
         min_value=rentals.MIN_RENTAL_HOURS, max_value=rentals.MAX_RENTAL_HOURS
     )
     disk_gb = serializers.IntegerField(min_value=1, max_value=100_000, default=10)
@@ -234,7 +281,9 @@ class RentSerializer(serializers.Serializer):
     env = serializers.DictField(
         child=serializers.CharField(allow_blank=True, max_length=4096), default=dict
     )
-    ports = serializers.ListField(child=serializers.IntegerField(), default=list, max_length=16)
+    ports = serializers.ListField(
+        child=serializers.IntegerField(min_value=1, max_value=65535), default=list, max_length=16
+    )
     entrypoint = serializers.CharField(max_length=255, allow_blank=True, default="")
     args = serializers.ListField(
         child=serializers.CharField(max_length=4096, allow_blank=True), default=list, max_length=64
@@ -274,7 +323,8 @@ class InstanceSerializer(serializers.ModelSerializer):
             "created_at", "state_changed_at", "ends_at", "connection",
         ]  # fmt: skip
 
-    def get_dph_total(self, instance) -> float:
+    @extend_schema_field(DOLLARS_SCHEMA)
+    def get_dph_total(self, instance) -> str:
         contract = instance.contract
         return dollars(contract.price_per_gpu_hour * contract.gpu_count)
 
@@ -286,9 +336,7 @@ class InstanceSerializer(serializers.ModelSerializer):
 
 
 class ExtendSerializer(serializers.Serializer):
-    hours = serializers.FloatField(
-        min_value=rentals.MIN_RENTAL_HOURS, max_value=rentals.MAX_RENTAL_HOURS
-    )
+    hours = FiniteFloatField(min_value=rentals.MIN_RENTAL_HOURS, max_value=rentals.MAX_RENTAL_HOURS)
 
 
 class ExecSerializer(serializers.Serializer):

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth import login
 from django.contrib.auth.decorators import login_required
+from django.contrib.auth.forms import AuthenticationForm
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
@@ -36,6 +38,21 @@ def signup(request: HttpRequest) -> HttpResponse:
         messages.success(request, "Welcome! Your personal team is ready.")
         return redirect("console-home")
     return render(request, "registration/signup.html", {"form": form})
+
+
+def login_locked_out(request: HttpRequest, original_response=None, credentials=None):
+    """What django-axes answers once a user name is locked for this address: the log-in page
+    again (429), saying why and for how long, with nothing about whether the password was
+    right."""
+    minutes = int(settings.AXES_COOLOFF_TIME.total_seconds() // 60)
+    message = (
+        f"Too many failed log-ins for this user name from your address. Log-in is locked for "
+        f"{minutes} minutes; try again later."
+    )
+    form = AuthenticationForm(request)
+    return render(
+        request, "registration/login.html", {"form": form, "locked_out": message}, status=429
+    )
 
 
 @login_required

@@ -25,6 +25,7 @@ from hosts.selectors import HourPoint, gpu_occupancy, hourly_history
 from marketplace.fleet import EARNINGS_DAYS, fleet_summary, machine_earnings_by_day
 from marketplace.models import Role
 from marketplace.tenancy import team_object_or_404, team_objects
+from marketplace.views.numbers import form_whole
 
 
 def _require(request: HttpRequest, role: Role) -> None:
@@ -245,13 +246,13 @@ def machine_action(request: HttpRequest, pk: int, action: str) -> HttpResponse:
                 storage_price_per_gb_month=parse_usd(
                     request.POST.get("storage_price", ""), field="storage_price_per_gb_month"
                 ),
-                min_gpus=_whole(request.POST.get("min_gpus") or "1", field="min_gpus"),
+                min_gpus=form_whole(request.POST.get("min_gpus") or "1", field="min_gpus"),
                 end_date=_end_date(request.POST.get("end_date", "")),
                 location=request.POST.get("location", ""),
-                port_range_start=_whole(
+                port_range_start=form_whole(
                     request.POST.get("port_range_start") or "0", field="port_range_start"
                 ),
-                port_range_end=_whole(
+                port_range_end=form_whole(
                     request.POST.get("port_range_end") or "0", field="port_range_end"
                 ),
             )
@@ -271,14 +272,6 @@ def machine_action(request: HttpRequest, pk: int, action: str) -> HttpResponse:
     except InvalidAmount as error:
         messages.error(request, str(error))
     return redirect("machine-detail", pk=machine.pk)
-
-
-def _whole(text: str, *, field: str) -> int:
-    """A whole number from a form field (0 when left empty means: keep the current one)."""
-    text = text.strip()
-    if not text.isdigit() or len(text) > 9:
-        raise ValidationError({field: "A whole number."})
-    return int(text)
 
 
 def _moment(text: str, field: str) -> datetime:

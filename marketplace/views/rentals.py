@@ -21,6 +21,7 @@ from marketplace.selectors import instance_connection
 from marketplace.services import rentals
 from marketplace.tenancy import team_object_or_404, team_objects
 from marketplace.validation import validate_launch
+from marketplace.views.numbers import form_decimal, form_whole
 from scheduler import services as scheduler
 from scheduler.models import Instance, InstanceState, LaunchMode
 
@@ -165,13 +166,6 @@ def _parse_args(text: str) -> list[str]:
         raise ValidationError({"args": f"Cannot split the arguments: {error}."}) from None
 
 
-def _number(value: str, field: str, kind=int):
-    try:
-        return kind(value)
-    except (TypeError, ValueError):
-        raise ValidationError({field: "Enter a number."}) from None
-
-
 @login_required
 @require_POST
 def rent(request: HttpRequest, machine_id: int) -> HttpResponse:
@@ -192,10 +186,10 @@ def rent(request: HttpRequest, machine_id: int) -> HttpResponse:
             team=request.team,
             request=rentals.RentalRequest(
                 machine_id=machine_id,
-                gpu_count=_number(data.get("num_gpus"), "num_gpus"),
+                gpu_count=form_whole(data.get("num_gpus"), field="num_gpus"),
                 image=data.get("image", "").strip(),
-                hours=_number(data.get("duration_hours"), "duration_hours", float),
-                disk_gb=_number(data.get("disk_gb", "10"), "disk_gb"),
+                hours=form_decimal(data.get("duration_hours"), field="duration_hours"),
+                disk_gb=form_whole(data.get("disk_gb", "10"), field="disk_gb"),
                 launch_mode=data.get("launch_mode") or LaunchMode.ENTRYPOINT,
                 env=env,
                 ports=ports,
@@ -286,7 +280,9 @@ def instance_action(request: HttpRequest, pk: int, action: str) -> HttpResponse:
             else:
                 messages.success(request, "Started.")
         elif action == "extend":
-            hours = _number(request.POST.get("hours"), "hours", float)
+            # The extending service refuses NaN and infinities itself, with the range it
+            # allows (which says more than "not finite"); only non-numbers stop here.
+            hours = form_decimal(request.POST.get("hours"), field="hours", range_checked=True)
             rentals.rental_extend(contract=instance.contract, hours=hours)
             messages.success(request, f"Extended by {hours:g} hours.")
         elif action == "destroy":

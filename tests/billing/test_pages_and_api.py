@@ -268,11 +268,10 @@ def test_production_settings_have_no_test_credit():
 def test_api_balance_ledger_holds_invoices(team, owner, books):
     api = key_client(team)
     balance = api.get("/api/v1/billing/balance/").json()
-    assert balance == {
-        "available": team_balance(team.id).available,
-        "held": team_balance(team.id).held,
-        "earnings": 0,
-    }
+    # Dollars as decimal strings: $100 granted, two $20 holds, $3.25 and $6.25 charged on
+    # them, the second released (its $13.75 back).
+    assert balance == {"available": "73.750000", "held": "16.750000", "earnings": "0.000000"}
+    assert (team_balance(team.id).available, team_balance(team.id).held) == (73_750_000, 16_750_000)
     ledger = api.get(
         "/api/v1/billing/ledger/", {"kind": "capture", "reference": "contract:1"}
     ).json()
@@ -283,9 +282,9 @@ def test_api_balance_ledger_holds_invoices(team, owner, books):
     holds = api.get("/api/v1/billing/holds/", {"status": "open"}).json()
     assert [h["reference"] for h in holds["results"]] == ["contract:1"]
     month = timezone.localdate().strftime("%Y-%m")
-    assert api.get("/api/v1/billing/invoices/").json() == [{"month": month, "total": 9_500_000}]
+    assert api.get("/api/v1/billing/invoices/").json() == [{"month": month, "total": "9.500000"}]
     invoice = api.get(f"/api/v1/billing/invoices/{month}/").json()
-    assert len(invoice["lines"]) == 4 and invoice["total"] == 9_500_000
+    assert len(invoice["lines"]) == 4 and invoice["total"] == "9.500000"
 
 
 def test_api_outsider_gets_404_on_ids_and_empty_lists(team, owner, outsider, books):
@@ -302,7 +301,7 @@ def test_api_outsider_gets_404_on_ids_and_empty_lists(team, owner, outsider, boo
     assert api.get("/api/v1/billing/invoices/").json() == []
     month = timezone.localdate().strftime("%Y-%m")
     assert api.get(f"/api/v1/billing/invoices/{month}/").json()["error"]["code"] == "not_found"
-    assert api.get("/api/v1/billing/balance/").json()["available"] == 0
+    assert api.get("/api/v1/billing/balance/").json()["available"] == "0.000000"
 
 
 def test_api_topup_create_and_errors(team, owner, fake_stripe):
@@ -367,9 +366,9 @@ def test_api_earnings_for_the_provider(books):
     machines = {row["machine_reference"]: row for row in body["by_machine"]}
     assert machines["machine:8"] == {
         "machine_reference": "machine:8",
-        "gross": 6_250_000,
-        "fee": 625_000,
-        "net": 5_625_000,
+        "gross": "6.250000",
+        "fee": "0.625000",
+        "net": "5.625000",
     }
     assert len(body["by_day"]) == 1
 
@@ -475,9 +474,9 @@ def test_a_combined_capture_is_split_by_kind_on_the_invoice_and_counted_once(
     assert 'id="combined-charges"' in html and "counts each charge once" in html
 
     body = key_client(team).get(f"/api/v1/billing/invoices/{month}/").json()
-    assert body["charges"] == 3 and body["total"] == 5 * USD
+    assert body["charges"] == 3 and body["total"] == "5.000000"
     assert sorted((line["usage_kind"], line["amount"], line["charges"]) for line in body["lines"]) == [
-        ("gpu", USD, 1), ("gpu", 3 * USD, 2), ("storage", USD, 2),
+        ("gpu", "1.000000", 1), ("gpu", "3.000000", 2), ("storage", "1.000000", 2),
     ]  # fmt: skip
 
 
@@ -501,13 +500,15 @@ def test_ledger_csv_and_api_show_the_gpu_and_storage_parts(client, owner, team, 
         by_kind.setdefault((row["kind"], row["usage_kind"]), []).append(row)
     gpu_only = by_kind[("capture", "gpu")][0]
     assert (gpu_only["amount"], gpu_only["gpu_amount"], gpu_only["storage_amount"]) == (
-        -USD, USD, 0,
+        "-1.000000", "1.000000", "0.000000",
     )  # fmt: skip
     combined = sorted(
         (row["amount"], row["gpu_amount"], row["storage_amount"])
         for row in by_kind[("capture", "gpu+storage")]
     )
-    assert combined == [(-2_500_000, 2 * USD, 500_000), (-1_500_000, USD, 500_000)]
+    assert combined == [
+        ("-1.500000", "1.000000", "0.500000"), ("-2.500000", "2.000000", "0.500000"),
+    ]  # fmt: skip
     hold = by_kind[("hold", "")][0]
     assert hold["gpu_amount"] is None and hold["storage_amount"] is None
 
@@ -552,8 +553,13 @@ def test_earnings_count_a_charge_whose_fee_took_all_of_it(client, team, owner):
     body = key_client(provider).get("/api/v1/billing/earnings/").json()
     rows = {row["machine_reference"]: row for row in body["by_machine"]}
     for machine in ("machine:7", "machine:8"):
-        assert rows[machine] == {"machine_reference": machine, "gross": 5, "fee": 1, "net": 4}
-    assert [(day["gross"], day["fee"], day["net"]) for day in body["by_day"]] == [(10, 2, 8)]
+        assert rows[machine] == {
+            "machine_reference": machine, "gross": "0.000005", "fee": "0.000001",
+            "net": "0.000004",
+        }  # fmt: skip
+    assert [(day["gross"], day["fee"], day["net"]) for day in body["by_day"]] == [
+        ("0.000010", "0.000002", "0.000008")
+    ]
     host = provider.memberships.get().user
     html = client_for(client, host, provider).get("/earnings/").content.decode()
     assert "$0.00001" in html and "$0.000002" in html and "$0.000008" in html

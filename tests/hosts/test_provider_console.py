@@ -130,8 +130,8 @@ def test_provider_api_flow_with_a_key(team, owner, sim_host_factory):
     terms = api.put(
         f"/api/v1/machines/{machine_id}/terms/",
         {
-            "price_per_gpu_hour": 600_000,
-            "storage_price_per_gb_month": 50_000,
+            "price_per_gpu_hour": "0.60",  # dollars, as every money field of the API
+            "storage_price_per_gb_month": "0.05",
             "min_gpus": 1,
             "location": "US",
         },

@@ -8,6 +8,7 @@ import html
 import re
 import subprocess
 from datetime import timedelta
+from decimal import Decimal
 
 import pytest
 from django.utils import timezone
@@ -120,7 +121,7 @@ def test_extend_moves_the_end_and_holds_exactly_the_quote(console, instance, mac
     quote = console.get(
         f"/api/v1/offers/{machine.pk}/quote/?num_gpus=1&disk_gb=10&duration_hours=2"
     ).json()
-    quoted = round(quote["total"] * MICRO_PER_DOLLAR)
+    quoted = int(Decimal(quote["total"]) * MICRO_PER_DOLLAR)  # the API answers dollar strings
     assert quoted > 0
 
     response = submit(console, instance, "extend", {"hours": "2"})

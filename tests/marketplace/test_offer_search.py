@@ -202,7 +202,9 @@ def test_bad_queries_answer_400_with_the_position_token_and_reason(api, market, 
         ({"q": "duration in [1]"}, "q", "at position 0"),
         ([{"num_gpus": 2}], "filters", "The filter body is a JSON object"),
         ({"limit": 0}, "limit", "Between 1 and 256"),
-        ({"offset": "x"}, "limit", "whole numbers"),
+        ({"offset": "x"}, "offset", "A valid integer is required"),
+        ({"offset": 10**9}, "offset", "at most 10000 offers deep"),
+        ({"limit": "NaN"}, "limit", "A valid integer is required"),
     ],
 )
 def test_bad_json_filter_bodies_answer_400_naming_the_field(api, market, body, field, says):

@@ -24,6 +24,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
+from decimal import Decimal
 
 import pypdf
 import pytest
@@ -273,15 +274,20 @@ def check_me(c: Checker) -> None:
 def check_balance(c: Checker) -> None:
     # The two teams were granted and charged different amounts, so their figures differ.
     acme = c.session(c.owner_user, c.acme.team).get("/api/v1/billing/balance/").json()
-    assert acme["available"] == team_balance(c.acme.team.pk).available
+    assert acme["available"] == dollar_string(team_balance(c.acme.team.pk).available)
     for client in c.outsider_api_clients():
         theirs = client.get("/api/v1/billing/balance/").json()
-        assert theirs["available"] == team_balance(c.theirs.team.pk).available
+        assert theirs["available"] == dollar_string(team_balance(c.theirs.team.pk).available)
         assert theirs["available"] != acme["available"]
 
 
-def invoice_totals(w: World) -> list[int]:
-    return [total for _, total in invoice_months(Entry.objects.filter(team=w.team))]
+def dollar_string(micro: int) -> str:
+    """Micro-dollars as the API writes money: dollars, a decimal string with 6 places."""
+    return f"{Decimal(micro) / 1_000_000:.6f}"
+
+
+def invoice_totals(w: World) -> list[str]:
+    return [dollar_string(total) for _, total in invoice_months(Entry.objects.filter(team=w.team))]
 
 
 MATRIX: dict[str, list[Check]] = {
@@ -414,7 +420,7 @@ MATRIX: dict[str, list[Check]] = {
         Obj(
             api_mach("terms/"),
             "put",
-            {"price_per_gpu_hour": 9_000_000, "storage_price_per_gb_month": 1},
+            {"price_per_gpu_hour": "9.00", "storage_price_per_gb_month": "0.000001"},
         )
     ],  # fmt: skip
     "api-machine-listing": [Obj(api_mach("listing/"), "put", {"listed": False})],
