@@ -20,7 +20,6 @@ from rest_framework.routers import SimpleRouter
 from billing import selectors, services
 from billing.errors import InvalidAmount
 from billing.models import Account, ChargeUsage, Entry, Hold, TopUp, TransferKind
-from billing.money import parse_usd
 from marketplace.api.base import TeamScopedViewSet
 from marketplace.api.fields import DOLLARS_SCHEMA, DollarsField, dollars
 
@@ -156,13 +155,12 @@ class TopUpSerializer(serializers.ModelSerializer):
 
 
 class TopUpCreateSerializer(serializers.Serializer):
-    amount_usd = serializers.CharField(help_text='Dollars and cents, e.g. "25.00".')
+    amount_usd = DollarsField(max_decimals=2, help_text='Dollars and cents, e.g. "25.00".')
     success_url = serializers.URLField()
     cancel_url = serializers.URLField()
 
-    def validate_amount_usd(self, value: str) -> int:
+    def validate_amount_usd(self, amount: int) -> int:
         try:
-            amount = parse_usd(value, field="amount_usd", max_decimals=2)
             services.topup_validate_amount(amount)
         except InvalidAmount as error:
             raise serializers.ValidationError(str(error)) from error

@@ -75,6 +75,10 @@ class DollarsField(serializers.Field):
     exponents, NaN, more than 6 decimals and over a billion dollars answer 400 naming the
     field."""
 
+    def __init__(self, *, max_decimals: int = 6, **kwargs):
+        self.max_decimals = max_decimals
+        super().__init__(**kwargs)
+
     def to_representation(self, value: int) -> str:
         return micro_to_decimal_str(value)
 
@@ -86,6 +90,8 @@ class DollarsField(serializers.Field):
                 raise serializers.ValidationError("Enter a finite amount in dollars.")
             data = repr(data)  # 1.45 → "1.45"; 1e-07 stays an exponent and is refused
         try:
-            return parse_usd(str(data), field=self.field_name or "amount")
+            return parse_usd(
+                str(data), field=self.field_name or "amount", max_decimals=self.max_decimals
+            )
         except InvalidAmount as error:
             raise serializers.ValidationError(str(error)) from None

@@ -72,6 +72,10 @@ class MemberViewSet(
     http_method_names = ["get", "patch", "delete"]
 
     def perform_update(self, serializer):
+        # A PATCH is partial, so the serializer lets a body without "role" through; a member's
+        # role is the one thing there is to change.
+        if "role" not in serializer.validated_data:
+            raise serializers.ValidationError({"role": "Give the member's new role."})
         role = Role(serializer.validated_data["role"])
         services.membership_set_role(actor=self.membership, target=serializer.instance, role=role)
 

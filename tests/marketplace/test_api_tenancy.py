@@ -482,3 +482,16 @@ def test_unknown_api_urls_answer_the_json_404(url, owner):
     response = client.get(url)
     assert response.status_code == 404
     assert response.json()["error"]["code"] == "not_found"
+
+
+def test_a_role_change_without_a_role_answers_400_naming_it(client, team, owner, teammate):
+    """Found by the schema fuzzer: a PATCH is partial, and an empty one was a 500."""
+    member = Membership.objects.get(team=team, user=teammate)
+    client_for(client, owner, team)
+    response = client.patch(
+        f"/api/v1/team/members/{member.pk}/", {}, content_type="application/json"
+    )
+    assert response.status_code == 400
+    assert response.json()["error"]["fields"] == {"role": ["Give the member's new role."]}
+    member.refresh_from_db()
+    assert member.role == Role.MEMBER
