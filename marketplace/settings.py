@@ -49,6 +49,9 @@ if not SECRET_KEY:
     if not DEBUG:
         raise ImproperlyConfigured("SECRET_KEY must be set when DEBUG is off.")
     SECRET_KEY = development_secret_key()
+# Retired keys, newest first, while a rotation settles: sessions, signed values and the
+# registry passwords sealed under them stay readable (comma-separated in the environment).
+SECRET_KEY_FALLBACKS = env_list("SECRET_KEY_FALLBACKS")
 
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]" if DEBUG else "")
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS")

@@ -49,3 +49,23 @@ def test_development_generates_and_keeps_a_secret_key(tmp_path):
     assert len(first) >= 50
     assert run_manage("check", env=env).returncode == 0
     assert (tmp_path / "secret_key").read_text() == first
+
+
+def test_a_rotated_secret_key_still_opens_registry_passwords_sealed_under_the_old_one():
+    """An operator rotates through the environment: SECRET_KEY is the new key and
+    SECRET_KEY_FALLBACKS lists the old one, so a password sealed before still opens."""
+    old, new = "old-" + "a" * 50, "new-" + "b" * 50
+    code = "from marketplace.secrets_box import seal; print(seal('robot-pass'))"
+    sealed = run_manage("shell", "--no-imports", "-c", code, env={"DEBUG": "1", "SECRET_KEY": old})
+    assert sealed.returncode == 0, sealed.stderr
+    token = sealed.stdout.strip()
+    opened = f"from marketplace.secrets_box import unseal; print(unseal({token!r}))"
+    rotated = {"DEBUG": "1", "SECRET_KEY": new, "SECRET_KEY_FALLBACKS": f"{old}, "}
+    assert (
+        run_manage("shell", "--no-imports", "-c", opened, env=rotated).stdout.strip()
+        == "robot-pass"
+    )
+    forgotten = run_manage(
+        "shell", "--no-imports", "-c", opened, env={"DEBUG": "1", "SECRET_KEY": new}
+    )
+    assert forgotten.stdout.strip() == "None"
