@@ -19,7 +19,7 @@ each owes from its clocks, and captures the difference from each hold — severa
    contract owes a little more: the steady state of a running marketplace, on a ledger that
    grows by a sweep each time.
 
-It also times ``billing.services.holds_settle_usage`` alone (the ledger part), checks the
+It also times ``billing.metering.holds_settle_usage`` alone (the ledger part), checks the
 ledger, prints each figure (wall time, and the CPU seconds of Python and of the database
 backend), the spread of the capturing sweeps and the worst one's ratio to the budget, and
 drops the database. ``BENCH_CONTRACTS`` changes the size; ``BENCH_PROFILE=1`` prints a
@@ -226,7 +226,7 @@ def main() -> None:
     with scratch_database():
         from django.utils import timezone
 
-        from billing.services import SETTLE_BATCH_SIZE, HoldUsage, holds_settle_usage
+        from billing.metering import SETTLE_BATCH_SIZE, HoldUsage, holds_settle_usage
         from billing.signals import balance_changed
         from marketplace.models import Contract
         from marketplace.services.rentals import contract_owed, contracts_resync

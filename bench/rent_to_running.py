@@ -34,7 +34,7 @@ def main() -> None:
     with scratch_database(), simulated_machine(gpus=4) as machine:
         from django.test import Client
 
-        from billing.services import credit_grant
+        from billing.credits import credit_grant
         from hosts import ssh
         from marketplace.models import Membership, Role, Team, User
         from marketplace.services.tenancy import api_key_create

@@ -23,7 +23,7 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.html import format_html
 
-from billing import services
+from billing import credits
 from billing.errors import BillingError, IdempotencyConflict, InsufficientEarnings
 from billing.models import (
     Account,
@@ -197,7 +197,7 @@ class CreditGrantAdmin(admin.ModelAdmin):
 
     def save_model(self, request, obj, form, change):
         data = form.cleaned_data
-        transfer = services.credit_grant(
+        transfer = credits.credit_grant(
             team_id=data["team"].pk,
             amount=data["amount_usd"],
             reason=data["reason"],
@@ -290,7 +290,7 @@ class PayoutAdmin(admin.ModelAdmin):
         data = form.cleaned_data
         account = data["account"]
         try:
-            transfer = services.payout_record(
+            transfer = credits.payout_record(
                 provider_team_id=account.team_id,
                 amount=data["amount_usd"],
                 idempotency_key=data["idempotency_key"],

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from billing.credits import credit_grant
 from billing.money import MICRO_PER_DOLLAR, format_usd
-from billing.services import credit_grant
 
 DEMO_CREDIT = 500 * MICRO_PER_DOLLAR
 

@@ -6,6 +6,8 @@ Each carries ``http_status`` and ``error_code`` so the API renders it in the one
 
 from __future__ import annotations
 
+from billing.usd import format_usd
+
 
 class BillingError(Exception):
     http_status = 400
@@ -30,8 +32,6 @@ class InsufficientCredit(BillingError):
     error_code = "insufficient_credit"
 
     def __init__(self, *, needed: int, available: int):
-        from billing.money import format_usd
-
         super().__init__(
             f"Not enough credit: this needs {format_usd(needed)} and "
             f"{format_usd(available)} is available. Top up to continue."

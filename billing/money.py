@@ -1,7 +1,8 @@
 """Money is integer micro-dollars (1 USD = 1_000_000), never float.
 
 Charges are computed from cumulative usage and rounded once (half up), so rounding never
-accumulates across captures.
+accumulates across captures. The units and formats live in ``billing.usd`` (which
+``billing.errors`` needs too); this module is still the one door callers import them from.
 """
 
 from __future__ import annotations
@@ -10,9 +11,21 @@ import re
 from fractions import Fraction
 
 from billing.errors import InvalidAmount
+from billing.usd import MICRO_PER_CENT, MICRO_PER_DOLLAR, format_usd, micro_to_decimal_str
 
-MICRO_PER_DOLLAR = 1_000_000
-MICRO_PER_CENT = 10_000
+__all__ = [
+    "MICRO_PER_CENT",
+    "MICRO_PER_DOLLAR",
+    "PARSE_MAX_MICRO",
+    "SECONDS_PER_HOUR",
+    "format_usd",
+    "micro_to_decimal_str",
+    "parse_usd",
+    "percent_of",
+    "round_half_up",
+    "usage_owed",
+]
+
 SECONDS_PER_HOUR = 3600
 # The most a single amount typed into a form may be: a guard against typos and overflow
 # (BigIntegerField holds 9.2e18 micro-dollars; this is 1e15).
@@ -40,22 +53,6 @@ def percent_of(amount: int, percent: Fraction) -> int:
     """``amount × percent / 100`` rounded half up, in integers only (amount ≥ 0)."""
     numerator, denominator = percent.numerator, percent.denominator * 100
     return (2 * amount * numerator + denominator) // (2 * denominator)
-
-
-def format_usd(micro: int) -> str:
-    """``$1,234.50``; sub-cent amounts keep their digits (``$0.000125``) so nothing looks free."""
-    sign = "-" if micro < 0 else ""
-    whole, frac = divmod(abs(int(micro)), MICRO_PER_DOLLAR)
-    digits = f"{frac:06d}".rstrip("0")
-    digits = digits.ljust(2, "0")
-    return f"{sign}${whole:,}.{digits}"
-
-
-def micro_to_decimal_str(micro: int) -> str:
-    """``12.5`` → ``"12.500000"``: the exact amount as a decimal string (CSV, API)."""
-    sign = "-" if micro < 0 else ""
-    whole, frac = divmod(abs(int(micro)), MICRO_PER_DOLLAR)
-    return f"{sign}{whole}.{frac:06d}"
 
 
 def parse_usd(text: str, *, field: str = "amount", max_decimals: int = 6) -> int:

@@ -292,7 +292,7 @@ def _earnings(entries: QuerySet[Entry], since: date | None) -> QuerySet[Entry]:
 def _earnings_rows(query, key: str) -> list[EarningsRow]:
     """Gross and fee come from each charge's transfer, counted on its one credit to the
     provider's earnings: a charge whose fee took all of it credits the gross and debits the
-    fee (see ``services._capture_legs``), and must count once."""
+    fee (see ``holds.capture_legs``), and must count once."""
     credit = Q(amount__gt=0)
     rows = query.values(key).annotate(
         gross=Coalesce(Sum("transfer__amount", filter=credit), 0),

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from billing import services
+from billing import topups
 
 
 @shared_task(name="billing.tasks.topups_expire")
 def topups_expire() -> int:
     """Top-ups whose Checkout Session can no longer be paid are marked expired."""
-    return services.topups_expire_stale()
+    return topups.topups_expire_stale()

@@ -12,7 +12,7 @@ from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
-from billing import services, stripe_gateway
+from billing import stripe_gateway, topups
 from billing.models import StripeEventStatus
 
 logger = logging.getLogger(__name__)
@@ -30,7 +30,7 @@ def stripe_webhook(request: HttpRequest) -> JsonResponse:
     except (ValueError, stripe.SignatureVerificationError) as error:
         logger.warning("Refused a Stripe webhook: %s", error)
         return JsonResponse({"error": f"Invalid webhook: {error}"}, status=400)
-    result = services.stripe_event_process(payload=event)
+    result = topups.stripe_event_process(payload=event)
     status = result.event.status
     body = {"received": True, "status": status, "duplicate": result.duplicate}
     # A failed handler answers 500 so Stripe delivers the event again later.

@@ -24,7 +24,7 @@ mkdir -p var/staticfiles  # whitenoise serves through finders in tests; it wants
 status=0
 .venv/bin/pytest -n "${PYTEST_WORKERS:-3}" --dist loadfile "$@" || status=$?
 
-# The ledger again on SQLite, `make run`'s database: billing/services.py writes differently
+# The ledger again on SQLite, `make run`'s database: billing/pg_bulk.py writes differently
 # there (no arrays, no COPY-style bulk statements), and only this job runs those branches. Run
 # with the whole suite only: ARGS choose tests, and these are not the ones chosen. Each xdist
 # worker makes its own file database (tests/billing/conftest.py); pytest-randomly shuffles

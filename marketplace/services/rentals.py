@@ -25,7 +25,7 @@ from django.db.models import Count, Exists, OuterRef, Q
 from django.utils import timezone
 from psycopg.types.datetime import TimestamptzLoader
 
-from billing import services as billing
+from billing import holds, metering
 from billing.money import MICRO_PER_DOLLAR, usage_owed
 from hosts.models import Machine, MachineStatus, in_service
 from hosts.runtime import CommandResult, DockerHost, InvalidContainerSpec, check_registry
@@ -241,7 +241,7 @@ def rental_create(*, team: Team, request: RentalRequest) -> Contract:
             disk_gb=request.disk_gb,
             hours=request.hours,
         )
-        hold = billing.hold_create(
+        hold = holds.hold_create(
             team_id=team.pk,
             provider_team_id=machine.team_id,
             amount=quote.total,
@@ -418,7 +418,7 @@ def rental_extend(*, contract: Contract, hours: float) -> Contract:
                 }
             )
         quote = extension_quote(contract, round(hours * 3600))
-        billing.hold_extend(
+        holds.hold_extend(
             hold_id=contract.hold_id,
             amount=quote.total,
             idempotency_key=f"rental:{contract.instance.uuid}:extend:{new_end.isoformat()}",
@@ -452,8 +452,8 @@ def contract_meter(*, contract: Contract, now: datetime | None = None) -> int:
     if contract.settled_at is not None:
         return 0
     owed = contract_owed(contract, now or timezone.now())
-    captured = billing.hold_capture_usage(hold_id=contract.hold_id, kind="gpu", owed_total=owed.gpu)
-    captured += billing.hold_capture_usage(
+    captured = holds.hold_capture_usage(hold_id=contract.hold_id, kind="gpu", owed_total=owed.gpu)
+    captured += holds.hold_capture_usage(
         hold_id=contract.hold_id, kind="storage", owed_total=owed.storage
     )
     return captured
@@ -515,13 +515,13 @@ def metering_sweep(*, batch_size: int = 5000, now: datetime | None = None) -> in
     now = now or timezone.now()
     total = 0
     last_pk = 0
-    with billing.cyclic_gc_paused():
+    with metering.cyclic_gc_paused():
         while batch := _open_contracts_after(last_pk, batch_size):
             usage = []
             for contract in batch:
                 owed = contract_owed(contract, now)
-                usage.append(billing.HoldUsage(contract.hold_id, owed.gpu, owed.storage))
-            total += billing.holds_settle_usage(usage)
+                usage.append(metering.HoldUsage(contract.hold_id, owed.gpu, owed.storage))
+            total += metering.holds_settle_usage(usage)
             last_pk = batch[-1].pk
     return total
 
@@ -601,7 +601,7 @@ def contract_follow_instance(*, instance_id: int) -> Contract | None:
         # The hold and its accounts are locked before the clock is read: a metering sweep
         # that is capturing this hold finishes first, so it never counts time past ``now``,
         # and capture-then-release takes no lock while holding another (see billing).
-        billing.hold_lock_with_accounts(hold_id=contract.hold_id)
+        holds.hold_lock_with_accounts(hold_id=contract.hold_id)
         now = timezone.now()
         state, state_since = Instance.objects.values_list("state", "state_changed_at").get(
             pk=instance_id
@@ -611,7 +611,7 @@ def contract_follow_instance(*, instance_id: int) -> Contract | None:
         contract.save()
         contract_meter(contract=contract, now=now)
         if state in ENDED_STATES:
-            billing.hold_release(hold_id=contract.hold_id)
+            holds.hold_release(hold_id=contract.hold_id)
             contract.settled_at = now
             if state in GRACE_STATES:
                 contract.data_delete_after = now + data_grace()

@@ -42,7 +42,8 @@ def rent(renter_team, provider_team):
 
     from django.utils import timezone
 
-    from billing import services
+    from billing.credits import credit_grant
+    from billing.holds import hold_create
     from hosts.models import Machine
     from marketplace.models import Contract
     from scheduler.models import Instance
@@ -61,10 +62,10 @@ def rent(renter_team, provider_team):
             team=renter_team, machine=machine, gpu_count=gpus, image="busybox", disk_gb=disk,
             state=state,
         )  # fmt: skip
-        services.credit_grant(
+        credit_grant(
             team_id=renter_team.pk, amount=hold, reason="t", idempotency_key=f"i{instance.pk}"
         )
-        held = services.hold_create(
+        held = hold_create(
             team_id=renter_team.pk, provider_team_id=provider_team.pk, amount=hold,
             reference=f"rental:{instance.pk}", idempotency_key=f"hold-{instance.pk}",
             machine_reference=f"machine:{machine.pk}",

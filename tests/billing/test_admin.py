@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from django.contrib.admin.models import LogEntry
 
-from billing import services
+from billing.credits import credit_grant
+from billing.holds import hold_capture_usage, hold_create
 from billing.models import Account, AccountKind, Transfer
 from billing.selectors import team_earnings_balance
 from tests.billing.ledger_checks import assert_ledger_consistent, ledger_counts
@@ -21,12 +22,12 @@ PAYOUT_ADD = "/admin/billing/payout/add/"
 @pytest.fixture
 def earned(renter_team, provider_team):
     """The provider earned $9.00: a $10.00 charge less the 10% platform fee."""
-    services.credit_grant(team_id=renter_team.pk, amount=50 * USD, reason="t", idempotency_key="e")
-    hold = services.hold_create(
+    credit_grant(team_id=renter_team.pk, amount=50 * USD, reason="t", idempotency_key="e")
+    hold = hold_create(
         team_id=renter_team.pk, provider_team_id=provider_team.pk, amount=20 * USD,
         reference="rental:1", idempotency_key="earned-hold", machine_reference="machine:1",
     )  # fmt: skip
-    services.hold_capture_usage(hold_id=hold.pk, kind="gpu", owed_total=10 * USD)
+    hold_capture_usage(hold_id=hold.pk, kind="gpu", owed_total=10 * USD)
     assert team_earnings_balance(provider_team.pk) == 9 * USD
     return Account.objects.get(team=provider_team, kind=AccountKind.EARNINGS)
 
@@ -190,7 +191,7 @@ def test_a_grant_form_resubmitted_with_another_amount_is_refused_on_the_form(
 def test_an_operator_who_granted_credit_stays_on_record(client, operator, renter_team):
     from django.db.models import ProtectedError
 
-    services.credit_grant(team_id=renter_team.pk, amount=5 * USD, reason="Goodwill",
+    credit_grant(team_id=renter_team.pk, amount=5 * USD, reason="Goodwill",
                           idempotency_key="kept", created_by_id=operator.pk)  # fmt: skip
     with pytest.raises(ProtectedError):
         operator.delete()  # deactivate the account instead

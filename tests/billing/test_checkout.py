@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from billing import services
 from billing.errors import InvalidAmount, PaymentProviderError, PaymentsUnavailable
 from billing.models import TopUp
+from billing.topups import topup_checkout_create, topup_checkout_start
 from tests.billing.stripe_fakes import FakeStripeApi
 
 pytestmark = pytest.mark.django_db
@@ -15,7 +15,7 @@ USD = 1_000_000
 
 
 def start(team, amount=25 * USD):
-    return services.topup_checkout_start(
+    return topup_checkout_start(
         team_id=team.id,
         amount=amount,
         success_url="https://app.example/billing/topup/return/?session_id={CHECKOUT_SESSION_ID}",
@@ -49,7 +49,7 @@ def test_checkout_session_request_carries_amount_currency_metadata_and_key(
 
 
 def test_checkout_create_returns_the_session_url(fake_stripe, renter_team):
-    url = services.topup_checkout_create(
+    url = topup_checkout_create(
         team_id=renter_team.id, amount=10 * USD, success_url="https://a/s", cancel_url="https://a/c"
     )
     assert url == "https://checkout.stripe.com/c/pay/cs_test_local_1"

@@ -7,8 +7,10 @@ import threading
 import pytest
 from django.db import connection
 
-from billing import services
+from billing.credits import credit_grant
 from billing.errors import InsufficientCredit
+from billing.holds import hold_capture_usage, hold_create, hold_release
+from billing.metering import HoldUsage, holds_settle_usage
 from billing.models import Hold, Transfer
 from billing.selectors import team_balance
 from tests.billing.ledger_checks import assert_ledger_consistent
@@ -43,10 +45,10 @@ def race(functions):
 @pytest.mark.django_db(transaction=True)
 def test_two_holds_racing_for_credit_that_covers_one():
     renter, provider = TeamFactory(), TeamFactory()
-    services.credit_grant(team_id=renter.id, amount=10 * USD, reason="t", idempotency_key="race")
+    credit_grant(team_id=renter.id, amount=10 * USD, reason="t", idempotency_key="race")
 
     def hold(n):
-        return lambda: services.hold_create(
+        return lambda: hold_create(
             team_id=renter.id,
             provider_team_id=provider.id,
             amount=6 * USD,
@@ -65,10 +67,10 @@ def test_two_holds_racing_for_credit_that_covers_one():
 @pytest.mark.django_db(transaction=True)
 def test_many_holds_racing_never_overdraw():
     renter, provider = TeamFactory(), TeamFactory()
-    services.credit_grant(team_id=renter.id, amount=5 * USD, reason="t", idempotency_key="race")
+    credit_grant(team_id=renter.id, amount=5 * USD, reason="t", idempotency_key="race")
     results = race(
         [
-            (lambda n=n: services.hold_create(
+            (lambda n=n: hold_create(
                 team_id=renter.id, provider_team_id=provider.id, amount=USD,
                 reference=f"contract:{n}", idempotency_key=f"many-{n}",
             ))
@@ -83,10 +85,10 @@ def test_many_holds_racing_never_overdraw():
 @pytest.mark.django_db(transaction=True)
 def test_the_same_hold_requested_twice_at_once_is_made_once():
     renter, provider = TeamFactory(), TeamFactory()
-    services.credit_grant(team_id=renter.id, amount=10 * USD, reason="t", idempotency_key="twin")
+    credit_grant(team_id=renter.id, amount=10 * USD, reason="t", idempotency_key="twin")
 
     def twin():
-        return services.hold_create(
+        return hold_create(
             team_id=renter.id, provider_team_id=provider.id, amount=3 * USD,
             reference="contract:1", idempotency_key="same-key",
         )  # fmt: skip
@@ -101,16 +103,16 @@ def test_the_same_hold_requested_twice_at_once_is_made_once():
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_captures_and_release_of_one_hold_stay_within_it():
     renter, provider = TeamFactory(), TeamFactory()
-    services.credit_grant(team_id=renter.id, amount=10 * USD, reason="t", idempotency_key="cap")
-    hold = services.hold_create(
+    credit_grant(team_id=renter.id, amount=10 * USD, reason="t", idempotency_key="cap")
+    hold = hold_create(
         team_id=renter.id, provider_team_id=provider.id, amount=4 * USD,
         reference="contract:1", idempotency_key="cap-hold",
     )  # fmt: skip
     results = race(
-        [lambda: services.hold_capture_usage(hold_id=hold.pk, kind="gpu", owed_total=3 * USD)] * 3
-        + [lambda: services.holds_settle_usage([services.HoldUsage(hold.pk, 3 * USD, 0)])] * 2
+        [lambda: hold_capture_usage(hold_id=hold.pk, kind="gpu", owed_total=3 * USD)] * 3
+        + [lambda: holds_settle_usage([HoldUsage(hold.pk, 3 * USD, 0)])] * 2
     )
     assert sorted(results) == [0, 0, 0, 0, 3 * USD]
-    assert services.hold_release(hold_id=hold.pk) == USD
+    assert hold_release(hold_id=hold.pk) == USD
     assert Transfer.objects.filter(hold=hold, kind="capture").count() == 1
     assert_ledger_consistent()

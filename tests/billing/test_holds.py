@@ -6,7 +6,8 @@ import pytest
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
-from billing import services
+from billing import metering
+from billing.credits import credit_grant, payout_record
 from billing.errors import (
     HoldCaptured,
     HoldClosed,
@@ -15,9 +16,10 @@ from billing.errors import (
     InsufficientEarnings,
     InvalidAmount,
 )
+from billing.holds import hold_capture_usage, hold_create, hold_extend, hold_release, hold_void
+from billing.metering import HoldUsage, holds_settle_usage
 from billing.models import Account, AccountKind, Entry, Hold, HoldStatus, Transfer, TransferKind
 from billing.selectors import team_balance, team_earnings_balance, team_low_balance
-from billing.services import HoldUsage
 from tests.billing.databases import LEDGER_TRIGGERS
 from tests.billing.ledger_checks import assert_ledger_consistent, ledger_counts
 
@@ -27,11 +29,11 @@ USD = 1_000_000
 
 
 def grant(team, amount, key="g1"):
-    return services.credit_grant(team_id=team.id, amount=amount, reason="test", idempotency_key=key)
+    return credit_grant(team_id=team.id, amount=amount, reason="test", idempotency_key=key)
 
 
 def make_hold(renter, provider, amount, key="h1", reference="contract:1", **extra):
-    return services.hold_create(
+    return hold_create(
         team_id=renter.id,
         provider_team_id=provider.id,
         amount=amount,
@@ -103,12 +105,10 @@ def test_capture_usage_captures_only_the_difference(renter_team, provider_team, 
     settings.PLATFORM_FEE_PERCENT = "10"
     grant(renter_team, 10 * USD)
     hold = make_hold(renter_team, provider_team, 5 * USD)
-    assert services.hold_capture_usage(hold_id=hold.pk, kind="gpu", owed_total=USD) == USD
-    assert services.hold_capture_usage(hold_id=hold.pk, kind="gpu", owed_total=USD) == 0
-    assert services.hold_capture_usage(hold_id=hold.pk, kind="gpu", owed_total=1_500_000) == 500_000
-    assert (
-        services.hold_capture_usage(hold_id=hold.pk, kind="storage", owed_total=200_000) == 200_000
-    )
+    assert hold_capture_usage(hold_id=hold.pk, kind="gpu", owed_total=USD) == USD
+    assert hold_capture_usage(hold_id=hold.pk, kind="gpu", owed_total=USD) == 0
+    assert hold_capture_usage(hold_id=hold.pk, kind="gpu", owed_total=1_500_000) == 500_000
+    assert hold_capture_usage(hold_id=hold.pk, kind="storage", owed_total=200_000) == 200_000
     hold.refresh_from_db()
     assert (hold.captured_gpu, hold.captured_storage) == (1_500_000, 200_000)
     assert team_balance(renter_team.id) == (5 * USD, 5 * USD - 1_700_000)
@@ -124,7 +124,7 @@ def test_platform_fee_rounding_does_not_accumulate(renter_team, provider_team, s
     grant(renter_team, 10 * USD)
     hold = make_hold(renter_team, provider_team, 5 * USD)
     for owed in range(3, 3 * 400, 3):  # 399 captures of 3 micro-dollars
-        services.hold_capture_usage(hold_id=hold.pk, kind="gpu", owed_total=owed)
+        hold_capture_usage(hold_id=hold.pk, kind="gpu", owed_total=owed)
     hold.refresh_from_db()
     assert revenue() == round(hold.captured * 0.125)
     assert_ledger_consistent()
@@ -133,25 +133,25 @@ def test_platform_fee_rounding_does_not_accumulate(renter_team, provider_team, s
 def test_capture_is_capped_at_what_the_hold_holds(renter_team, provider_team):
     grant(renter_team, 10 * USD)
     hold = make_hold(renter_team, provider_team, 2 * USD)
-    assert services.hold_capture_usage(hold_id=hold.pk, kind="gpu", owed_total=3 * USD) == 2 * USD
-    assert services.hold_capture_usage(hold_id=hold.pk, kind="storage", owed_total=USD) == 0
+    assert hold_capture_usage(hold_id=hold.pk, kind="gpu", owed_total=3 * USD) == 2 * USD
+    assert hold_capture_usage(hold_id=hold.pk, kind="storage", owed_total=USD) == 0
     # An extension lets the rest of what is owed through.
-    services.hold_extend(hold_id=hold.pk, amount=2 * USD, idempotency_key="ext-1")
-    assert services.hold_capture_usage(hold_id=hold.pk, kind="gpu", owed_total=3 * USD) == USD
+    hold_extend(hold_id=hold.pk, amount=2 * USD, idempotency_key="ext-1")
+    assert hold_capture_usage(hold_id=hold.pk, kind="gpu", owed_total=3 * USD) == USD
     assert_ledger_consistent()
 
 
 def test_extend_is_idempotent_and_refuses_when_short(renter_team, provider_team):
     grant(renter_team, 5 * USD)
     hold = make_hold(renter_team, provider_team, 2 * USD)
-    services.hold_extend(hold_id=hold.pk, amount=USD, idempotency_key="ext-1")
-    services.hold_extend(hold_id=hold.pk, amount=USD, idempotency_key="ext-1")
+    hold_extend(hold_id=hold.pk, amount=USD, idempotency_key="ext-1")
+    hold_extend(hold_id=hold.pk, amount=USD, idempotency_key="ext-1")
     hold.refresh_from_db()
     assert hold.amount == 3 * USD
     assert team_balance(renter_team.id) == (2 * USD, 3 * USD)
     before = ledger_counts()
     with pytest.raises(InsufficientCredit):
-        services.hold_extend(hold_id=hold.pk, amount=3 * USD, idempotency_key="ext-2")
+        hold_extend(hold_id=hold.pk, amount=3 * USD, idempotency_key="ext-2")
     assert ledger_counts() == before
     hold.refresh_from_db()
     assert hold.amount == 3 * USD
@@ -160,11 +160,11 @@ def test_extend_is_idempotent_and_refuses_when_short(renter_team, provider_team)
 def test_release_returns_the_rest_once(renter_team, provider_team):
     grant(renter_team, 10 * USD)
     hold = make_hold(renter_team, provider_team, 4 * USD)
-    services.hold_capture_usage(hold_id=hold.pk, kind="gpu", owed_total=USD)
-    assert services.hold_release(hold_id=hold.pk) == 3 * USD
+    hold_capture_usage(hold_id=hold.pk, kind="gpu", owed_total=USD)
+    assert hold_release(hold_id=hold.pk) == 3 * USD
     before = ledger_counts()
-    assert services.hold_release(hold_id=hold.pk) == 0
-    assert services.hold_void(hold_id=hold.pk) == 0
+    assert hold_release(hold_id=hold.pk) == 0
+    assert hold_void(hold_id=hold.pk) == 0
     assert ledger_counts() == before
     hold.refresh_from_db()
     assert (hold.status, hold.released, hold.remaining) == (HoldStatus.RELEASED, 3 * USD, 0)
@@ -175,25 +175,25 @@ def test_release_returns_the_rest_once(renter_team, provider_team):
 def test_closed_hold_takes_no_new_captures_or_extensions(renter_team, provider_team):
     grant(renter_team, 10 * USD)
     hold = make_hold(renter_team, provider_team, 4 * USD)
-    services.hold_capture_usage(hold_id=hold.pk, kind="gpu", owed_total=USD)
-    services.hold_release(hold_id=hold.pk)
+    hold_capture_usage(hold_id=hold.pk, kind="gpu", owed_total=USD)
+    hold_release(hold_id=hold.pk)
     before = ledger_counts()
     # A retried final capture with nothing new is harmless.
-    assert services.hold_capture_usage(hold_id=hold.pk, kind="gpu", owed_total=USD) == 0
+    assert hold_capture_usage(hold_id=hold.pk, kind="gpu", owed_total=USD) == 0
     with pytest.raises(HoldClosed) as caught:
-        services.hold_capture_usage(hold_id=hold.pk, kind="gpu", owed_total=2 * USD)
+        hold_capture_usage(hold_id=hold.pk, kind="gpu", owed_total=2 * USD)
     assert caught.value.http_status == 409
     with pytest.raises(HoldClosed):
-        services.hold_extend(hold_id=hold.pk, amount=USD, idempotency_key="late")
+        hold_extend(hold_id=hold.pk, amount=USD, idempotency_key="late")
     assert ledger_counts() == before
 
 
 def test_void_returns_everything_of_an_uncaptured_hold(renter_team, provider_team):
     grant(renter_team, 10 * USD)
     hold = make_hold(renter_team, provider_team, 4 * USD)
-    assert services.hold_void(hold_id=hold.pk) == 4 * USD
-    assert services.hold_void(hold_id=hold.pk) == 0
-    assert services.hold_release(hold_id=hold.pk) == 0
+    assert hold_void(hold_id=hold.pk) == 4 * USD
+    assert hold_void(hold_id=hold.pk) == 0
+    assert hold_release(hold_id=hold.pk) == 0
     assert team_balance(renter_team.id) == (10 * USD, 0)
     hold.refresh_from_db()
     assert hold.status == HoldStatus.VOIDED
@@ -203,10 +203,10 @@ def test_void_returns_everything_of_an_uncaptured_hold(renter_team, provider_tea
 def test_void_of_a_captured_hold_is_refused(renter_team, provider_team):
     grant(renter_team, 10 * USD)
     hold = make_hold(renter_team, provider_team, 4 * USD)
-    services.hold_capture_usage(hold_id=hold.pk, kind="storage", owed_total=1)
+    hold_capture_usage(hold_id=hold.pk, kind="storage", owed_total=1)
     before = ledger_counts()
     with pytest.raises(HoldCaptured):
-        services.hold_void(hold_id=hold.pk)
+        hold_void(hold_id=hold.pk)
     assert ledger_counts() == before
 
 
@@ -214,33 +214,33 @@ def test_capture_rejects_unknown_kind_and_negative_totals(renter_team, provider_
     grant(renter_team, 10 * USD)
     hold = make_hold(renter_team, provider_team, 4 * USD)
     with pytest.raises(InvalidAmount):
-        services.hold_capture_usage(hold_id=hold.pk, kind="bandwidth", owed_total=1)
+        hold_capture_usage(hold_id=hold.pk, kind="bandwidth", owed_total=1)
     with pytest.raises(InvalidAmount):
-        services.hold_capture_usage(hold_id=hold.pk, kind="gpu", owed_total=-1)
+        hold_capture_usage(hold_id=hold.pk, kind="gpu", owed_total=-1)
     before = ledger_counts()
     with pytest.raises(InvalidAmount, match="gpu"):
-        services.holds_settle_usage([HoldUsage(hold.pk, gpu=-5, storage=0)])
+        holds_settle_usage([HoldUsage(hold.pk, gpu=-5, storage=0)])
     with pytest.raises(InvalidAmount, match="storage"):
-        services.holds_settle_usage([HoldUsage(hold.pk, gpu=5, storage=1.5)])
+        holds_settle_usage([HoldUsage(hold.pk, gpu=5, storage=1.5)])
     assert ledger_counts() == before
 
 
 def test_settle_usage_batch_matches_single_captures(renter_team, provider_team, monkeypatch):
-    monkeypatch.setattr(services, "SETTLE_BATCH_SIZE", 3)  # several batches
+    monkeypatch.setattr(metering, "SETTLE_BATCH_SIZE", 3)  # several batches
     grant(renter_team, 100 * USD)
     holds = [
         make_hold(renter_team, provider_team, 5 * USD, key=f"h{i}", reference=f"contract:{i}")
         for i in range(7)
     ]
-    services.hold_release(hold_id=holds[6].pk)
+    hold_release(hold_id=holds[6].pk)
     items = [HoldUsage(h.pk, gpu=1_000_000 + i, storage=0) for i, h in enumerate(holds)]
     items += [HoldUsage(holds[0].pk, gpu=0, storage=10), HoldUsage(holds[1].pk, 6 * USD, 0)]
     items += [HoldUsage(999_999_999, gpu=USD, storage=0)]  # unknown hold: skipped
-    captured = services.holds_settle_usage(items)
+    captured = holds_settle_usage(items)
     # hold 1 is capped at its 5 USD (the larger of its two totals wins); hold 6 is closed;
     # hold 0 is listed twice: its larger GPU total and its storage make one capture.
     assert captured == sum(1_000_000 + i for i in (0, 2, 3, 4, 5)) + 10 + 5 * USD
-    assert services.holds_settle_usage(items) == 0  # a repeated sweep captures nothing
+    assert holds_settle_usage(items) == 0  # a repeated sweep captures nothing
     assert_ledger_consistent()
 
 
@@ -255,18 +255,18 @@ def test_low_balance_selector(renter_team, provider_team):
 def test_payout_moves_earnings_out_and_never_more(renter_team, provider_team):
     grant(renter_team, 10 * USD)
     hold = make_hold(renter_team, provider_team, 4 * USD)
-    services.hold_capture_usage(hold_id=hold.pk, kind="gpu", owed_total=2 * USD)
+    hold_capture_usage(hold_id=hold.pk, kind="gpu", owed_total=2 * USD)
     earned = team_earnings_balance(provider_team.id)
     before = ledger_counts()
     with pytest.raises(InsufficientEarnings):
-        services.payout_record(
+        payout_record(
             provider_team_id=provider_team.id, amount=earned + 1, idempotency_key="p1", note="x"
         )
     assert ledger_counts() == before
-    services.payout_record(
+    payout_record(
         provider_team_id=provider_team.id, amount=earned, idempotency_key="p1", note="bank"
     )
-    services.payout_record(
+    payout_record(
         provider_team_id=provider_team.id, amount=earned, idempotency_key="p1", note="bank"
     )
     assert team_earnings_balance(provider_team.id) == 0

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from billing import services
+from billing.credits import credit_grant
 from billing.errors import InsufficientCredit
 from marketplace.selectors import low_balance_notice, rental_extension_costs
 from tests.conftest import client_for
@@ -20,7 +20,7 @@ GPU_HOUR = 600_000
 
 
 def give(team, amount: int, key: str) -> None:
-    services.credit_grant(team_id=team.pk, amount=amount, reason="t", idempotency_key=key)
+    credit_grant(team_id=team.pk, amount=amount, reason="t", idempotency_key=key)
 
 
 def test_each_rental_is_checked_on_its_own(rent, renter_team):

@@ -7,7 +7,7 @@ from datetime import timedelta
 
 import pytest
 
-from billing import services
+from billing.holds import hold_release
 from billing.models import Hold, Transfer, TransferKind
 from marketplace.services.rentals import contract_meter, metering_sweep
 from tests.billing.ledger_checks import assert_ledger_consistent, ledger_counts
@@ -78,8 +78,8 @@ def test_the_sweep_skips_settled_contracts_and_closed_holds(rent):
     now = rent.now
     settled = rent(storage_clock_since=now - timedelta(hours=1), settled_at=now)
     released = rent(storage_clock_since=now - timedelta(hours=1))
-    services.hold_release(hold_id=released.hold_id)
-    services.hold_release(hold_id=settled.hold_id)
+    hold_release(hold_id=released.hold_id)
+    hold_release(hold_id=settled.hold_id)
     before = ledger_counts()
     assert metering_sweep(now=now) == 0
     assert ledger_counts() == before

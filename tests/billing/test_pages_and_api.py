@@ -13,9 +13,12 @@ import pypdf
 import pytest
 from django.utils import timezone
 
-from billing import services
+from billing.credits import credit_grant
+from billing.holds import hold_capture_usage, hold_create, hold_release
+from billing.metering import holds_settle_usage
 from billing.models import Entry, Hold, TopUp, Transfer
 from billing.selectors import team_balance
+from billing.topups import stripe_event_process
 from marketplace.models import ApiKey
 from tests.billing.ledger_checks import ledger_counts
 from tests.conftest import client_for, key_client
@@ -30,18 +33,18 @@ USD = 1_000_000
 def books(team, owner, teammate):
     """The team rents from a provider (two machines) and is charged GPU time and storage."""
     provider = TeamFactory(name="Host Co")
-    services.credit_grant(team_id=team.id, amount=100 * USD, reason="Welcome", idempotency_key="w")
+    credit_grant(team_id=team.id, amount=100 * USD, reason="Welcome", idempotency_key="w")
     holds = []
     for n, machine in ((1, "machine:7"), (2, "machine:8")):
-        hold = services.hold_create(
+        hold = hold_create(
             team_id=team.id, provider_team_id=provider.id, amount=20 * USD,
             reference=f"contract:{n}", idempotency_key=f"hold-{n}",
             machine_reference=machine, description=f"RTX 4090 x{n}",
         )  # fmt: skip
-        services.hold_capture_usage(hold_id=hold.pk, kind="gpu", owed_total=3 * USD * n)
-        services.hold_capture_usage(hold_id=hold.pk, kind="storage", owed_total=USD // 4)
+        hold_capture_usage(hold_id=hold.pk, kind="gpu", owed_total=3 * USD * n)
+        hold_capture_usage(hold_id=hold.pk, kind="storage", owed_total=USD // 4)
         holds.append(hold)
-    services.hold_release(hold_id=holds[1].pk)
+    hold_release(hold_id=holds[1].pk)
     return {"provider": provider, "holds": holds}
 
 
@@ -78,9 +81,7 @@ def test_ledger_csv_export_respects_filters(client, owner, team, books):
 
 
 def test_csv_cells_cannot_become_spreadsheet_formulas(client, owner, team):
-    services.credit_grant(
-        team_id=team.id, amount=USD, reason='=HYPERLINK("x")', idempotency_key="f"
-    )
+    credit_grant(team_id=team.id, amount=USD, reason='=HYPERLINK("x")', idempotency_key="f")
     body = b"".join(client_for(client, owner, team).get("/billing/ledger.csv").streaming_content)
     assert b"'=HYPERLINK" in body
 
@@ -199,7 +200,7 @@ def test_topup_return_page_waits_then_shows_the_credit(client, owner, team):
     c = client_for(client, owner, team)
     html = c.get("/billing/topup/return/", {"session_id": "cs_ret"}).content.decode()
     assert "waiting for confirmation" in html and 'hx-trigger="every 2s"' in html
-    services.stripe_event_process(
+    stripe_event_process(
         payload={
             "id": "evt_ret", "type": "checkout.session.completed",
             "data": {"object": {
@@ -415,7 +416,7 @@ def test_balance_changes_are_pushed_to_the_team(
     pushed = []
     monkeypatch.setattr(receivers, "publish_team_event", lambda *args: pushed.append(args))
     with django_capture_on_commit_callbacks(execute=True):
-        services.credit_grant(team_id=team.id, amount=7 * USD, reason="x", idempotency_key="push")
+        credit_grant(team_id=team.id, amount=7 * USD, reason="x", idempotency_key="push")
     assert pushed == [(team.id, "balance.changed", {
         "available": 7 * USD, "held": 0, "earnings": 0,
         "available_display": "$7.00", "held_display": "$0.00",
@@ -429,22 +430,22 @@ def test_balance_changes_are_pushed_to_the_team(
 def swept(team, owner):
     """Two sweeps through holds_settle_usage: contract:10 is charged GPU time and storage
     together twice, contract:11 GPU time only."""
-    from billing.services import HoldUsage
+    from billing.metering import HoldUsage
 
     provider = TeamFactory(name="Sweep Host")
-    services.credit_grant(team_id=team.id, amount=100 * USD, reason="w", idempotency_key="sw")
+    credit_grant(team_id=team.id, amount=100 * USD, reason="w", idempotency_key="sw")
     both, gpu_only = (
-        services.hold_create(
+        hold_create(
             team_id=team.id, provider_team_id=provider.id, amount=20 * USD,
             reference=f"contract:{n}", idempotency_key=f"sweep-hold-{n}",
             machine_reference="machine:9",
         )
         for n in (10, 11)
     )  # fmt: skip
-    services.holds_settle_usage(
+    holds_settle_usage(
         [HoldUsage(both.pk, gpu=2 * USD, storage=USD // 2), HoldUsage(gpu_only.pk, USD, 0)]
     )
-    services.holds_settle_usage([HoldUsage(both.pk, gpu=3 * USD, storage=USD)])
+    holds_settle_usage([HoldUsage(both.pk, gpu=3 * USD, storage=USD)])
     return {"both": both, "gpu_only": gpu_only, "provider": provider}
 
 
@@ -525,23 +526,23 @@ def test_earnings_count_a_charge_whose_fee_took_all_of_it(client, team, owner):
     """With a 10% fee rounded half up on cumulative charges, a hold charged 4 µ$ pays no fee
     and its next 1 µ$ pays 1 µ$ of fee: the provider nets nothing from that charge, yet their
     earnings pages must still show its gross and fee."""
-    from billing.services import HoldUsage
+    from billing.metering import HoldUsage
     from tests.billing.ledger_checks import assert_ledger_consistent
     from tests.factories import UserFactory, add_member
 
     provider = TeamFactory(name="Tiny Host")
-    services.credit_grant(team_id=team.id, amount=USD, reason="w", idempotency_key="tiny")
+    credit_grant(team_id=team.id, amount=USD, reason="w", idempotency_key="tiny")
     one, two = (
-        services.hold_create(
+        hold_create(
             team_id=team.id, provider_team_id=provider.id, amount=USD // 10,
             reference=f"contract:{n}", idempotency_key=f"tiny-{n}", machine_reference=f"machine:{n}",
         )
         for n in (7, 8)
     )  # fmt: skip
-    services.hold_capture_usage(hold_id=one.pk, kind="gpu", owed_total=4)
-    services.hold_capture_usage(hold_id=one.pk, kind="gpu", owed_total=5)  # fee 1 of 1
-    services.holds_settle_usage([HoldUsage(two.pk, gpu=4, storage=0)])
-    services.holds_settle_usage([HoldUsage(two.pk, gpu=4, storage=1)])  # the sweep's, likewise
+    hold_capture_usage(hold_id=one.pk, kind="gpu", owed_total=4)
+    hold_capture_usage(hold_id=one.pk, kind="gpu", owed_total=5)  # fee 1 of 1
+    holds_settle_usage([HoldUsage(two.pk, gpu=4, storage=0)])
+    holds_settle_usage([HoldUsage(two.pk, gpu=4, storage=1)])  # the sweep's, likewise
     fee_only = Transfer.objects.filter(kind="capture", amount=1, fee=1)
     assert fee_only.count() == 2
     for transfer in fee_only:

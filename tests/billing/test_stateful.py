@@ -23,10 +23,20 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from billing import services
+from billing.credits import credit_grant
 from billing.errors import HoldCaptured, InsufficientCredit
+from billing.holds import (
+    hold_capture_usage,
+    hold_create,
+    hold_extend,
+    hold_release,
+    hold_void,
+    platform_fee_percent,
+)
+from billing.metering import HoldUsage, holds_settle_usage
 from billing.models import Account, AccountKind, Hold, TopUp, Transfer, TransferKind
 from billing.money import percent_of
+from billing.topups import stripe_event_process
 from tests.billing.ledger_checks import assert_ledger_consistent
 from tests.factories import TeamFactory
 
@@ -87,7 +97,7 @@ class LedgerMachine(RuleBasedStateMachine):
             else "checkout.session.completed"
         )
         payload = checkout_completed(topup, cents, kind)
-        result = services.stripe_event_process(payload=payload)
+        result = stripe_event_process(payload=payload)
         assert not result.duplicate and result.event.status == "processed"
         self.available[team.id] += cents * CENT
         self.credited_topups.add(topup.pk)
@@ -104,12 +114,12 @@ class LedgerMachine(RuleBasedStateMachine):
                 if event["type"] != "checkout.session.completed"
                 else "checkout.session.async_payment_succeeded"
             )
-        services.stripe_event_process(payload=payload)
+        stripe_event_process(payload=payload)
 
     @rule(who=st.integers(0, 1), amount=st.integers(1, 10**8))
     def grant(self, who, amount):
         team = self.renters[who]
-        services.credit_grant(
+        credit_grant(
             team_id=team.id, amount=amount, reason="state", idempotency_key=f"g{next(self.keys)}"
         )
         self.available[team.id] += amount
@@ -122,7 +132,7 @@ class LedgerMachine(RuleBasedStateMachine):
         team = self.renters[who]
         provider = team if self_rental else self.provider
         try:
-            hold = services.hold_create(
+            hold = hold_create(
                 team_id=team.id,
                 provider_team_id=provider.id,
                 amount=amount,
@@ -147,11 +157,9 @@ class LedgerMachine(RuleBasedStateMachine):
         model = self.model_holds[hold_id]
         owed_total = model[kind] + more
         if model["status"] != "open":
-            assert (
-                services.hold_capture_usage(hold_id=hold_id, kind=kind, owed_total=model[kind]) == 0
-            )
+            assert hold_capture_usage(hold_id=hold_id, kind=kind, owed_total=model[kind]) == 0
             return
-        captured = services.hold_capture_usage(hold_id=hold_id, kind=kind, owed_total=owed_total)
+        captured = hold_capture_usage(hold_id=hold_id, kind=kind, owed_total=owed_total)
         rest = model["amount"] - model["gpu"] - model["storage"]
         assert captured == min(more, rest)
         model[kind] += captured
@@ -187,12 +195,12 @@ class LedgerMachine(RuleBasedStateMachine):
             model["gpu"] += gpu
             model["storage"] += storage
             expected += gpu + storage
-        items = [services.HoldUsage(hold_id, *totals) for hold_id, totals in owed.items()]
-        assert services.holds_settle_usage(items) == expected
+        items = [HoldUsage(hold_id, *totals) for hold_id, totals in owed.items()]
+        assert holds_settle_usage(items) == expected
         for hold_id, kind in kinds.items():  # one capture per hold, naming what it charged
             last = Transfer.objects.filter(hold_id=hold_id, kind=TransferKind.CAPTURE).last()
             assert last.usage_kind == kind
-        assert services.holds_settle_usage(items) == 0  # the same sweep again: nothing twice
+        assert holds_settle_usage(items) == 0  # the same sweep again: nothing twice
 
     @rule(hold_id=holds, amount=st.integers(1, 10**8))
     def extend(self, hold_id, amount):
@@ -200,9 +208,7 @@ class LedgerMachine(RuleBasedStateMachine):
             return
         model = self.model_holds[hold_id]
         try:
-            services.hold_extend(
-                hold_id=hold_id, amount=amount, idempotency_key=f"x{next(self.keys)}"
-            )
+            hold_extend(hold_id=hold_id, amount=amount, idempotency_key=f"x{next(self.keys)}")
         except InsufficientCredit:
             assert self.available[model["team"]] < amount
             return
@@ -214,14 +220,14 @@ class LedgerMachine(RuleBasedStateMachine):
         if hold_id is None:
             return
         model = self.model_holds[hold_id]
-        returned = services.hold_release(hold_id=hold_id)
+        returned = hold_release(hold_id=hold_id)
         if model["status"] != "open":
             assert returned == 0
             return
         assert returned == model["amount"] - model["gpu"] - model["storage"]
         self.available[model["team"]] += returned
         model["status"] = "released"
-        assert services.hold_release(hold_id=hold_id) == 0  # resolves once
+        assert hold_release(hold_id=hold_id) == 0  # resolves once
 
     @rule(hold_id=holds)
     def void(self, hold_id):
@@ -229,7 +235,7 @@ class LedgerMachine(RuleBasedStateMachine):
             return
         model = self.model_holds[hold_id]
         try:
-            returned = services.hold_void(hold_id=hold_id)
+            returned = hold_void(hold_id=hold_id)
         except HoldCaptured:
             assert model["gpu"] + model["storage"] > 0 and model["status"] == "open"
             return
@@ -268,7 +274,7 @@ class LedgerMachine(RuleBasedStateMachine):
 
         # Fees never drift: each hold's fees add up to the fee on all it captured, rounded
         # once, however the captures were cut; the provider earns the rest.
-        fee_percent = services.platform_fee_percent()
+        fee_percent = platform_fee_percent()
         fees = earned = 0
         for model in self.model_holds.values():
             fee = percent_of(model["gpu"] + model["storage"], fee_percent)

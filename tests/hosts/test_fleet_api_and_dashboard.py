@@ -11,7 +11,8 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from billing.services import credit_grant, hold_capture_usage, hold_create
+from billing.credits import credit_grant
+from billing.holds import hold_capture_usage, hold_create
 from hosts.keys import team_public_key
 from hosts.models import Gpu, HeartbeatSample, Machine, MachineStatus
 from hosts.runtime import ContainerSpec, docker_run_argv

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from django.utils import timezone
 
+from billing.credits import credit_grant
 from billing.money import MICRO_PER_DOLLAR
-from billing.services import credit_grant
 from hosts.keys import team_public_key
 from hosts.models import Gpu, Machine
 from marketplace.models import Role, Team

@@ -18,8 +18,8 @@ from django.utils import timezone
 from drf_spectacular.generators import SchemaGenerator
 from rest_framework.test import APIClient
 
+from billing.credits import credit_grant
 from billing.money import MICRO_PER_DOLLAR
-from billing.services import credit_grant
 from hosts.models import Gpu, Machine
 from marketplace.models import Role
 from marketplace.services import rentals

@@ -13,9 +13,9 @@ from django.core.exceptions import ValidationError
 from django.db import connection
 from django.utils import timezone
 
+from billing.credits import credit_grant
 from billing.models import Hold
 from billing.selectors import team_balance
-from billing.services import credit_grant
 from hosts import services as host_services
 from hosts.models import Machine, MaintenanceWindow
 from marketplace.models import Contract, Offer, Role

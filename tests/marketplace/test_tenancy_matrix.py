@@ -36,9 +36,10 @@ from django.urls import URLPattern, URLResolver, get_resolver
 from django.utils import timezone
 from django.utils.html import escape
 
+from billing.credits import credit_grant
+from billing.holds import hold_capture_usage
 from billing.models import Entry, Hold, TopUp
 from billing.selectors import invoice_months, team_balance
-from billing.services import credit_grant, hold_capture_usage
 from hosts.models import Gpu, Machine, MaintenanceWindow
 from hosts.services import maintenance_window_add
 from marketplace.models import ApiKey, Invitation, Membership, SshKey, Team

@@ -1,0 +1,174 @@
+"""The metering sweep's ledger side: settle the cumulative usage of many holds in bulk.
+
+``holds_settle_usage`` applies the capture rule of ``holds.hold_capture_usage`` to thousands
+of holds per transaction; the rental room computes what each contract owes and calls it.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import NamedTuple
+
+from django.db import transaction
+from django.utils import timezone
+
+from billing.holds import capture_legs, platform_fee_percent
+from billing.ledger import (
+    AccountKey,
+    Posting,
+    balances_notify,
+    lock_accounts,
+    postings_write,
+    require_amount,
+)
+from billing.models import AccountKind, ChargeUsage, Hold, TransferKind
+from billing.money import percent_of
+from billing.pg_bulk import NewTransfer, bulk_set, lock_open_holds
+
+# Holds settled per transaction. Bigger batches amortise each batch's fixed round trips (lock
+# holds, lock accounts, COPY, two UPDATEs, commit), but a batch keeps its holds' and accounts'
+# row locks until it commits, and a renter's rent or extend waits on its held account meanwhile.
+SETTLE_BATCH_SIZE = 5000
+
+
+class HoldUsage(NamedTuple):
+    """What a rental owes so far on its hold (cumulative micro-dollars per usage kind)."""
+
+    hold_id: int
+    gpu: int
+    storage: int
+
+
+@contextmanager
+def cyclic_gc_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector for a bulk job such as the metering sweep.
+
+    A sweep allocates hundreds of thousands of small objects that live until their batch
+    commits, and each full collection rescans them along with everything else the worker
+    holds. They form no reference cycles, so reference counting still frees them; the
+    collector resumes afterwards.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def holds_settle_usage(usage: Iterable[HoldUsage]) -> int:
+    """The metering sweep: capture cumulative usage for many holds; return the total captured.
+
+    Per hold the rule of ``hold_capture_usage`` for each kind — the difference between what is
+    owed so far and what was captured, GPU time first, never more than the hold still holds —
+    but posted as **one** capture covering both kinds: ``usage_kind`` says which kinds it
+    charges ("gpu", "storage" or "gpu+storage") and ``storage_amount`` how much of it is
+    storage. The platform fee is differenced on the hold's cumulative captures, so its
+    rounding never accumulates. Batches of ``SETTLE_BATCH_SIZE`` holds, each one transaction
+    (holds locked in pk order, then accounts in pk order; every write in bulk). Closed or
+    unknown holds are skipped. A repeated call, or a sweep that stopped half-way and runs
+    again, captures nothing twice: captures are differences of cumulative totals. A hold
+    listed twice counts with the larger total of each kind.
+    """
+    owed: dict[int, tuple[int, int]] = {}
+    for hold_id, gpu, storage in usage:
+        require_amount(gpu, field_name="gpu", allow_zero=True)
+        require_amount(storage, field_name="storage", allow_zero=True)
+        if hold_id in owed:
+            gpu, storage = max(gpu, owed[hold_id][0]), max(storage, owed[hold_id][1])
+        owed[hold_id] = (gpu, storage)
+    hold_ids = sorted(owed)
+    total = 0
+    with cyclic_gc_paused():
+        for start in range(0, len(hold_ids), SETTLE_BATCH_SIZE):
+            total += _settle_batch(hold_ids[start : start + SETTLE_BATCH_SIZE], owed)
+    return total
+
+
+class _SweptHold:
+    """What the sweep reads and changes of a locked hold (no model instance per hold)."""
+
+    __slots__ = ("pk", "captured_gpu", "captured_storage")
+
+    def __init__(self, pk: int, captured_gpu: int, captured_storage: int) -> None:
+        self.pk, self.captured_gpu, self.captured_storage = pk, captured_gpu, captured_storage
+
+
+def _usage_and_key(pk: int, gpu_delta: int, storage_delta: int, gpu: int, storage: int):
+    """(usage_kind, idempotency key) of a sweep capture that brings the hold's cumulative
+    captures to ``gpu`` and ``storage``. Cumulative captures only grow, so the new totals name
+    the capture uniquely, and a single-kind capture gets the same key as hold_capture_usage."""
+    if not storage_delta:
+        return ChargeUsage.GPU, f"capture:{pk}:gpu:{gpu}"
+    if not gpu_delta:
+        return ChargeUsage.STORAGE, f"capture:{pk}:storage:{storage}"
+    return ChargeUsage.GPU_AND_STORAGE, f"capture:{pk}:gpu:{gpu}:storage:{storage}"
+
+
+@transaction.atomic
+def _settle_batch(hold_ids: list[int], owed: dict[int, tuple[int, int]]) -> int:
+    """One transaction: lock the batch's open holds, then the accounts; post one capture per
+    hold that owes anything, covering both kinds (``storage_amount`` is the storage part)."""
+    rows = lock_open_holds(hold_ids)
+    percent = platform_fee_percent()
+    # (hold row, GPU captured now, storage captured now, fee)
+    plans: list[tuple[tuple, int, int, int]] = []
+    for row in rows:
+        pk, _, _, _, _, amount, gpu, storage, released = row
+        gpu_owed, storage_owed = owed[pk]
+        # As holds._capture_amounts, GPU first: each kind captures the difference of cumulative
+        # totals, capped at what the hold still holds.
+        remaining = amount - gpu - storage - released
+        gpu_delta = max(0, min(gpu_owed - gpu, remaining))
+        storage_delta = max(0, min(storage_owed - storage, remaining - gpu_delta))
+        if gpu_delta or storage_delta:
+            # The fee is differenced on the hold's cumulative captures: no rounding drift.
+            before = gpu + storage
+            after = before + gpu_delta + storage_delta
+            fee = percent_of(after, percent) - percent_of(before, percent)
+            plans.append((row, gpu_delta, storage_delta, fee))
+    if not plans:
+        return 0
+    keys: set[AccountKey] = {(None, AccountKind.PLATFORM_REVENUE)}
+    for row, *_ in plans:
+        keys.add((row[1], AccountKind.HELD))
+        keys.add((row[2], AccountKind.EARNINGS))
+    accounts = lock_accounts(keys)
+    revenue = accounts[(None, AccountKind.PLATFORM_REVENUE)]
+    now = timezone.now()
+    postings = []
+    changed = []
+    for row, gpu_delta, storage_delta, fee in plans:
+        pk, team_id, provider_id, reference, machine, _, gpu, storage, _ = row
+        gpu, storage = gpu + gpu_delta, storage + storage_delta
+        delta = gpu_delta + storage_delta
+        usage, key = _usage_and_key(pk, gpu_delta, storage_delta, gpu, storage)
+        transfer = NewTransfer(
+            kind=TransferKind.CAPTURE,
+            idempotency_key=key,
+            team_id=team_id,
+            reference=reference,
+            amount=delta,
+            fee=fee,
+            storage_amount=storage_delta,
+            hold_id=pk,
+            usage_kind=usage,
+            machine_reference=machine,
+            created_at=now,
+        )
+        legs = capture_legs(
+            held=accounts[(team_id, AccountKind.HELD)],
+            earnings=accounts[(provider_id, AccountKind.EARNINGS)],
+            revenue=revenue,
+            delta=delta,
+            fee=fee,
+        )
+        postings.append(Posting(transfer, legs))
+        changed.append(_SweptHold(pk, gpu, storage))
+    bulk_set(Hold, ["captured_gpu", "captured_storage"], changed)
+    postings_write(postings)
+    balances_notify({row[1] for row, *_ in plans} | {row[2] for row, *_ in plans})
+    return sum(gpu_delta + storage_delta for _, gpu_delta, storage_delta, _ in plans)

@@ -1,0 +1,237 @@
+"""The ledger's bulk writes and locks: a PostgreSQL path and, beside it, its SQLite twin.
+
+Why both exist: the test suite and production run on PostgreSQL, where the metering sweep
+posts thousands of captures per transaction and the generic ORM statements (an IN list of a
+parameter per id, ``bulk_create`` building SQL text, a CASE per row in ``bulk_update``) cost
+more than the work itself. So on PostgreSQL ids go as one ``bigint[]`` parameter, transfers
+take their ids from ``nextval`` and load with binary COPY, and integer columns are updated
+from ``unnest``. ``make run``'s embedded database is SQLite, which has none of these; there
+each function takes the ORM's portable path. Both paths write the same rows under the same
+locks; the SQLite job of ``scripts/test.sh`` runs the money tests on the twins.
+
+Identifiers in the SQL here come from constants of this module or the model's metadata,
+never from input; every value is a parameter or streamed through COPY.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime
+from operator import attrgetter
+
+import psycopg
+from django.db import connection
+from django.db.models.expressions import RawSQL
+from django.utils import timezone
+
+from billing.models import Account, Entry, Hold, HoldStatus, Transfer
+
+# A transfer's columns with their PostgreSQL types (binary COPY needs each column's exact type).
+TRANSFER_COLUMNS = [
+    ("kind", "text"), ("idempotency_key", "text"), ("team_id", "int8"), ("reference", "text"),
+    ("description", "text"), ("amount", "int8"), ("fee", "int8"), ("storage_amount", "int8"),
+    ("hold_id", "int8"),
+    ("usage_kind", "text"), ("machine_reference", "text"), ("created_by_id", "int8"),
+    ("created_at", "timestamptz"),
+]  # fmt: skip
+ENTRY_COLUMNS = [
+    ("transfer_id", "int8"), ("account_id", "int8"), ("team_id", "int8"),
+    ("account_kind", "text"), ("amount", "int8"), ("balance_after", "int8"),
+    ("created_at", "timestamptz"),
+]  # fmt: skip
+# The columns of a hold that the metering sweep reads, in this order.
+SWEPT_HOLD_COLUMNS = (
+    "id", "team_id", "provider_team_id", "reference", "machine_reference", "amount",
+    "captured_gpu", "captured_storage", "released",
+)  # fmt: skip
+
+# (account, amount, balance after, transfer) of one entry.
+EntryRow = tuple[Account, int, int, "Transfer | NewTransfer"]
+
+
+@dataclass(slots=True)
+class NewTransfer:
+    """The columns of a Transfer about to be written in bulk, without a model instance per
+    row (building thousands of them costs more than writing them). Writing gives it its
+    ``pk``."""
+
+    kind: str
+    idempotency_key: str
+    team_id: int | None
+    reference: str
+    amount: int
+    fee: int = 0
+    storage_amount: int = 0
+    hold_id: int | None = None
+    usage_kind: str = ""
+    machine_reference: str = ""
+    description: str = ""
+    created_by_id: int | None = None
+    created_at: datetime = field(default_factory=timezone.now)
+    pk: int | None = None
+
+    def as_model(self) -> Transfer:
+        return Transfer(**{name: getattr(self, name) for name, _ in TRANSFER_COLUMNS})
+
+
+def bigint_array(values: Iterable[int]) -> str:
+    """A bigint[] parameter in PostgreSQL's array text, ``{1,2,3}`` (cast with ::bigint[]).
+    psycopg would dump a list item by item in Python."""
+    return "{" + ",".join(map(str, values)) + "}"
+
+
+def team_ids_in(team_ids: set[int]):
+    """The right-hand side of ``team_id__in``: on PostgreSQL one array parameter (the sweep
+    locks thousands of accounts, and a parameter each costs more than the query); elsewhere
+    the set itself."""
+    if connection.vendor == "postgresql":
+        return RawSQL("SELECT unnest(%s::bigint[])", [bigint_array(sorted(team_ids))])
+    return team_ids
+
+
+def insert_transfers_and_entries(
+    transfers: list[Transfer | NewTransfer], entry_rows: list[EntryRow]
+) -> None:
+    """Insert the transfers and their entries, giving each transfer its ``pk``.
+
+    PostgreSQL, more than one transfer: ids from the sequence first, so both tables load
+    with COPY; every entry goes in one COPY statement, and the database checks that each
+    transfer sums to zero. Otherwise: ``bulk_create`` of both.
+    """
+    if connection.vendor == "postgresql" and len(transfers) > 1:
+        _insert_transfers_and_entries_pg(transfers, entry_rows)
+        return
+    models = [t if isinstance(t, Transfer) else t.as_model() for t in transfers]
+    Transfer.objects.bulk_create(models)
+    for transfer, model in zip(transfers, models, strict=True):
+        transfer.pk = model.pk
+    Entry.objects.bulk_create(
+        [
+            Entry(
+                transfer_id=transfer.pk,
+                account_id=account.pk,
+                team_id=account.team_id,
+                account_kind=account.kind,
+                amount=amount,
+                balance_after=after,
+                created_at=transfer.created_at,
+            )
+            for account, amount, after, transfer in entry_rows
+        ]
+    )
+
+
+def _insert_transfers_and_entries_pg(
+    transfers: list[Transfer | NewTransfer], entry_rows: list[EntryRow]
+) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT nextval(pg_get_serial_sequence('billing_transfer', 'id')) "
+            "FROM generate_series(1, %s)",
+            [len(transfers)],
+        )
+        ids = [row[0] for row in cursor.fetchall()]
+    for pk, transfer in zip(ids, transfers, strict=True):
+        transfer.pk = pk
+        if isinstance(transfer, Transfer):
+            transfer._state.adding = False
+    columns = attrgetter(*(name for name, _ in TRANSFER_COLUMNS))
+    _copy_rows(
+        "billing_transfer",
+        [("id", "int8"), *TRANSFER_COLUMNS],
+        ((t.pk, *columns(t)) for t in transfers),
+    )
+    _copy_rows(
+        "billing_entry",
+        ENTRY_COLUMNS,
+        (
+            (
+                transfer.pk,
+                account.id,
+                account.team_id,
+                account.kind,
+                amount,
+                after,
+                transfer.created_at,
+            )
+            for account, amount, after, transfer in entry_rows
+        ),
+    )
+
+
+def _copy_rows(table: str, columns: list[tuple[str, str]], rows: Iterable[tuple]) -> None:
+    """Binary COPY of rows into a table: no value is formatted as text and parsed back, which
+    the ORM's bulk_create spends most of its time on. ``columns`` name each column's type."""
+    names = ", ".join(name for name, _ in columns)
+    connection.ensure_connection()
+    with (
+        connection.connection.cursor() as cursor,
+        cursor.copy(f"COPY {table} ({names}) FROM STDIN (FORMAT BINARY)") as copy,
+    ):
+        copy.set_types([cast for _, cast in columns])
+        for row in rows:
+            copy.write_row(row)
+
+
+def bulk_set(model, fields: list[str], objects: list) -> None:
+    """UPDATE many rows' columns in one statement: ``unnest`` of arrays on PostgreSQL when
+    every column is a BigIntegerField; ``bulk_update`` otherwise; a plain UPDATE for one row.
+    ``objects`` are model instances or anything with ``pk`` and the fields."""
+    if not objects:
+        return
+    if len(objects) == 1:
+        obj = objects[0]
+        model._base_manager.filter(pk=obj.pk).update(**{f: getattr(obj, f) for f in fields})
+        return
+    model_fields = [model._meta.get_field(name) for name in fields]
+    if connection.vendor != "postgresql" or any(
+        f.get_internal_type() != "BigIntegerField" for f in model_fields
+    ):
+        instances = [
+            obj
+            if isinstance(obj, model)
+            else model(pk=obj.pk, **{f: getattr(obj, f) for f in fields})
+            for obj in objects
+        ]
+        model._base_manager.bulk_update(instances, fields, batch_size=500)
+        return
+    quote = connection.ops.quote_name
+    table = quote(model._meta.db_table)
+    columns = [quote(f.column) for f in model_fields]
+    sets = ", ".join(f"{column} = v.{column}" for column in columns)
+    arrays = ", ".join(["%s::bigint[]"] * (len(columns) + 1))
+    names = ", ".join([quote("id"), *columns])
+    # The second id condition lets PostgreSQL fetch the rows through the primary key; with the
+    # join alone it hashes a scan of the whole table, every batch.
+    sql = (
+        f"UPDATE {table} SET {sets} FROM unnest({arrays}) AS v({names})"  # noqa: S608
+        f" WHERE {table}.id = v.id AND {table}.id = ANY(%s::bigint[])"
+    )
+    ids = bigint_array(obj.pk for obj in objects)
+    columns_values = [bigint_array(getattr(obj, name) for obj in objects) for name in fields]
+    params = [ids, *columns_values, ids]
+    connection.ensure_connection()
+    with psycopg.Cursor(connection.connection) as cursor:
+        cursor.execute(sql, params)
+
+
+def lock_open_holds(hold_ids: list[int]) -> list[tuple]:
+    """Lock the open holds among ``hold_ids`` in primary-key order; rows of
+    ``SWEPT_HOLD_COLUMNS``. On PostgreSQL the ids go as one array parameter (an IN list of
+    thousands of parameters costs more to build than the query costs to run)."""
+    if connection.vendor != "postgresql":
+        return list(
+            Hold.objects.select_for_update()
+            .filter(pk__in=hold_ids, status=HoldStatus.OPEN)
+            .order_by("pk")
+            .values_list(*SWEPT_HOLD_COLUMNS)
+        )
+    sql = (
+        f"SELECT {', '.join(SWEPT_HOLD_COLUMNS)} FROM billing_hold"  # noqa: S608
+        " WHERE id = ANY(%s::bigint[]) AND status = %s ORDER BY id FOR UPDATE"
+    )
+    connection.ensure_connection()
+    with psycopg.Cursor(connection.connection) as cursor:
+        cursor.execute(sql, [bigint_array(hold_ids), HoldStatus.OPEN.value])
+        return cursor.fetchall()
