@@ -17,7 +17,7 @@ from rest_framework import mixins, serializers, status
 from rest_framework.response import Response
 from rest_framework.routers import SimpleRouter
 
-from billing import selectors, services
+from billing import selectors, topups
 from billing.errors import InvalidAmount
 from billing.models import Account, ChargeUsage, Entry, Hold, TopUp, TransferKind
 from marketplace.api.base import TeamScopedViewSet
@@ -161,7 +161,7 @@ class TopUpCreateSerializer(serializers.Serializer):
 
     def validate_amount_usd(self, amount: int) -> int:
         try:
-            services.topup_validate_amount(amount)
+            topups.topup_validate_amount(amount)
         except InvalidAmount as error:
             raise serializers.ValidationError(str(error)) from error
         return amount
@@ -182,7 +182,7 @@ class TopUpViewSet(
         body = TopUpCreateSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         user_id = getattr(request.user, "pk", None)
-        topup = services.topup_checkout_start(
+        topup = topups.topup_checkout_start(
             team_id=self.team.pk,
             amount=body.validated_data["amount_usd"],
             success_url=body.validated_data["success_url"],

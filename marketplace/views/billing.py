@@ -1,7 +1,7 @@
 """Console pages for the billing room (views live here so they go through the tenancy gateway).
 
 Every query is scoped with ``team_objects`` / ``team_object_or_404`` to the active team;
-writes go through ``billing.services``.
+writes go through ``billing.topups`` and ``billing.credits``.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from django.urls import path, reverse
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
-from billing import selectors, services
+from billing import credits, selectors, topups
 from billing.errors import BillingError
 from billing.models import Account, Entry, Hold, HoldStatus, TopUp, TopUpStatus, TransferKind
 from billing.money import format_usd, micro_to_decimal_str, parse_usd
@@ -74,7 +74,7 @@ class TopUpForm(forms.Form):
     def clean_amount(self) -> int:
         try:
             amount = parse_usd(self.cleaned_data["amount"], max_decimals=2)
-            services.topup_validate_amount(amount)
+            topups.topup_validate_amount(amount)
         except BillingError as error:
             raise forms.ValidationError(str(error)) from error
         return amount
@@ -295,7 +295,7 @@ def topup_start(request: HttpRequest) -> HttpResponse:
         return redirect("billing-balance")
     return_url = request.build_absolute_uri(reverse("billing-topup-return"))
     try:
-        topup = services.topup_checkout_start(
+        topup = topups.topup_checkout_start(
             team_id=request.team.pk,
             amount=form.cleaned_data["amount"],
             success_url=f"{return_url}?session_id={{CHECKOUT_SESSION_ID}}",
@@ -340,7 +340,7 @@ def test_credit(request: HttpRequest) -> HttpResponse:
         messages.error(request, "Viewers cannot add credit.")
         return redirect("billing-balance")
     amount = settings.BILLING_TEST_CREDIT_AMOUNT
-    services.credit_grant(
+    credits.credit_grant(
         team_id=request.team.pk,
         amount=amount,
         reason=f"Test credit (DEBUG) by {request.user.username}",
