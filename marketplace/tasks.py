@@ -42,10 +42,17 @@ def rental_launch(self, instance_id: int) -> str:
     instance = Instance.objects.filter(pk=instance_id).first()
     if instance is None:
         return "gone"
+    try:
+        credentials = rentals.registry_credentials(instance)
+    except rentals.RegistryLoginUnreadable as error:
+        outcome = scheduler.instance_launch_fail(
+            instance_id=instance_id, reason=f"Launch refused: {error}"
+        )
+        return _then(self, instance_id, outcome, InstanceState.LAUNCHING)
     outcome = scheduler.instance_launch(
         instance_id=instance_id,
         ssh_keys=rentals.team_ssh_public_keys(instance.team_id),
-        registry_credentials=rentals.registry_credentials(instance),
+        registry_credentials=credentials,
     )
     return _then(self, instance_id, outcome, InstanceState.LAUNCHING)
 

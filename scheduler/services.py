@@ -426,6 +426,12 @@ def instance_launch(
     )
 
 
+def instance_launch_fail(*, instance_id: int, reason: str) -> WorkOutcome:
+    """End a launch that cannot go on, for a reason found before any host was asked (its
+    GPUs are freed and its rental settles, as for any failed launch)."""
+    return _launch_failed(instance_id, reason)
+
+
 def _launch_failed(instance_id: int, reason: str) -> WorkOutcome:
     moved = instance_transition(
         instance_id=instance_id,

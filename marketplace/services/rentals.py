@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import logging
+import math
 import re
 import secrets
 from dataclasses import dataclass
@@ -321,13 +322,26 @@ def _sealed_credential(request: RentalRequest) -> dict[str, str]:
     return {"username": request.registry_username, "password": seal(request.registry_password)}
 
 
+class RegistryLoginUnreadable(Exception):
+    """The rental's registry password was sealed under a secret key the platform no longer has."""
+
+
 def registry_credentials(instance: Instance) -> tuple[str, str] | None:
-    """The decrypted login for the instance's private registry, if it has one."""
+    """The decrypted login for the instance's private registry, if it has one.
+
+    A login that can no longer be opened raises RegistryLoginUnreadable: pulling without it
+    would fail as a bare 'unauthorized' that tells the renter nothing.
+    """
     stored = instance.registry_credential or {}
     if not stored.get("username"):
         return None
     password = unseal(stored.get("password", ""))
-    return (stored["username"], password) if password is not None else None
+    if password is None:
+        raise RegistryLoginUnreadable(
+            "the registry password can no longer be read (the platform's secret key changed "
+            "since it was given); rent again with the registry login"
+        )
+    return stored["username"], password
 
 
 def _validate_terms(*, machine: Machine, request: RentalRequest, now: datetime) -> datetime:
@@ -337,11 +351,15 @@ def _validate_terms(*, machine: Machine, request: RentalRequest, now: datetime) 
         errors["num_gpus"] = f"This machine rents at least {machine.min_gpus} GPU(s) at a time."
     elif request.gpu_count > present:
         errors["num_gpus"] = f"This machine has {present} GPU(s)."
-    if not (MIN_RENTAL_HOURS <= request.hours <= MAX_RENTAL_HOURS):
+    # NaN fails every comparison, so it is refused by name before it reaches a timedelta.
+    hours_ok = (
+        math.isfinite(request.hours) and MIN_RENTAL_HOURS <= request.hours <= MAX_RENTAL_HOURS
+    )
+    if not hours_ok:
         errors["duration_hours"] = (
             f"Rent for at least {MIN_RENTAL_HOURS} and at most {MAX_RENTAL_HOURS} hours."
         )
-    ends_at = now + timedelta(hours=min(max(request.hours, 0), MAX_RENTAL_HOURS))
+    ends_at = now + timedelta(hours=request.hours if hours_ok else MIN_RENTAL_HOURS)
     if "duration_hours" not in errors and machine.end_date and ends_at > machine.end_date:
         errors["duration_hours"] = (
             f"The machine is offered until {machine.end_date:%Y-%m-%d %H:%M} UTC; "

@@ -228,3 +228,39 @@ def test_an_image_id_prefix_is_no_way_to_a_cached_image(funded_team, machine, do
     assert instance.state == "failed"
     assert f"could not pull {prefix}" in instance.status_message
     assert containers_named(instance.container_name) == []
+
+
+def test_a_login_sealed_before_a_key_rotation_fails_the_launch_saying_so(
+    funded_team, provider_team, sim_host_factory, settings
+):
+    """A launch whose registry password was sealed under a SECRET_KEY since retired (not kept
+    in SECRET_KEY_FALLBACKS) cannot log in: it fails saying why, frees its GPU, and never asks
+    the registry (a pull without the login would only say 'unauthorized')."""
+    from marketplace.tasks import rental_launch
+    from tests.marketplace.conftest import machine_for
+
+    host = sim_host_factory(gpus=1)
+    machine = machine_for(host, provider_team)
+    password = a_password()
+    registry = Registry("gpumkt/busybox:latest", username=USER, password=password)
+    try:
+        host.stop()  # the first launch waits for the host, so the rental stays launching
+        try:
+            response = rent(key_client(funded_team), machine, registry.image, password)
+            assert response.status_code == 201, response.content
+        finally:
+            host.start()
+        instance = Instance.objects.get(pk=response.json()["id"])
+        assert instance.state == "launching", instance.status_message
+        settings.SECRET_KEY = "rotated-" + "k" * 50  # the old key is not kept as a fallback
+        rental_launch.apply(args=(instance.pk,))
+    finally:
+        registry.close()
+
+    instance.refresh_from_db()
+    assert instance.state == "failed"
+    assert "registry password can no longer be read" in instance.status_message
+    assert "rent again" in instance.status_message
+    assert password not in instance.status_message
+    assert registry.requests == []
+    assert not GpuAllocation.objects.filter(instance=instance, released_at=None).exists()

@@ -49,6 +49,18 @@ def test_the_renting_service_refuses_bad_specs_naming_the_field(funded_team, mac
     assert nothing_written()
 
 
+@pytest.mark.parametrize("hours", [float("nan"), float("inf"), float("-inf"), 0.001, 1e300])
+def test_the_renting_service_refuses_hours_that_are_no_duration(funded_team, machine, hours):
+    """Whoever calls it: NaN passed every range check by failing it, then crashed a timedelta."""
+    request = rentals.RentalRequest(
+        machine_id=machine.pk, gpu_count=1, image="gpumkt/busybox:latest", hours=hours
+    )
+    with pytest.raises(ValidationError) as refused:
+        rentals.rental_create(team=funded_team, request=request)
+    assert "at least" in refused.value.message_dict["duration_hours"][0]
+    assert nothing_written()
+
+
 def test_the_console_form_refuses_an_unknown_launch_mode(client, owner, funded_team, machine):
     console = client_for(client, owner, funded_team)
     response = console.post(
