@@ -25,6 +25,7 @@ from hosts.probe import (
     parse_df_size_kb,
 )
 from hosts.runtime import ContainerSpec, DockerHost, InvalidContainerSpec
+from hosts.selectors import rented_gpu_ids
 
 TEST_CPUS = 0.5
 TEST_MEMORY_MB = 128
@@ -36,15 +37,16 @@ def _check(name: str, ok: bool, detail: str) -> dict:
     return {"name": name, "ok": bool(ok), "detail": detail[:300]}
 
 
-def run_self_test(*, machine_id: int, labels: dict[str, str]) -> list[dict]:
-    from hosts import services
-    from hosts.selectors import rented_gpu_ids
+def probe_failed(error: Exception) -> list[dict]:
+    """The report of a self-test whose probe failed: nothing else was tried."""
+    return [_check("probe", False, str(error))]
 
+
+def run_self_test(*, machine: Machine, labels: dict[str, str]) -> list[dict]:
+    """The checks, on a machine just probed: ``hosts.services.machine_self_test`` probes
+    first and hands the result here, so this module needs no service (the dependency runs one
+    way, services → selftest)."""
     checks: list[dict] = []
-    try:
-        machine = services.machine_probe(machine_id=machine_id)
-    except (ssh.HostError, ValueError) as error:
-        return [_check("probe", False, str(error))]
     probed = machine.status == MachineStatus.ONLINE
     checks.append(
         _check(

@@ -5,8 +5,11 @@ from __future__ import annotations
 from django.db import transaction
 from django.utils import timezone
 
+from hosts import ssh
 from hosts.models import Machine
+from hosts.selftest import probe_failed, run_self_test
 from hosts.services.events import notify_changed, record_event
+from hosts.services.probing import machine_probe
 
 
 def machine_self_test(*, machine_id: int, labels: dict[str, str] | None = None) -> Machine:
@@ -18,9 +21,12 @@ def machine_self_test(*, machine_id: int, labels: dict[str, str] | None = None) 
     (free GPUs only: a rented GPU is never handed to the test). The container is always
     removed. Nothing here holds a transaction while SSH runs.
     """
-    from hosts.selftest import run_self_test
-
-    checks = run_self_test(machine_id=machine_id, labels=labels or {})
+    try:
+        machine = machine_probe(machine_id=machine_id)
+    except (ssh.HostError, ValueError) as error:
+        checks = probe_failed(error)
+    else:
+        checks = run_self_test(machine=machine, labels=labels or {})
     return _record_self_test(machine_id=machine_id, checks=checks)
 
 
