@@ -7,7 +7,6 @@ from pathlib import Path
 from hosts import services, ssh
 from hosts.keys import team_public_key
 from hosts.models import Machine
-from hosts.simulation import authorize_key
 
 DEMO_PRICES = {  # micro-dollars per GPU-hour, by GPU model
     "NVIDIA A100-SXM4-80GB": 1_450_000,
@@ -40,6 +39,9 @@ def demo_step(users: dict, simhosts: list[dict]) -> str:
 
 
 def _demo_machine(team_id: int, number: int, host: dict) -> str:
+    # Development tooling, imported only when demo data is made (see hosts.devtools).
+    from hosts.devtools.simulation import authorize_key
+
     authorize_key(Path(host["root"]), team_public_key(team_id))
     machine = Machine.objects.filter(
         team_id=team_id, address=host["address"], port=host["port"]

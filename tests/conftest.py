@@ -102,7 +102,7 @@ def sim_container_label() -> str:
 
 @pytest.fixture(scope="session")
 def docker_engine():
-    from hosts.simulation import ensure_dockerd, ensure_image
+    from hosts.devtools.simulation import ensure_dockerd, ensure_image
 
     if shutil.which("dockerd") is None or os.geteuid() != 0:
         pytest.fail("system tests need root and docker.io (make test installs it)")
@@ -120,7 +120,7 @@ def sim_host_factory(docker_engine, sim_root):
     """Makes simulated hosts on addresses and ports that no other xdist worker uses. A host
     lets no team in until a test authorizes the team's key (``host.authorize``), as a
     provider would; the helpers that add machines do."""
-    from hosts.simulation import SimHostSpec, create_host, default_gpus
+    from hosts.devtools.simulation import SimHostSpec, create_host, default_gpus
 
     worker, namespace = _worker_index(), _namespace()
     made = []

@@ -11,9 +11,9 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from hosts import services, ssh, tasks
+from hosts.devtools.simulation import SimHostSpec, create_host, default_gpus
 from hosts.models import Gpu, HeartbeatSample, Machine, MachineEvent, MachineStatus
 from hosts.selectors import gpu_occupancy
-from hosts.simulation import SimHostSpec, create_host, default_gpus
 from tests.hosts.support import add_and_confirm, online_machine
 
 pytestmark = [pytest.mark.system, pytest.mark.django_db(transaction=True)]

@@ -68,8 +68,8 @@ def test_container_prints_and_exits_through_ssh(sim_host, docker_engine):
 
 
 def test_simulated_gpu_uuids_follow_the_host_name_and_index():
+    from hosts.devtools.simulation import SimHostSpec, default_gpus
     from hosts.runtime import GPU_UUID
-    from hosts.simulation import SimHostSpec, default_gpus
 
     def uuids(name: str) -> list[str]:
         spec = SimHostSpec(name=name, address="127.0.0.10", port=2201, gpus=default_gpus(3))
@@ -106,7 +106,7 @@ def test_simhosts_never_leaves_a_stale_hosts_json(tmp_path, docker_engine):
         assert [(h["name"], h["port"]) for h in hosts] == [("sim-rtx4090", port)]
         assert not list(tmp_path.glob("*.tmp"))
     finally:
-        from hosts.simulation import SimHost, SimHostSpec
+        from hosts.devtools.simulation import SimHost, SimHostSpec
 
         spec = SimHostSpec(name="sim-rtx4090", address="127.0.0.10", port=port, gpus=())
         SimHost(spec=spec, root=tmp_path / "sim-rtx4090").stop()

@@ -18,15 +18,6 @@ from pathlib import Path
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
-from hosts.simulation import (
-    SimHostSpec,
-    create_host,
-    default_gpus,
-    ensure_dockerd,
-    ensure_image,
-    ensure_ssh_image,
-)
-
 # A small fleet with different shapes, so search and placement have something to choose from.
 FLEET = [
     ("sim-rtx4090", "NVIDIA GeForce RTX 4090", 24564, 4),
@@ -46,6 +37,16 @@ class Command(BaseCommand):
         parser.add_argument("--detach", action="store_true", help="Start and return.")
 
     def handle(self, *args, count: int, dir: str, base_port: int, authorize, detach, **options):
+        # Development tooling, imported only when the command runs (see hosts.devtools).
+        from hosts.devtools.simulation import (
+            SimHostSpec,
+            create_host,
+            default_gpus,
+            ensure_dockerd,
+            ensure_image,
+            ensure_ssh_image,
+        )
+
         root = Path(dir)
         listing = root / "hosts.json"
         listing.unlink(missing_ok=True)

@@ -7,8 +7,10 @@ per-host script that prints that host's configured GPUs in the real tool's CSV f
 image (``gpumkt/busybox``) is made without any registry: Debian's static busybox as a rootfs,
 ``docker import``-ed.
 
-Used by ``manage.py simhosts`` (and so ``make run``) and by the test fixtures. Needs root (sshd
-must switch to the login user), ``/usr/sbin/sshd``, ``dockerd`` and ``/bin/busybox``.
+Development and test tooling, never imported by production code: used by ``manage.py
+simhosts`` (and so ``make run``), ``scripts/services.sh``, the benches and the test fixtures.
+Needs root (sshd must switch to the login user), ``/usr/sbin/sshd``, ``dockerd`` and
+``/bin/busybox``.
 """
 
 from __future__ import annotations
