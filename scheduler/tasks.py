@@ -6,7 +6,7 @@ from celery import shared_task
 
 from hosts.runtime import HostKeyMismatch, HostUnreachable
 from scheduler import work
-from scheduler.services import machine_reconcile, machines_needing_reconcile
+from scheduler.services.reconcile import machine_reconcile, machines_needing_reconcile
 
 logger = logging.getLogger(__name__)
 

@@ -1,0 +1,79 @@
+"""Writes of the scheduler: allocate GPUs and ports, move instances through their states, and
+drive containers on the hosts (through hosts.runtime, over SSH). One module per concern; a
+state's work lives in the module named for it (launch, stop_destroy, start, expiry, reconcile).
+
+Callers import from here; the names below are the scheduler's public services.
+"""
+
+from __future__ import annotations
+
+from scheduler.services.allocations import (
+    allocation_create,
+    allocation_release_all,
+    free_gpus,
+    gpu_allocation_reclaim,
+    gpu_allocation_release,
+    instance_gpu_uuids,
+    live_gpu_allocations,
+)
+from scheduler.services.container_spec import (
+    JUPYTER_BOOTSTRAP,
+    JUPYTER_CONTAINER_PORT,
+    SSH_BOOTSTRAP,
+    SSH_CONTAINER_PORT,
+    container_spec_for,
+)
+from scheduler.services.errors import (
+    InvalidTransition,
+    LaunchInterrupted,
+    LaunchModeUnavailable,
+    NoCapacity,
+    SchedulerError,
+)
+from scheduler.services.expiry import instance_expire
+from scheduler.services.launch import instance_launch, instance_launch_fail
+from scheduler.services.leased_work import WorkOutcome
+from scheduler.services.reconcile import machine_reconcile, machines_needing_reconcile
+from scheduler.services.start import START_LEASE, instance_start, start_under_way
+from scheduler.services.stop_destroy import (
+    instance_destroy,
+    instance_destroy_request,
+    instance_stop,
+    instance_stop_request,
+)
+from scheduler.services.transitions import instance_report_progress, instance_transition
+
+__all__ = [
+    "JUPYTER_BOOTSTRAP",
+    "JUPYTER_CONTAINER_PORT",
+    "SSH_BOOTSTRAP",
+    "SSH_CONTAINER_PORT",
+    "START_LEASE",
+    "InvalidTransition",
+    "LaunchInterrupted",
+    "LaunchModeUnavailable",
+    "NoCapacity",
+    "SchedulerError",
+    "WorkOutcome",
+    "allocation_create",
+    "allocation_release_all",
+    "container_spec_for",
+    "free_gpus",
+    "gpu_allocation_reclaim",
+    "gpu_allocation_release",
+    "instance_destroy",
+    "instance_destroy_request",
+    "instance_expire",
+    "instance_gpu_uuids",
+    "instance_launch",
+    "instance_launch_fail",
+    "instance_report_progress",
+    "instance_start",
+    "instance_stop",
+    "instance_stop_request",
+    "instance_transition",
+    "live_gpu_allocations",
+    "machine_reconcile",
+    "machines_needing_reconcile",
+    "start_under_way",
+]

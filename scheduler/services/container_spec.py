@@ -1,0 +1,107 @@
+"""The container an instance runs, and whether its image can serve its launch mode."""
+
+from __future__ import annotations
+
+from django.conf import settings
+
+from hosts.runtime import ContainerSpec, DockerHost
+from scheduler.models import Instance, LaunchMode
+from scheduler.services.allocations import instance_gpu_uuids
+from scheduler.services.errors import LaunchModeUnavailable
+
+SSH_CONTAINER_PORT = 22
+JUPYTER_CONTAINER_PORT = 8888
+
+# Launch modes for images that bring their own sshd / Jupyter. The keys arrive in an env var,
+# never pasted into a command line. An image without the program exits with MISSING_PROGRAM
+# and a line saying so, and the launch fails with that reason (instance_launch checks): a
+# container that only sleeps behind an ssh line or a token URL would be a lie.
+MISSING_PROGRAM = 78
+MISSING_SSHD = "image has no sshd; use an image with an OpenSSH server installed"
+MISSING_JUPYTER = "image has no jupyter; use an image with Jupyter installed"
+SSH_BOOTSTRAP = (
+    'mkdir -p /root/.ssh && printf "%s\\n" "$GPUMKT_SSH_AUTHORIZED_KEYS" '
+    "> /root/.ssh/authorized_keys && chmod 700 /root/.ssh && chmod 600 /root/.ssh/authorized_keys; "
+    "if command -v sshd >/dev/null; then mkdir -p /run/sshd /etc/ssh; "
+    "ls /etc/ssh/ssh_host_*_key >/dev/null 2>&1 || ssh-keygen -A >&2; "
+    "exec $(command -v sshd) -D -e; "
+    f"else echo '{MISSING_SSHD}' >&2; exit {MISSING_PROGRAM}; fi"
+)
+JUPYTER_BOOTSTRAP = (
+    "if command -v jupyter >/dev/null; then exec jupyter lab --ip=0.0.0.0 --port=8888 "
+    '--allow-root --no-browser --ServerApp.token="$JUPYTER_TOKEN"; '
+    f"else echo '{MISSING_JUPYTER}' >&2; exit {MISSING_PROGRAM}; fi"
+)
+# What a launch mode's bootstrap runs, and what a launch says when the image lacks it.
+MODE_PROGRAMS = {
+    LaunchMode.SSH: ("sshd", MISSING_SSHD),
+    LaunchMode.JUPYTER: ("jupyter", MISSING_JUPYTER),
+}
+
+
+def extra_container_labels() -> dict[str, str]:
+    return dict(getattr(settings, "CONTAINER_EXTRA_LABELS", {}))
+
+
+def container_spec_for(instance: Instance, *, ssh_keys: list[str] | None = None) -> ContainerSpec:
+    """The container an instance runs: its units' limits, pinned GPUs, published ports."""
+    machine = instance.machine
+    n = instance.gpu_count
+    env = dict(instance.env)
+    args = list(instance.args)
+    entrypoint = instance.entrypoint or None
+    if instance.launch_mode == LaunchMode.SSH:
+        env["GPUMKT_SSH_AUTHORIZED_KEYS"] = "\n".join(ssh_keys or [])
+        if not args and not entrypoint:
+            entrypoint, args = "sh", ["-c", SSH_BOOTSTRAP]
+    elif instance.launch_mode == LaunchMode.JUPYTER:
+        env["JUPYTER_TOKEN"] = instance.jupyter_token
+        if not args and not entrypoint:
+            entrypoint, args = "sh", ["-c", JUPYTER_BOOTSTRAP]
+    ports = [
+        (p.container_port, p.host_port, p.protocol)
+        for p in instance.port_allocations.filter(released_at=None).order_by("container_port")
+    ]
+    labels = {
+        "gpumkt.instance": str(instance.uuid),
+        "gpumkt.team": str(instance.team_id),
+        **extra_container_labels(),
+    }
+    return ContainerSpec(
+        name=instance.container_name,
+        image=instance.image,
+        labels=labels,
+        env=env,
+        ports=ports,
+        cpus=round(machine.unit_cpus * n, 2),
+        memory_mb=machine.unit_memory_mb * n,
+        shm_mb=machine.unit_shm_mb * n,
+        gpu_uuids=instance_gpu_uuids(instance),
+        entrypoint=entrypoint,
+        args=args,
+        # Recorded on the container as a label; Docker cannot cap a container's disk on most
+        # storage drivers (see hosts.runtime.DISK_LABEL), so the page says it is not enforced.
+        disk_gb=instance.disk_gb,
+    )
+
+
+def check_launch_mode(host: DockerHost, instance: Instance, container_id: str) -> None:
+    """Raise LaunchModeUnavailable when the image lacks the mode's program.
+
+    Asked inside the container (``command -v``), so the answer does not depend on how fast
+    the bootstrap gets to its own check. A container that already exited tells by its exit
+    code which of the two it was: the program missing, or the program dying at once. Asked
+    with the renter's own command too: without the program the mode's line is no use.
+    """
+    if instance.launch_mode not in MODE_PROGRAMS:
+        return
+    program, missing = MODE_PROGRAMS[instance.launch_mode]
+    found = host.exec(container_id, ["sh", "-c", f"command -v {program}"], timeout=30)
+    if found.exit_code == 0:
+        return
+    state = host.inspect(container_id).get("State", {})
+    if state.get("Running") or state.get("ExitCode") == MISSING_PROGRAM:
+        raise LaunchModeUnavailable(missing)
+    raise LaunchModeUnavailable(
+        f"{program} exited at once (exit code {state.get('ExitCode')}); see the logs"
+    )

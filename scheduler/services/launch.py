@@ -1,0 +1,199 @@
+"""Launching: start an instance's container on its machine, pulling its image when needed."""
+
+from __future__ import annotations
+
+from hosts.runtime import (
+    EXIT_DOCKER_ERROR,
+    CommandFailed,
+    ContainerSpec,
+    DockerHost,
+    HostKeyMismatch,
+    HostUnreachable,
+    ImageNotOnHost,
+    check_registry,
+    image_repository,
+)
+from scheduler.models import GPU_HOLDING_STATES, Instance, InstanceState, PrivateRepository
+from scheduler.services.container_spec import check_launch_mode, container_spec_for
+from scheduler.services.containers import existing_container, remove_quietly
+from scheduler.services.errors import LaunchInterrupted
+from scheduler.services.leased_work import WorkOutcome, leased, waiting_for_host
+from scheduler.services.transitions import instance_report_progress, instance_transition, state_of
+
+# A launch whose host does not answer is tried this many times (about half an hour with the
+# backoff in scheduler.work) before it fails and the rental ends.
+MAX_LAUNCH_ATTEMPTS = 10
+
+
+def instance_launch(
+    *,
+    instance_id: int,
+    ssh_keys: list[str] | None = None,
+    registry_credentials: tuple[str, str] | None = None,
+) -> WorkOutcome:
+    """Start the instance's container on its machine; idempotent.
+
+    Only the worker holding the lease touches the host; another gets "busy". The container
+    name is derived from the instance, so a later attempt (a worker killed mid-way, its lease
+    expired) finds the container the first one made and adopts it instead of starting another.
+    """
+    return leased(
+        instance_id,
+        InstanceState.LAUNCHING,
+        lambda token: _launch_leased(instance_id, token, ssh_keys, registry_credentials),
+    )
+
+
+def instance_launch_fail(*, instance_id: int, reason: str) -> WorkOutcome:
+    """End a launch that cannot go on, for a reason found before any host was asked (its
+    GPUs are freed and its rental settles, as for any failed launch)."""
+    return _launch_failed(instance_id, reason)
+
+
+def _launch_failed(instance_id: int, reason: str) -> WorkOutcome:
+    moved = instance_transition(
+        instance_id=instance_id,
+        to_state=InstanceState.FAILED,
+        reason=reason,
+        only_from={InstanceState.LAUNCHING},
+    )
+    return WorkOutcome(instance_id, moved.state if moved else state_of(instance_id))
+
+
+def _launch_leased(
+    instance_id: int,
+    token: str,
+    ssh_keys: list[str] | None,
+    registry_credentials: tuple[str, str] | None,
+) -> WorkOutcome:
+    instance = Instance.objects.select_related("machine").get(pk=instance_id)
+    if instance.state != InstanceState.LAUNCHING:
+        return WorkOutcome(instance_id, instance.state)
+    # Attempts are counted when the lease is taken, so only a later attempt can find a
+    # container an earlier one made; the first skips that look-up.
+    first_attempt = instance.attempts == 1
+    host = DockerHost(instance.machine)
+    try:
+        spec = container_spec_for(instance, ssh_keys=ssh_keys)
+        existing = "" if first_attempt else existing_container(host, instance.container_name)
+        if existing:
+            host.start(existing)  # a no-op when it is already running
+            container_id = existing
+        else:
+            container_id = _run_pulling_if_needed(host, instance, spec, registry_credentials)
+        check_launch_mode(host, instance, container_id)
+    except LaunchInterrupted:
+        # Stopped or destroyed meanwhile: that work, waiting for this lease, stops or removes
+        # the container by its name.
+        return WorkOutcome(instance_id, state_of(instance_id))
+    except HostUnreachable as error:
+        if instance.attempts >= MAX_LAUNCH_ATTEMPTS:
+            return _launch_failed(
+                instance_id,
+                f"Launch failed: the host did not answer in {instance.attempts} tries ({error})",
+            )
+        return waiting_for_host(instance, "Launching", error)
+    except HostKeyMismatch as error:
+        return _launch_failed(instance_id, f"Launch refused: {error}")
+    except (CommandFailed, ValueError) as error:
+        # `docker run` can fail after creating the container (a port taken, say): remove it,
+        # so nothing is left behind the failed rental.
+        remove_quietly(host, instance.container_name)
+        return _launch_failed(instance_id, f"Launch failed: {error}")
+    moved = instance_transition(
+        instance_id=instance_id,
+        to_state=InstanceState.RUNNING,
+        reason="Container started" if not existing else "Container found running",
+        only_from={InstanceState.LAUNCHING},
+        container_id=container_id,
+        progress=100,
+    )
+    if moved is None:
+        # It left launching while `docker run` ran. Stopping and destroying wait for this lease
+        # and then act on the container by name; tell them its id too. Any other state holds
+        # no GPUs, so the container must not run.
+        Instance.objects.filter(pk=instance_id, container_id="").update(container_id=container_id)
+        current = state_of(instance_id)
+        if current not in GPU_HOLDING_STATES:
+            remove_quietly(host, container_id, stop_only=current != InstanceState.DESTROYED)
+        return WorkOutcome(instance_id, current, container_id)
+    return WorkOutcome(instance_id, moved.state, container_id)
+
+
+def _may_exist(error: CommandFailed) -> bool:
+    """Whether a failed `docker run` may have left a container of its name: the daemon
+    refused (exit 125: the name taken by an earlier launch's container, or a port taken after
+    the container was made). The caller looks it up by name; Docker's wording is not read."""
+    return error.exit_code == EXIT_DOCKER_ERROR
+
+
+def _run_pulling_if_needed(
+    host: DockerHost,
+    instance: Instance,
+    spec: ContainerSpec,
+    credentials: tuple[str, str] | None = None,
+) -> str:
+    """Run with the image as it is; pull (with progress) only when the host lacks it, or
+    when the image is private: given with a login, or of a repository some rental pulled
+    here with one. Then it is always pulled with this rental's own login (or none), so a
+    private image another team left on the machine runs only for those the registry admits.
+
+    A container of this name appearing meanwhile (a launcher whose claim had expired, still
+    at work) is adopted, never removed: it may be the one that is running.
+    """
+    repository = image_repository(spec.image)
+    private = (
+        credentials is not None
+        or PrivateRepository.objects.filter(
+            machine_id=instance.machine_id, repository=repository
+        ).exists()
+    )
+    if not private:
+        # Only a missing image is pulled: a command the image cannot run (exit 126/127,
+        # ContainerDidNotStart) or any other refusal fails the launch with Docker's reason.
+        try:
+            return host.run(spec, pull=False)
+        except ImageNotOnHost:
+            pass
+        except CommandFailed as error:
+            if _may_exist(error):
+                return _adopt(host, instance, error)
+            raise
+    # Checked again here, on the worker, right before the host speaks to the registry: the
+    # registry's name may point somewhere else now than when the rental was made.
+    check_registry(instance.image, allow_private=instance.machine.allow_private_registries)
+    report = lambda pct, msg: instance_report_progress(  # noqa: E731
+        instance=instance, progress=pct, message=msg
+    )
+    report(5, "Pulling image")
+    if credentials is not None:
+        # Recorded before the pull: a launch of another team checking while this one pulls
+        # must already find the repository private.
+        PrivateRepository.objects.get_or_create(
+            machine_id=instance.machine_id, repository=repository
+        )
+    try:
+        host.pull(
+            instance.image,
+            progress_callback=lambda pct, msg: report(5 + int(pct * 0.85), msg),
+            credentials=credentials,
+        )
+    except CommandFailed as error:
+        raise CommandFailed(
+            error.argv, error.exit_code, f"could not pull {instance.image}: {error.stderr}"
+        ) from error
+    report(92, "Starting container")
+    try:
+        return host.run(spec, pull=False)
+    except CommandFailed as error:
+        if _may_exist(error):
+            return _adopt(host, instance, error)
+        raise
+
+
+def _adopt(host: DockerHost, instance: Instance, error: CommandFailed) -> str:
+    existing = existing_container(host, instance.container_name)
+    if not existing:
+        raise error
+    host.start(existing)
+    return existing

@@ -1,0 +1,122 @@
+"""Level-triggered reconcile of a machine: instances follow their containers, leftovers stop."""
+
+from __future__ import annotations
+
+import logging
+
+from django.db.models import Exists, OuterRef, Q, QuerySet
+
+from hosts.models import Machine
+from hosts.runtime import CommandFailed, DockerHost
+from scheduler.models import GPU_HOLDING_STATES, Instance, InstanceState
+from scheduler.services.allocations import live_gpu_allocations
+from scheduler.services.expiry import LIVE_STATES
+from scheduler.services.start import start_under_way
+from scheduler.services.transitions import instance_transition
+
+logger = logging.getLogger(__name__)
+
+
+def machine_reconcile(*, machine_id: int) -> int:
+    """Compare the machine's platform containers (one ``docker ps``) with our instances.
+
+    Running and exited instances follow their containers. Containers of instances that are
+    no longer supposed to run (stopped, failed, expired, destroyed — say, their host was
+    unreachable when they ended) are stopped, or removed for destroyed ones, and GPUs those
+    instances still hold are released once their container is seen stopped. A start under way
+    (``start_under_way``) is not one of them, unless its worker died (START_LEASE).
+
+    Returns how many instances changed state or gave GPUs back.
+    """
+    machine = Machine.objects.get(pk=machine_id)
+    host = DockerHost(machine)
+    containers = {c.name: c for c in host.list_platform_containers()}
+    changed = 0
+    watched = Instance.objects.filter(
+        machine=machine, state__in=[InstanceState.RUNNING, InstanceState.EXITED]
+    )
+    for instance in watched:
+        changed += _follow_container(instance, containers.get(instance.container_name))
+    running_uuids = [c.instance for c in containers.values() if c.running and c.instance]
+    holding = live_gpu_allocations().filter(instance=OuterRef("pk"))
+    ended = (
+        Instance.objects.filter(machine=machine)
+        # Destroying is its own worker's to finish; the live states are followed above.
+        .exclude(state__in=[*LIVE_STATES, InstanceState.DESTROYING])
+        .filter(Q(uuid__in=running_uuids) | Exists(holding))
+        # A start under way has its GPUs and (re)started container on purpose; stopping it and
+        # freeing them would leave it running on GPUs someone else can rent.
+        .exclude(start_under_way())
+    )
+    for instance in ended:
+        changed += _end_leftover_container(host, instance, containers.get(instance.container_name))
+    return changed
+
+
+def _follow_container(instance: Instance, container) -> bool:
+    if container is None:
+        moved = instance_transition(
+            instance_id=instance.pk,
+            to_state=InstanceState.FAILED,
+            reason="The container disappeared from the host",
+            only_from={instance.state},
+        )
+    elif container.running and instance.state == InstanceState.EXITED:
+        moved = instance_transition(
+            instance_id=instance.pk,
+            to_state=InstanceState.RUNNING,
+            reason="The container is running again",
+            only_from={InstanceState.EXITED},
+        )
+    elif not container.running and instance.state == InstanceState.RUNNING:
+        moved = instance_transition(
+            instance_id=instance.pk,
+            to_state=InstanceState.EXITED,
+            reason=f"The container exited ({container.status})",
+            only_from={InstanceState.RUNNING},
+        )
+    else:
+        moved = None
+    return moved is not None
+
+
+def _end_leftover_container(host: DockerHost, instance: Instance, container) -> bool:
+    """Stop (or, for a destroyed instance, remove) a container that should not be running,
+    then give back the GPUs its instance kept for it. Same-state transition: an event with
+    the reason, nothing else changes."""
+    if container is not None and (container.running or instance.state == InstanceState.DESTROYED):
+        try:
+            if instance.state == InstanceState.DESTROYED:
+                host.remove(container.id)
+            else:
+                host.stop(container.id)
+        except CommandFailed:
+            logger.warning("could not stop leftover container of %s", instance, exc_info=True)
+            return False
+        what = "removed" if instance.state == InstanceState.DESTROYED else "stopped"
+        reason = f"Its container was still running on the host; {what} it"
+    else:
+        reason = "Its container is confirmed stopped"
+    if live_gpu_allocations().filter(instance=instance).exists():
+        reason += "; its GPUs are free again"
+    moved = instance_transition(
+        instance_id=instance.pk,
+        to_state=instance.state,
+        reason=reason,
+        only_from={instance.state},
+    )
+    return moved is not None
+
+
+def machines_needing_reconcile() -> QuerySet[Machine]:
+    """Online machines with containers to watch: live instances, or ended ones still holding
+    GPUs because their container was not confirmed stopped."""
+    live = Instance.objects.filter(state__in=[InstanceState.RUNNING, InstanceState.EXITED]).values(
+        "machine_id"
+    )
+    unconfirmed = (
+        live_gpu_allocations()
+        .exclude(instance__state__in=GPU_HOLDING_STATES)
+        .values("instance__machine_id")
+    )
+    return Machine.objects.filter(status="online").filter(Q(pk__in=live) | Q(pk__in=unconfirmed))

@@ -1,0 +1,113 @@
+"""Starting a stopped or exited instance again, on the GPUs it had."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.db import transaction
+from django.db.models import Exists, OuterRef
+from django.utils import timezone
+
+from hosts.models import Machine
+from hosts.runtime import CommandFailed, DockerHost, HostUnreachable
+from scheduler.models import Instance, InstanceState
+from scheduler.services.allocations import (
+    gpu_allocation_reclaim,
+    gpu_allocation_release,
+    live_gpu_allocations,
+)
+from scheduler.services.containers import remove_quietly
+from scheduler.services.errors import InvalidTransition
+from scheduler.services.transitions import instance_transition
+
+# How long a start may hold a stopped instance's GPUs before it counts as dead.
+# instance_start commits the GPUs it takes back before it runs `docker start` over SSH (which
+# times out long before this); a start whose worker died in between would otherwise hold them
+# for good, so machine_reconcile gives them back once this has passed.
+START_LEASE = timedelta(minutes=10)
+
+
+def start_under_way() -> Exists:
+    """Filter for stopped instances that instance_start has taken GPUs back for and not yet
+    moved on.
+
+    Every transition into the stopped state releases the GPUs, so live GPUs on a stopped
+    instance are a start's (for START_LEASE). Its container may already run: it is the
+    start's, not a leftover, and its GPUs must not be freed under it.
+    """
+    return Exists(
+        live_gpu_allocations().filter(
+            instance=OuterRef("pk"),
+            instance__state=InstanceState.STOPPED,
+            created_at__gt=timezone.now() - START_LEASE,
+        )
+    )
+
+
+def instance_start(*, instance_id: int) -> Instance:
+    """Take the GPUs back (409 if someone else has them) and start the container again.
+
+    A stopped instance that has no container (stopped while it was launching) is launched
+    again instead: it becomes launching, in the transaction that takes its GPUs back, and the
+    caller queues the launch (a pull can take long; it never runs in a request).
+
+    Otherwise the GPUs are committed before the container starts, so meanwhile the instance is
+    still stopped but holds GPUs: machine_reconcile leaves it alone and instance_expire stops
+    its container (``start_under_way``). It becomes running only if, when the container has
+    started, it is still in the state it was started from and holds its GPUs; otherwise
+    (expired, destroyed, or freed as a dead start meanwhile) its container is stopped again.
+    """
+    machine_id = Instance.objects.values_list("machine_id", flat=True).get(pk=instance_id)
+    with transaction.atomic():
+        # The machine before the instance, the order renting and reclaiming take them in.
+        Machine.objects.select_for_update().get(pk=machine_id)
+        instance = (
+            Instance.objects.select_for_update(of=("self",))
+            .select_related("machine")
+            .get(pk=instance_id)
+        )
+        from_state = instance.state
+        if from_state not in (InstanceState.STOPPED, InstanceState.EXITED):
+            raise InvalidTransition(f"An instance that is {from_state} cannot be started.")
+        if from_state == InstanceState.STOPPED:
+            gpu_allocation_reclaim(instance=instance)
+        if not instance.container_id:
+            return instance_transition(
+                instance_id=instance_id,
+                to_state=InstanceState.LAUNCHING,
+                reason="Launching again",
+                work_due_at=timezone.now(),
+                attempts=0,
+                progress=0,
+            )
+    host = DockerHost(instance.machine)
+    try:
+        host.start(instance.container_id)
+    except (CommandFailed, HostUnreachable):
+        if from_state == InstanceState.STOPPED:
+            with transaction.atomic():
+                # Not if it moved on meanwhile: an expiry that could not confirm the container
+                # stopped keeps the GPUs for machine_reconcile to release.
+                locked = Instance.objects.select_for_update().get(pk=instance_id)
+                if locked.state == from_state:
+                    gpu_allocation_release(instance=instance)
+        raise
+    with transaction.atomic():
+        current = Instance.objects.select_for_update().get(pk=instance_id)
+        still_ours = current.state == from_state and (
+            from_state != InstanceState.STOPPED
+            or live_gpu_allocations().filter(instance=current).exists()
+        )
+        if still_ours:
+            return instance_transition(
+                instance_id=instance_id,
+                to_state=InstanceState.RUNNING,
+                reason="Started by the renter",
+            )
+    if current.state == InstanceState.RUNNING:
+        return current  # exited, and reconcile saw the container running again first
+    if current.state in (InstanceState.STOPPING, InstanceState.DESTROYING):
+        return current  # a stop or destroy asked for meanwhile acts on the container itself
+    # It moved on while the container started: it must not run on GPUs it no longer holds.
+    remove_quietly(host, instance.container_id, stop_only=current.state != InstanceState.DESTROYED)
+    raise InvalidTransition(f"The instance became {current.state} while it was starting.")

@@ -1,0 +1,85 @@
+"""The instance state machine: every state change goes through ``instance_transition``."""
+
+from __future__ import annotations
+
+from django.db import transaction
+from django.utils import timezone
+
+from scheduler.models import GPU_HOLDING_STATES, TRANSITIONS, Instance, InstanceEvent, InstanceState
+from scheduler.services.allocations import allocation_release_all, gpu_allocation_release
+from scheduler.services.errors import InvalidTransition, LaunchInterrupted
+from scheduler.signals import instance_progress, instance_state_changed
+
+
+def instance_transition(
+    *,
+    instance_id: int,
+    to_state: str,
+    reason: str,
+    only_from: set[str] | None = None,
+    keep_gpus: bool = False,
+    **fields,
+) -> Instance | None:
+    """Move an instance to ``to_state`` and record why; publish on commit.
+
+    Returns None (and changes nothing) when the instance is not in ``only_from`` — the way a
+    re-delivered or late task learns someone else already moved it on.
+
+    Leaving the GPU-holding states gives the GPUs back, unless ``keep_gpus``: the caller could
+    not confirm the container stopped (its host was unreachable), so renting those GPUs to
+    someone else would put two renters on them. ``machine_reconcile`` releases them once it
+    has seen the container stopped.
+    """
+    with transaction.atomic():
+        instance = Instance.objects.select_for_update().get(pk=instance_id)
+        from_state = instance.state
+        if only_from is not None and from_state not in only_from:
+            return None
+        if to_state != from_state and to_state not in TRANSITIONS[from_state]:
+            raise InvalidTransition(f"An instance that is {from_state} cannot become {to_state}.")
+        instance.state = to_state
+        instance.status_message = reason[:500]
+        instance.state_changed_at = timezone.now()
+        for name, value in fields.items():
+            setattr(instance, name, value)
+        instance.save()
+        InstanceEvent.objects.create(
+            instance=instance, from_state=from_state, to_state=to_state, reason=reason[:500]
+        )
+        if to_state not in GPU_HOLDING_STATES and not keep_gpus:
+            gpu_allocation_release(instance=instance)
+        if to_state == InstanceState.DESTROYED:
+            allocation_release_all(instance=instance)
+        payload = {
+            "instance_id": instance.pk,
+            "team_id": instance.team_id,
+            "machine_id": instance.machine_id,
+            "from_state": from_state,
+            "to_state": to_state,
+            "reason": reason,
+        }
+        transaction.on_commit(
+            lambda: instance_state_changed.send_robust(sender=Instance, **payload)
+        )
+    return instance
+
+
+def instance_report_progress(*, instance: Instance, progress: int, message: str) -> None:
+    """Show launch progress. Raises LaunchInterrupted when the instance is no longer launching
+    (the renter stopped or destroyed it), so a long pull ends at its next progress line."""
+    still_launching = Instance.objects.filter(pk=instance.pk, state=InstanceState.LAUNCHING).update(
+        progress=progress, status_message=message[:500]
+    )
+    if not still_launching:
+        raise LaunchInterrupted(f"instance {instance.pk} is no longer launching")
+    instance_progress.send_robust(
+        sender=Instance,
+        instance_id=instance.pk,
+        team_id=instance.team_id,
+        progress=progress,
+        message=message,
+    )
+
+
+def state_of(instance_id: int) -> str:
+    return Instance.objects.values_list("state", flat=True).get(pk=instance_id)
