@@ -346,7 +346,7 @@ STRIPE_WEBHOOK_TOLERANCE = int(os.environ.get("STRIPE_WEBHOOK_TOLERANCE", "300")
 HOST_HEARTBEAT_SECONDS = int(os.environ.get("HOST_HEARTBEAT_SECONDS", "30"))
 HOST_HEARTBEAT_MISSES = int(os.environ.get("HOST_HEARTBEAT_MISSES", "3"))
 # Failed probes in a row before a machine leaves service, and how soon one that answers
-# heartbeats is probed again (hosts/services.py).
+# heartbeats is probed again (hosts/services/probing.py).
 HOST_PROBE_FAILURES = int(os.environ.get("HOST_PROBE_FAILURES", "3"))
 HOST_PROBE_RETRY_SECONDS = int(os.environ.get("HOST_PROBE_RETRY_SECONDS", "300"))
 # Machines on loopback addresses: only for development and the simulated hosts (which are
