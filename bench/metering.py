@@ -10,7 +10,7 @@ migrates it and inserts 100,000 contracts, each with its instance and its open c
 (9 in 10 running, 1 in 10 stopped: storage only), funded by one balanced grant. Then it runs
 what the ``metering_sweep`` task runs — ``contracts_resync`` (finds contracts a lost event
 left out of step: none here, but the query runs over every open contract) and then
-``marketplace.services.rentals.metering_sweep``, which loads the open contracts, computes what
+``marketplace.services.metering.metering_sweep``, which loads the open contracts, computes what
 each owes from its clocks, and captures the difference from each hold — several times:
 
 1. at "now", the first capture of every contract;
@@ -63,7 +63,7 @@ def populate(rng: random.Random, now) -> None:
     from billing.models import Account, AccountKind, Entry, Hold, Transfer, TransferKind
     from hosts.models import Machine
     from marketplace.models import Contract, Team
-    from marketplace.services.rentals import rental_quote
+    from marketplace.services.pricing import rental_quote
     from scheduler.models import Instance
 
     with transaction.atomic():
@@ -229,8 +229,9 @@ def main() -> None:
         from billing.metering import SETTLE_BATCH_SIZE, HoldUsage, holds_settle_usage
         from billing.signals import balance_changed
         from marketplace.models import Contract
-        from marketplace.services.rentals import contract_owed, contracts_resync
-        from marketplace.services.rentals import metering_sweep as sweep_only
+        from marketplace.services.clocks import contracts_resync
+        from marketplace.services.metering import contract_owed
+        from marketplace.services.metering import metering_sweep as sweep_only
 
         resync_seconds = []
 

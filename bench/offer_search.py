@@ -46,7 +46,7 @@ def populate(count: int) -> str:
 
     from hosts.models import Machine
     from marketplace.models import Membership, Offer, Role, Team, User
-    from marketplace.services.rentals import offer_score
+    from marketplace.services.offers import offer_score
     from marketplace.services.tenancy import api_key_create
 
     rng = random.Random(42)

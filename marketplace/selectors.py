@@ -46,7 +46,7 @@ def rental_extension_costs(team_id: int) -> list[ExtensionCost]:
     """What extending each of the team's live rentals by an hour holds, dearest first: GPUs and
     storage, as ``rental_extend`` holds them (a stopped rental too: it may start again)."""
     from marketplace.models import Contract
-    from marketplace.services.rentals import extension_quote
+    from marketplace.services.pricing import extension_quote
 
     live = Contract.objects.filter(team_id=team_id, settled_at=None).only(
         "instance_id", "machine_id", "price_per_gpu_hour", "gpu_count",

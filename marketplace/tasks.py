@@ -9,7 +9,7 @@ import logging
 
 from celery import shared_task
 
-from marketplace.services import rentals
+from marketplace.services import clocks, metering, offers, registries, renter_actions, ssh_keys
 from marketplace.services.tenancy import invitations_expire as expire
 from scheduler import services as scheduler
 from scheduler.models import WORK_STATES, Instance, InstanceState
@@ -43,15 +43,15 @@ def rental_launch(self, instance_id: int) -> str:
     if instance is None:
         return "gone"
     try:
-        credentials = rentals.registry_credentials(instance)
-    except rentals.RegistryLoginUnreadable as error:
+        credentials = registries.registry_credentials(instance)
+    except registries.RegistryLoginUnreadable as error:
         outcome = scheduler.instance_launch_fail(
             instance_id=instance_id, reason=f"Launch refused: {error}"
         )
         return _then(self, instance_id, outcome, InstanceState.LAUNCHING)
     outcome = scheduler.instance_launch(
         instance_id=instance_id,
-        ssh_keys=rentals.team_ssh_public_keys(instance.team_id),
+        ssh_keys=ssh_keys.team_ssh_public_keys(instance.team_id),
         registry_credentials=credentials,
     )
     return _then(self, instance_id, outcome, InstanceState.LAUNCHING)
@@ -86,8 +86,8 @@ register_worker(InstanceState.DESTROYING, _queue(rental_destroy))
 def metering_sweep() -> int:
     # First whatever a lost state-change event left out of step (an ended rental unsettled,
     # a clock running for a stopped instance), so the sweep never charges for it.
-    rentals.contracts_resync()
-    return rentals.metering_sweep()
+    clocks.contracts_resync()
+    return metering.metering_sweep()
 
 
 @shared_task(name="marketplace.tasks.expiry_sweep")
@@ -98,7 +98,7 @@ def expiry_sweep() -> int:
     changed host key, is logged and retried on the next sweep, never stopping the others.
     """
     done = 0
-    for instance_id in list(rentals.contracts_due_to_expire()):
+    for instance_id in list(clocks.contracts_due_to_expire()):
         try:
             if scheduler.instance_expire(instance_id=instance_id) is not None:
                 done += 1
@@ -106,9 +106,9 @@ def expiry_sweep() -> int:
             logger.exception(
                 "could not expire instance %s; the next sweep tries again", instance_id
             )
-    for instance_id in list(rentals.contracts_due_for_data_deletion()):
+    for instance_id in list(clocks.contracts_due_for_data_deletion()):
         try:
-            rentals.rental_destroy_request(
+            renter_actions.rental_destroy_request(
                 instance=Instance.objects.get(pk=instance_id),
                 reason="Data deleted after the grace period",
             )
@@ -119,4 +119,4 @@ def expiry_sweep() -> int:
 
 @shared_task(name="marketplace.tasks.offers_refresh")
 def offers_refresh() -> int:
-    return rentals.offers_refresh_all()
+    return offers.offers_refresh_all()

@@ -18,7 +18,21 @@ from marketplace.api.permissions import api_team, read_only_methods
 from marketplace.api.throttling import throttle_scope
 from marketplace.models import Contract, Offer, SshKey
 from marketplace.selectors import instance_connection, instance_logs
-from marketplace.services import rentals
+from marketplace.services.pricing import rental_quote
+from marketplace.services.renter_actions import (
+    rental_destroy_request,
+    rental_exec,
+    rental_start,
+    rental_stop_request,
+)
+from marketplace.services.renting import (
+    MAX_RENTAL_HOURS,
+    MIN_RENTAL_HOURS,
+    RentalRequest,
+    rental_create,
+    rental_extend,
+)
+from marketplace.services.ssh_keys import ssh_key_add
 from marketplace.validation import validate_launch
 from scheduler import services as scheduler
 from scheduler.models import Instance, InstanceState, LaunchMode
@@ -228,9 +242,7 @@ def offers(request):
 
 class QuoteSerializer(serializers.Serializer):
     num_gpus = serializers.IntegerField(min_value=1, max_value=64)
-    duration_hours = FiniteFloatField(
-        min_value=rentals.MIN_RENTAL_HOURS, max_value=rentals.MAX_RENTAL_HOURS
-    )
+    duration_hours = FiniteFloatField(min_value=MIN_RENTAL_HOURS, max_value=MAX_RENTAL_HOURS)
     disk_gb = serializers.IntegerField(min_value=1, max_value=100_000, default=10)
 
 
@@ -252,7 +264,7 @@ def offer_quote(request, machine_id: int):
         raise Http404
     params = QuoteSerializer(data=request.query_params)
     params.is_valid(raise_exception=True)
-    quote = rentals.rental_quote(
+    quote = rental_quote(
         machine=offer.machine,
         gpu_count=params.validated_data["num_gpus"],
         disk_gb=params.validated_data["disk_gb"],
@@ -273,9 +285,7 @@ class RentSerializer(serializers.Serializer):
     )
     num_gpus = serializers.IntegerField(min_value=1, max_value=64)
     image = serializers.CharField(max_length=255)
-    duration_hours = FiniteFloatField(
-        min_value=rentals.MIN_RENTAL_HOURS, max_value=rentals.MAX_RENTAL_HOURS
-    )
+    duration_hours = FiniteFloatField(min_value=MIN_RENTAL_HOURS, max_value=MAX_RENTAL_HOURS)
     disk_gb = serializers.IntegerField(min_value=1, max_value=100_000, default=10)
     launch_mode = serializers.ChoiceField(choices=LaunchMode.choices, default=LaunchMode.ENTRYPOINT)
     env = serializers.DictField(
@@ -336,7 +346,7 @@ class InstanceSerializer(serializers.ModelSerializer):
 
 
 class ExtendSerializer(serializers.Serializer):
-    hours = FiniteFloatField(min_value=rentals.MIN_RENTAL_HOURS, max_value=rentals.MAX_RENTAL_HOURS)
+    hours = FiniteFloatField(min_value=MIN_RENTAL_HOURS, max_value=MAX_RENTAL_HOURS)
 
 
 class ExecSerializer(serializers.Serializer):
@@ -358,9 +368,9 @@ class InstanceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScop
         params = RentSerializer(data=request.data)
         params.is_valid(raise_exception=True)
         data = params.validated_data
-        contract = rentals.rental_create(
+        contract = rental_create(
             team=self.team,
-            request=rentals.RentalRequest(
+            request=RentalRequest(
                 machine_id=data["machine_id"],
                 gpu_count=data["num_gpus"],
                 image=data["image"],
@@ -387,7 +397,7 @@ class InstanceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScop
     def destroy(self, request, pk=None):
         """The rental ends now; the instance is destroying until its host confirms."""
         instance = self.get_object()
-        rentals.rental_destroy_request(instance=instance)
+        rental_destroy_request(instance=instance)
         return Response(self._as_now(instance), status=status.HTTP_202_ACCEPTED)
 
     @extend_schema(request=None, responses={202: InstanceSerializer})
@@ -395,7 +405,7 @@ class InstanceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScop
     def stop(self, request, pk=None):
         """GPU time stops being charged now; the instance is stopping until its host confirms."""
         instance = self.get_object()
-        rentals.rental_stop_request(instance=instance)
+        rental_stop_request(instance=instance)
         return Response(self._as_now(instance), status=status.HTTP_202_ACCEPTED)
 
     @extend_schema(request=None, responses={200: InstanceSerializer})
@@ -403,7 +413,7 @@ class InstanceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScop
     def start(self, request, pk=None):
         """Running again at once, or launching again (by a worker) if it had no container."""
         instance = self.get_object()
-        rentals.rental_start(instance=instance)
+        rental_start(instance=instance)
         return Response(self._as_now(instance))
 
     @extend_schema(request=ExtendSerializer, responses={200: InstanceSerializer})
@@ -412,7 +422,7 @@ class InstanceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScop
         instance = self.get_object()
         params = ExtendSerializer(data=request.data)
         params.is_valid(raise_exception=True)
-        rentals.rental_extend(contract=instance.contract, hours=params.validated_data["hours"])
+        rental_extend(contract=instance.contract, hours=params.validated_data["hours"])
         return Response(InstanceSerializer(self.get_object()).data)
 
     @extend_schema(parameters=[OpenApiParameter("tail", int)], responses={200: dict})
@@ -432,7 +442,7 @@ class InstanceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScop
         instance = self.get_object()
         params = ExecSerializer(data=request.data)
         params.is_valid(raise_exception=True)
-        result = rentals.rental_exec(instance=instance, command=params.validated_data["command"])
+        result = rental_exec(instance=instance, command=params.validated_data["command"])
         return Response({"exit_code": result.exit_code, "output": result.stdout + result.stderr})
 
 
@@ -453,7 +463,7 @@ class SshKeyViewSet(
     audience = "renter"
 
     def perform_create(self, serializer):
-        serializer.instance = rentals.ssh_key_add(
+        serializer.instance = ssh_key_add(
             team=api_team(self.request),
             name=serializer.validated_data["name"],
             public_key=serializer.validated_data["public_key"],

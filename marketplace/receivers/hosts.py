@@ -12,7 +12,9 @@ from hosts.services import register_commitments
 from hosts.signals import machine_changed, machine_status_changed
 from marketplace.events import publish_team_event
 from marketplace.models import Contract
-from marketplace.services.rentals import contracts_follow_machine, offer_refresh
+from marketplace.services.clocks import contracts_follow_machine
+from marketplace.services.offers import offer_refresh
+from scheduler.services import live_gpu_allocations
 
 
 @receiver(machine_status_changed, dispatch_uid="marketplace.machine_status_changed")
@@ -38,9 +40,7 @@ def on_machine_changed(sender, *, machine_id, team_id=None, what="", **kwargs):
 
 def rented_gpus(machine_ids: list[int]) -> dict[int, str]:
     """Which GPUs live allocations hold, for the provider's occupancy grid."""
-    from scheduler.models import GpuAllocation
-
-    taken = GpuAllocation.objects.filter(released_at=None, gpu__machine_id__in=machine_ids)
+    taken = live_gpu_allocations().filter(gpu__machine_id__in=machine_ids)
     return dict.fromkeys(taken.values_list("gpu_id", flat=True), "rented")
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from django.dispatch import receiver
 
 from marketplace.events import publish_instance_event
-from marketplace.services.rentals import contract_follow_instance, offer_refresh
+from marketplace.services.clocks import contract_follow_instance
+from marketplace.services.offers import offer_refresh
 from scheduler.signals import instance_progress, instance_state_changed
 
 

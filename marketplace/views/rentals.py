@@ -18,7 +18,17 @@ from hosts.runtime import CommandFailed, HostUnreachable
 from marketplace import offer_query, selectors
 from marketplace.models import Offer, Role, SshKey
 from marketplace.selectors import instance_connection
-from marketplace.services import rentals
+from marketplace.services.clocks import ENDED_STATES
+from marketplace.services.metering import contract_owed
+from marketplace.services.pricing import rental_quote
+from marketplace.services.renter_actions import (
+    rental_destroy_request,
+    rental_exec,
+    rental_start,
+    rental_stop_request,
+)
+from marketplace.services.renting import RentalRequest, rental_create, rental_extend
+from marketplace.services.ssh_keys import ssh_key_add
 from marketplace.tenancy import team_object_or_404, team_objects
 from marketplace.validation import validate_launch
 from marketplace.views.numbers import form_decimal, form_whole
@@ -182,9 +192,9 @@ def rent(request: HttpRequest, machine_id: int) -> HttpResponse:
             entrypoint=data.get("entrypoint", "").strip(),
             args=args,
         )
-        contract = rentals.rental_create(
+        contract = rental_create(
             team=request.team,
-            request=rentals.RentalRequest(
+            request=RentalRequest(
                 machine_id=machine_id,
                 gpu_count=form_whole(data.get("num_gpus"), field="num_gpus"),
                 image=data.get("image", "").strip(),
@@ -228,8 +238,8 @@ def instances(request: HttpRequest) -> HttpResponse:
 def _instance_context(request: HttpRequest, instance: Instance) -> dict[str, object]:
     contract = instance.contract
     now = timezone.now()
-    owed = rentals.contract_owed(contract, now)
-    held = rentals.rental_quote(
+    owed = contract_owed(contract, now)
+    held = rental_quote(
         machine=instance.machine, gpu_count=contract.gpu_count, disk_gb=contract.disk_gb, hours=1
     )
     return {
@@ -243,7 +253,7 @@ def _instance_context(request: HttpRequest, instance: Instance) -> dict[str, obj
         "storage_per_hour": format_usd(held.storage),
         "remaining": contract.ends_at - now if contract.ends_at > now else None,
         "can_act": request.membership.allows(Role.MEMBER),
-        "ended": instance.state in rentals.ENDED_STATES,
+        "ended": instance.state in ENDED_STATES,
     }
 
 
@@ -267,14 +277,14 @@ def instance_action(request: HttpRequest, pk: int, action: str) -> HttpResponse:
     )
     try:
         if action == "stop":
-            rentals.rental_stop_request(instance=instance)
+            rental_stop_request(instance=instance)
             messages.info(
                 request,
                 "Stopping: GPU time is no longer charged; the GPUs are free once the host has "
                 "stopped the container. Storage is still charged.",
             )
         elif action == "start":
-            started = rentals.rental_start(instance=instance)
+            started = rental_start(instance=instance)
             if started.state == InstanceState.LAUNCHING:
                 messages.success(request, "Launching again; this page updates by itself.")
             else:
@@ -283,10 +293,10 @@ def instance_action(request: HttpRequest, pk: int, action: str) -> HttpResponse:
             # The extending service refuses NaN and infinities itself, with the range it
             # allows (which says more than "not finite"); only non-numbers stop here.
             hours = form_decimal(request.POST.get("hours"), field="hours", range_checked=True)
-            rentals.rental_extend(contract=instance.contract, hours=hours)
+            rental_extend(contract=instance.contract, hours=hours)
             messages.success(request, f"Extended by {hours:g} hours.")
         elif action == "destroy":
-            rentals.rental_destroy_request(instance=instance)
+            rental_destroy_request(instance=instance)
             messages.info(
                 request,
                 "Destroying: the rental is settled now, and the container and its data are "
@@ -326,7 +336,7 @@ def instance_exec(request: HttpRequest, pk: int) -> HttpResponse:
             {"error": "The command is longer than 4096 characters."},
         )
     try:
-        result = rentals.rental_exec(instance=instance, command=command)
+        result = rental_exec(instance=instance, command=command)
     except (CommandFailed, HostUnreachable, scheduler.InvalidTransition) as error:
         return render(request, "marketplace/_exec.html", {"error": str(error)})
     return render(
@@ -352,7 +362,7 @@ def ssh_keys(request: HttpRequest) -> HttpResponse:
                 key.delete()
                 messages.success(request, f"Key {key.name} removed.")
             else:
-                key = rentals.ssh_key_add(
+                key = ssh_key_add(
                     team=request.team,
                     name=request.POST.get("name", ""),
                     public_key=request.POST.get("public_key", ""),

@@ -20,11 +20,8 @@ from billing.selectors import team_balance
 from hosts.models import Machine
 from marketplace import tasks
 from marketplace.models import Contract
-from marketplace.services.rentals import (
-    contract_follow_instance,
-    contract_owed,
-    contracts_follow_machine,
-)
+from marketplace.services.clocks import contract_follow_instance, contracts_follow_machine
+from marketplace.services.metering import contract_owed
 from scheduler.models import Instance
 from tests.billing.databases import postgresql_only
 from tests.billing.ledger_checks import assert_ledger_consistent, ledger_counts

@@ -9,7 +9,7 @@ import pytest
 
 from billing.holds import hold_release
 from billing.models import Hold, Transfer, TransferKind
-from marketplace.services.rentals import contract_meter, metering_sweep
+from marketplace.services.metering import contract_meter, metering_sweep
 from tests.billing.ledger_checks import assert_ledger_consistent, ledger_counts
 
 pytestmark = pytest.mark.django_db

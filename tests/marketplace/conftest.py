@@ -14,7 +14,7 @@ from billing.money import MICRO_PER_DOLLAR
 from hosts.keys import team_public_key
 from hosts.models import Gpu, Machine
 from marketplace.models import Role, Team
-from marketplace.services.rentals import offer_refresh
+from marketplace.services.offers import offer_refresh
 from tests.conftest import sim_container_label
 from tests.factories import TeamFactory, UserFactory, add_member
 

@@ -22,8 +22,8 @@ from billing.credits import credit_grant
 from billing.money import MICRO_PER_DOLLAR
 from hosts.models import Gpu, Machine
 from marketplace.models import Role
-from marketplace.services import rentals
-from marketplace.services.rentals import offer_refresh
+from marketplace.services.offers import offer_refresh
+from marketplace.services.renting import RentalRequest, rental_create
 from tests.conftest import client_for, key_client
 from tests.factories import TeamFactory, UserFactory, add_member
 from tests.marketplace.test_console_actions import page_messages
@@ -68,9 +68,9 @@ def world(team, owner):
     credit_grant(
         team_id=team.pk, amount=100 * MICRO_PER_DOLLAR, reason="test", idempotency_key="fund"
     )
-    contract = rentals.rental_create(
+    contract = rental_create(
         team=team,
-        request=rentals.RentalRequest(
+        request=RentalRequest(
             machine_id=for_rent.pk, gpu_count=1, image="gpumkt/busybox:latest", hours=2
         ),
     )

@@ -15,7 +15,7 @@ from billing.models import Hold, TopUp
 from hosts.models import Machine
 from marketplace import urls as project_urls
 from marketplace.models import ApiKey, Invitation, Membership, Role, SshKey, User
-from marketplace.services.rentals import ssh_key_add
+from marketplace.services.ssh_keys import ssh_key_add
 from marketplace.services.tenancy import (
     api_key_create,
     api_key_revoke,

@@ -18,7 +18,7 @@ from billing.models import Hold
 from billing.money import MICRO_PER_DOLLAR
 from billing.selectors import team_balance
 from marketplace.models import Contract, Offer
-from marketplace.services import rentals
+from marketplace.services.metering import contract_owed
 from scheduler.models import GpuAllocation, Instance
 from tests.conftest import client_for
 from tests.marketplace.conftest import containers_named, docker_inspect
@@ -218,7 +218,7 @@ def test_stop_start_destroy_from_the_instance_page(console, instance, machine, f
     assert contract.settled_at is not None
     hold = Hold.objects.get(pk=contract.hold_id)
     # Settled: what the clocks say it used is captured, the rest went back to the renter.
-    owed = rentals.contract_owed(contract, timezone.now())
+    owed = contract_owed(contract, timezone.now())
     assert (hold.status, hold.captured_gpu, hold.captured_storage) == (
         "released", owed.gpu, owed.storage,
     )  # fmt: skip

@@ -11,7 +11,7 @@ from asgiref.sync import sync_to_async
 from channels.testing import WebsocketCommunicator
 
 from marketplace.asgi import application
-from marketplace.services import rentals
+from marketplace.services.renter_actions import rental_stop_request
 from scheduler.models import Instance
 from tests.conftest import key_client
 from tests.factories import UserFactory, add_member
@@ -85,8 +85,8 @@ async def test_the_instance_group_gets_its_own_transitions_only(funded_team, own
     ws = await socket_for(owner, funded_team, instance.pk)
     assert (await ws.connect())[0]
     await next_event(ws, "hello")
-    await sync_to_async(rentals.rental_stop_request)(instance=other)
-    await sync_to_async(rentals.rental_stop_request)(instance=instance)
+    await sync_to_async(rental_stop_request)(instance=other)
+    await sync_to_async(rental_stop_request)(instance=instance)
     states = [await next_event(ws, "instance.state"), await next_event(ws, "instance.state")]
     assert {state["id"] for state in states} == {instance.pk}  # never the other one's
     assert [(state["from"], state["state"]) for state in states] == [

@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from hosts.models import Gpu, Machine
 from marketplace.models import Offer, Role
-from marketplace.services.rentals import offer_refresh
+from marketplace.services.offers import offer_refresh
 from tests.conftest import client_for, key_client
 from tests.factories import TeamFactory, UserFactory, add_member
 

@@ -10,7 +10,7 @@ from django.db import IntegrityError, transaction
 
 from billing.models import Hold
 from marketplace.models import Contract
-from marketplace.services import rentals
+from marketplace.services.renting import RentalRequest, rental_create
 from scheduler.models import GpuAllocation, Instance
 from tests.conftest import client_for
 from tests.marketplace.test_console_actions import RENT_FORM, page_messages
@@ -39,12 +39,12 @@ def nothing_written() -> bool:
     ],
 )
 def test_the_renting_service_refuses_bad_specs_naming_the_field(funded_team, machine, field, value):
-    request = rentals.RentalRequest(
+    request = RentalRequest(
         machine_id=machine.pk, gpu_count=1, image="gpumkt/busybox:latest", hours=1
     )
-    request = rentals.RentalRequest(**{**request.__dict__, field: value})
+    request = RentalRequest(**{**request.__dict__, field: value})
     with pytest.raises(ValidationError) as refused:
-        rentals.rental_create(team=funded_team, request=request)
+        rental_create(team=funded_team, request=request)
     assert field in refused.value.message_dict
     assert nothing_written()
 
@@ -52,11 +52,11 @@ def test_the_renting_service_refuses_bad_specs_naming_the_field(funded_team, mac
 @pytest.mark.parametrize("hours", [float("nan"), float("inf"), float("-inf"), 0.001, 1e300])
 def test_the_renting_service_refuses_hours_that_are_no_duration(funded_team, machine, hours):
     """Whoever calls it: NaN passed every range check by failing it, then crashed a timedelta."""
-    request = rentals.RentalRequest(
+    request = RentalRequest(
         machine_id=machine.pk, gpu_count=1, image="gpumkt/busybox:latest", hours=hours
     )
     with pytest.raises(ValidationError) as refused:
-        rentals.rental_create(team=funded_team, request=request)
+        rental_create(team=funded_team, request=request)
     assert "at least" in refused.value.message_dict["duration_hours"][0]
     assert nothing_written()
 

@@ -25,7 +25,7 @@ from django.utils import timezone
 from billing.models import Hold
 from marketplace.celery import app as celery_app
 from marketplace.models import Contract, Offer
-from marketplace.services import rentals
+from marketplace.services.metering import metering_sweep
 from marketplace.tasks import rental_destroy, rental_stop
 from scheduler import services as scheduler
 from scheduler import work
@@ -99,7 +99,7 @@ def test_a_stop_the_host_cannot_confirm_is_retried_and_charges_end_at_the_reques
     until_asked = int((asked_at - running_since).total_seconds())
     assert contract.gpu_seconds in (until_asked, until_asked - 1)
     assert contract.gpu_seconds < (confirmed_at - running_since).total_seconds() - 1.5
-    rentals.metering_sweep()
+    metering_sweep()
     hold = Hold.objects.get(pk=contract.hold_id)
     # $0.50 per GPU-hour: 500,000 µ$ / 3,600 s per second, rounded once.
     assert hold.captured_gpu == (500_000 * contract.gpu_seconds + 1800) // 3600

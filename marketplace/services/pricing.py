@@ -1,0 +1,53 @@
+"""Pricing: what renting or extending holds, in integer micro-dollars rounded once from
+seconds, at the machine's prices (renting) or the contract's (extending)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from billing.money import usage_owed
+from hosts.models import Machine
+from marketplace.models import Contract
+
+SECONDS_PER_MONTH = 30 * 24 * 3600
+
+
+def storage_owed(*, price_per_gb_month: int, disk_gb: int, seconds: int) -> int:
+    """Storage for ``seconds``, rounded once (half up); a month is 30 days."""
+    numerator = price_per_gb_month * disk_gb * seconds
+    return (numerator + SECONDS_PER_MONTH // 2) // SECONDS_PER_MONTH
+
+
+@dataclass(frozen=True)
+class Quote:
+    gpu: int
+    storage: int
+
+    @property
+    def total(self) -> int:
+        return self.gpu + self.storage
+
+
+def rental_quote(*, machine: Machine, gpu_count: int, disk_gb: int, hours: float) -> Quote:
+    seconds = round(hours * 3600)
+    return Quote(
+        gpu=usage_owed(rate_per_hour=machine.price_per_gpu_hour * gpu_count, seconds=seconds),
+        storage=storage_owed(
+            price_per_gb_month=machine.storage_price_per_gb_month, disk_gb=disk_gb, seconds=seconds
+        ),
+    )
+
+
+def extension_quote(contract: Contract, seconds: int) -> Quote:
+    """What extending the contract by ``seconds`` holds: its GPUs and its storage, at the
+    prices it was rented at. A stopped rental too: it may start again within the period."""
+    return Quote(
+        gpu=usage_owed(
+            rate_per_hour=contract.price_per_gpu_hour * contract.gpu_count, seconds=seconds
+        ),
+        storage=storage_owed(
+            price_per_gb_month=contract.storage_price_per_gb_month,
+            disk_gb=contract.disk_gb,
+            seconds=seconds,
+        ),
+    )

@@ -1,0 +1,74 @@
+"""Renter actions on a rental: one place for the console and the API.
+
+The request changes the state at once (and with it what is charged); the work on the host is
+queued on commit for a worker that tries until the host confirms.
+"""
+
+from __future__ import annotations
+
+from django.db import transaction
+from django.utils import timezone
+
+from hosts.runtime import CommandResult, DockerHost
+from marketplace.db import release_database_connection
+from scheduler.models import Instance, InstanceState
+from scheduler.services import (
+    InvalidTransition,
+    instance_destroy_request,
+    instance_start,
+    instance_stop_request,
+)
+from scheduler.work import work_enqueue_on_commit
+
+
+def rental_stop_request(*, instance: Instance) -> Instance:
+    """Stop: the instance is stopping at once (GPU time is no longer charged from now) and a
+    worker stops its container, trying until the host confirms; then its GPUs go back. Its
+    storage is still charged."""
+    with transaction.atomic():
+        stopping = instance_stop_request(instance_id=instance.pk)
+        work_enqueue_on_commit(instance.pk, InstanceState.STOPPING)
+    return stopping
+
+
+def rental_destroy_request(
+    *, instance: Instance, reason: str = "Destroyed by the renter"
+) -> Instance:
+    """Destroy: the rental ends and settles at once (nothing is charged from now), and a worker
+    removes the container and its data, trying until the host confirms."""
+    with transaction.atomic():
+        destroying = instance_destroy_request(instance_id=instance.pk, reason=reason)
+        if destroying.state == InstanceState.DESTROYING:
+            work_enqueue_on_commit(instance.pk, InstanceState.DESTROYING)
+    return destroying
+
+
+def rental_start(*, instance: Instance) -> Instance:
+    """Start again with the same GPUs (409 if someone has them), within the rental period. A
+    rental stopped before its container existed is launched again by a worker."""
+    if instance.state == InstanceState.FAILED:
+        raise InvalidTransition(
+            "This rental ended when it failed, and nothing was charged after that; rent again."
+        )
+    if instance.contract.ends_at <= timezone.now():
+        raise InvalidTransition("The rental period is over; extend it first.")
+    # Not inside a transaction: instance_start commits the GPUs it takes back before it runs
+    # `docker start` over SSH, which must hold no row locks.
+    started = instance_start(instance_id=instance.pk)
+    if started.state == InstanceState.LAUNCHING:
+        work_enqueue_on_commit(instance.pk, InstanceState.LAUNCHING)
+    return started
+
+
+# A command run from a request holds it (and its worker thread) meanwhile: bounded.
+EXEC_TIMEOUT = 30.0
+
+
+def rental_exec(*, instance: Instance, command: str) -> CommandResult:
+    """Run a shell command inside the renter's own running container, for at most
+    EXEC_TIMEOUT seconds."""
+    if instance.state != InstanceState.RUNNING:
+        raise InvalidTransition("Commands run only in a running instance.")
+    host = DockerHost(instance.machine)
+    release_database_connection()
+    return host.exec(instance.container_id, ["sh", "-c", command], timeout=EXEC_TIMEOUT)
