@@ -18,12 +18,7 @@ from marketplace.models import ApiKey, Invitation, Membership, Role
 from marketplace.services import tenancy as services
 from marketplace.services.tenancy import api_keys_with_creator_role
 from marketplace.tenancy import ACTIVE_TEAM_SESSION_KEY, team_object_or_404, team_objects
-
-
-def _error_text(error: ValidationError | PermissionDenied) -> str:
-    if isinstance(error, ValidationError):
-        return " ".join(error.messages)
-    return str(error)
+from marketplace.views.console import error_text
 
 
 def signup(request: HttpRequest) -> HttpResponse:
@@ -133,7 +128,7 @@ def invitation_create(request: HttpRequest) -> HttpResponse:
             role=Role(form.cleaned_data["role"]),
         )
     except (ValidationError, PermissionDenied) as error:
-        messages.error(request, _error_text(error))
+        messages.error(request, error_text(error))
         return redirect("team-settings")
     link = request.build_absolute_uri(f"/invitations/{issued.token}/")
     messages.success(
@@ -149,7 +144,7 @@ def invitation_revoke(request: HttpRequest, pk: int) -> HttpResponse:
     try:
         services.invitation_revoke(membership=request.membership, invitation=invitation)
     except PermissionDenied as error:
-        messages.error(request, _error_text(error))
+        messages.error(request, error_text(error))
     else:
         messages.success(request, f"Invitation for {invitation.email} revoked; its link is dead.")
     return redirect("team-settings")
@@ -161,7 +156,7 @@ def invitation_accept(request: HttpRequest, token: str) -> HttpResponse:
         try:
             membership = services.invitation_accept(token=token, user=request.user)
         except ValidationError as error:
-            messages.error(request, _error_text(error))
+            messages.error(request, error_text(error))
             return redirect("console-home")
         request.session[ACTIVE_TEAM_SESSION_KEY] = membership.team_id
         messages.success(request, f"You joined {membership.team.name}.")
@@ -191,7 +186,7 @@ def member_update(request: HttpRequest, pk: int) -> HttpResponse:
             )
             messages.success(request, f"{target.user.username} is now {target.get_role_display()}.")
     except (ValidationError, PermissionDenied) as error:
-        messages.error(request, _error_text(error))
+        messages.error(request, error_text(error))
     return redirect("team-settings")
 
 
@@ -203,7 +198,7 @@ def api_keys(request: HttpRequest) -> HttpResponse:
         try:
             issued = services.api_key_create(membership=request.membership, **form.cleaned_data)
         except (ValidationError, PermissionDenied) as error:
-            messages.error(request, _error_text(error))
+            messages.error(request, error_text(error))
         else:
             new_key = issued.secret
             form = ApiKeyForm()
@@ -224,5 +219,5 @@ def api_key_revoke(request: HttpRequest, pk: int) -> HttpResponse:
         services.api_key_revoke(membership=request.membership, api_key=api_key)
         messages.success(request, f"Key {api_key.name} revoked.")
     except PermissionDenied as error:
-        messages.error(request, _error_text(error))
+        messages.error(request, error_text(error))
     return redirect("api-keys")

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, time
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import PermissionDenied, ValidationError
+from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
@@ -25,20 +25,8 @@ from hosts.selectors import HourPoint, gpu_occupancy, hourly_history
 from marketplace.fleet import EARNINGS_DAYS, fleet_summary, machine_earnings_by_day
 from marketplace.models import Role
 from marketplace.tenancy import team_object_or_404, team_objects
+from marketplace.views.console import error_text, require_role
 from marketplace.views.numbers import form_whole
-
-
-def _require(request: HttpRequest, role: Role) -> None:
-    if not request.membership.allows(role):
-        raise PermissionDenied(f"This needs the {role.label.lower()} role in the team.")
-
-
-def _errors(error: ValidationError) -> str:
-    if hasattr(error, "error_dict"):
-        return " ".join(
-            f"{k.replace('_', ' ')}: {' '.join(v)}" for k, v in error.message_dict.items()
-        )
-    return " ".join(error.messages)
 
 
 @login_required
@@ -67,7 +55,7 @@ def machines(request: HttpRequest) -> HttpResponse:
 @login_required
 def machine_add(request: HttpRequest) -> HttpResponse:
     if request.method == "POST":
-        _require(request, Role.ADMIN)
+        require_role(request, Role.ADMIN)
         try:
             port = int(request.POST.get("port") or 22)
         except ValueError:
@@ -81,7 +69,7 @@ def machine_add(request: HttpRequest) -> HttpResponse:
                 ssh_user=request.POST.get("ssh_user", "root").strip(),
             )
         except ValidationError as error:
-            messages.error(request, _errors(error))
+            messages.error(request, error_text(error))
         else:
             transaction.on_commit(lambda: tasks.machine_connect.delay(machine.pk))
             messages.success(request, "Connecting to read the machine's host key…")
@@ -200,7 +188,7 @@ def _nice_ceiling(value: int) -> int:
 @login_required
 @require_POST
 def machine_action(request: HttpRequest, pk: int, action: str) -> HttpResponse:
-    _require(request, Role.ADMIN)
+    require_role(request, Role.ADMIN)
     machine = team_object_or_404(request.team, Machine.objects.all(), pk=pk)
     try:
         if action == "confirm":
@@ -268,7 +256,7 @@ def machine_action(request: HttpRequest, pk: int, action: str) -> HttpResponse:
         else:
             messages.error(request, "Unknown action.")
     except ValidationError as error:
-        messages.error(request, _errors(error))
+        messages.error(request, error_text(error))
     except InvalidAmount as error:
         messages.error(request, str(error))
     return redirect("machine-detail", pk=machine.pk)

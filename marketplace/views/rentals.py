@@ -6,7 +6,7 @@ import shlex
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import PermissionDenied, ValidationError
+from django.core.exceptions import ValidationError
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import path
@@ -31,6 +31,7 @@ from marketplace.services.renting import RentalRequest, rental_create, rental_ex
 from marketplace.services.ssh_keys import ssh_key_add
 from marketplace.tenancy import team_object_or_404, team_objects
 from marketplace.validation import validate_launch
+from marketplace.views.console import error_text, require_role
 from marketplace.views.numbers import form_decimal, form_whole
 from scheduler import services as scheduler
 from scheduler.models import Instance, InstanceState, LaunchMode
@@ -43,21 +44,6 @@ SORTS = [
     ("num_gpus-", "Most GPUs"),
     ("gpu_ram-", "Most GPU memory"),
 ]
-
-
-def _require(request: HttpRequest, role: Role) -> None:
-    if not request.membership.allows(role):
-        raise PermissionDenied(f"This needs the {role.label.lower()} role in the team.")
-
-
-def _error_text(error: Exception) -> str:
-    if isinstance(error, ValidationError):
-        if hasattr(error, "error_dict"):
-            return " ".join(
-                f"{k.replace('_', ' ')}: {' '.join(v)}" for k, v in error.message_dict.items()
-            )
-        return " ".join(error.messages)
-    return str(error)
 
 
 def _query_text(request: HttpRequest) -> str:
@@ -179,7 +165,7 @@ def _parse_args(text: str) -> list[str]:
 @login_required
 @require_POST
 def rent(request: HttpRequest, machine_id: int) -> HttpResponse:
-    _require(request, Role.MEMBER)
+    require_role(request, Role.MEMBER)
     data = request.POST
     try:
         env = _parse_env(data.get("env", ""))
@@ -212,7 +198,7 @@ def rent(request: HttpRequest, machine_id: int) -> HttpResponse:
     except Exception as error:  # domain errors (402/409) and validation alike become a message
         if not hasattr(error, "http_status") and not isinstance(error, ValidationError):
             raise
-        messages.error(request, f"Could not rent: {_error_text(error)}")
+        messages.error(request, f"Could not rent: {error_text(error)}")
         return redirect(request.META.get("HTTP_REFERER") or "offers")
     messages.success(request, "Rented. The container is launching; this page updates by itself.")
     return redirect("instance-detail", pk=contract.instance_id)
@@ -271,7 +257,7 @@ def instance_detail(request: HttpRequest, pk: int) -> HttpResponse:
 @login_required
 @require_POST
 def instance_action(request: HttpRequest, pk: int, action: str) -> HttpResponse:
-    _require(request, Role.MEMBER)
+    require_role(request, Role.MEMBER)
     instance = team_object_or_404(
         request.team, Instance.objects.select_related("contract", "machine"), pk=pk
     )
@@ -306,11 +292,11 @@ def instance_action(request: HttpRequest, pk: int, action: str) -> HttpResponse:
         else:
             raise Http404
     except (ValidationError, CommandFailed, HostUnreachable) as error:
-        messages.error(request, _error_text(error))
+        messages.error(request, error_text(error))
     except Exception as error:
         if not hasattr(error, "http_status"):
             raise
-        messages.error(request, _error_text(error))
+        messages.error(request, error_text(error))
     return redirect("instance-detail", pk=instance.pk)
 
 
@@ -324,7 +310,7 @@ def instance_logs(request: HttpRequest, pk: int) -> HttpResponse:
 @login_required
 @require_POST
 def instance_exec(request: HttpRequest, pk: int) -> HttpResponse:
-    _require(request, Role.MEMBER)
+    require_role(request, Role.MEMBER)
     instance = team_object_or_404(request.team, Instance.objects.select_related("machine"), pk=pk)
     command = request.POST.get("command", "").strip()
     if not command:
@@ -353,7 +339,7 @@ def instance_exec(request: HttpRequest, pk: int) -> HttpResponse:
 @login_required
 def ssh_keys(request: HttpRequest) -> HttpResponse:
     if request.method == "POST":
-        _require(request, Role.MEMBER)
+        require_role(request, Role.MEMBER)
         try:
             if request.POST.get("delete"):
                 key = team_object_or_404(
@@ -369,7 +355,7 @@ def ssh_keys(request: HttpRequest) -> HttpResponse:
                 )
                 messages.success(request, f"Key {key.name} added ({key.fingerprint}).")
         except ValidationError as error:
-            messages.error(request, _error_text(error))
+            messages.error(request, error_text(error))
         return redirect("ssh-keys")
     return render(
         request,
