@@ -13,7 +13,7 @@ from django.shortcuts import redirect, render
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
-from marketplace.forms import ApiKeyForm, InvitationForm, RoleForm, SignUpForm, TeamForm
+from marketplace.forms.accounts import ApiKeyForm, InvitationForm, RoleForm, SignUpForm, TeamForm
 from marketplace.models import ApiKey, Invitation, Membership, Role
 from marketplace.services import tenancy as services
 from marketplace.services.tenancy import api_keys_with_creator_role
