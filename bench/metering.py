@@ -1,22 +1,22 @@
-"""Bench: the metering sweep a worker runs, over 100,000 open contracts on PostgreSQL.
+"""Bench: the metering sweep a worker runs, over 100,000 open rentals on PostgreSQL.
 
-Budget (DESIGN.md): a metering sweep over 100,000 running contracts in ≤ 10 s.
+Budget (DESIGN.md): a metering sweep over 100,000 running rentals in ≤ 10 s.
 
     DATABASE_URL=postgres://gpumkt:gpumkt@127.0.0.1:5432/gpumkt_bench_metering \
         .venv/bin/python bench/metering.py
 
 It creates its own scratch database (the name must contain "bench"; an old one is dropped),
-migrates it and inserts 100,000 contracts, each with its instance and its open credit hold
+migrates it and inserts 100,000 rentals, each with its instance and its open credit hold
 (9 in 10 running, 1 in 10 stopped: storage only), funded by one balanced grant. Then it runs
-what the ``metering_sweep`` task runs — ``contracts_resync`` (finds contracts a lost event
-left out of step: none here, but the query runs over every open contract) and then
-``marketplace.services.metering.metering_sweep``, which loads the open contracts, computes what
+what the ``metering_sweep`` task runs — ``rentals_resync`` (finds rentals a lost event
+left out of step: none here, but the query runs over every open rental) and then
+``marketplace.services.metering.metering_sweep``, which loads the open rentals, computes what
 each owes from its clocks, and captures the difference from each hold — several times:
 
-1. at "now", the first capture of every contract;
+1. at "now", the first capture of every rental;
 2. at the same instant again, which must capture nothing;
 3. then ``BENCH_SWEEPS`` (4) more, each a minute later (the beat's interval), when every
-   contract owes a little more: the steady state of a running marketplace, on a ledger that
+   rental owes a little more: the steady state of a running marketplace, on a ledger that
    grows by a sweep each time.
 
 It also times ``billing.metering.holds_settle_usage`` alone (the ledger part), checks the
@@ -56,13 +56,13 @@ BUDGET_S = 10.0
 
 
 def populate(rng: random.Random, now) -> None:
-    """Teams, machines, and per contract an instance, an open hold for a day's rental and the
-    contract itself with clocks that have run for a minute to three hours."""
+    """Teams, machines, and per rental an instance, an open hold for a day's rental and the
+    rental itself with clocks that have run for a minute to three hours."""
     from django.db import transaction
 
     from billing.models import Account, AccountKind, Entry, Hold, Transfer, TransferKind
     from hosts.models import Machine
-    from marketplace.models import Contract, Team
+    from marketplace.models import Rental, Team
     from marketplace.services.pricing import rental_quote
     from scheduler.models import Instance
 
@@ -106,8 +106,8 @@ def populate(rng: random.Random, now) -> None:
                     )
                 )  # fmt: skip
             holds = Hold.objects.bulk_create(holds)
-            Contract.objects.bulk_create(
-                Contract(
+            Rental.objects.bulk_create(
+                Rental(
                     team=renter, provider_team_id=machine.team_id, machine=machine,
                     instance=instance, gpu_count=gpus, price_per_gpu_hour=machine.price_per_gpu_hour,
                     storage_price_per_gb_month=machine.storage_price_per_gb_month, disk_gb=disk,
@@ -211,7 +211,7 @@ def report(label: str, figures) -> float:
     scaled = wall * 100_000 / CONTRACTS
     server = f" + database {backend:.2f} s" if backend is not None else ""
     print(
-        f"{label}: {wall:.2f} s ({CONTRACTS / wall:,.0f} contracts/s; CPU: Python {cpu:.2f} s"
+        f"{label}: {wall:.2f} s ({CONTRACTS / wall:,.0f} rentals/s; CPU: Python {cpu:.2f} s"
         f"{server}), captured {format_usd(captured)} → {scaled / BUDGET_S:.2f} × budget"
     )
     return scaled
@@ -228,23 +228,23 @@ def main() -> None:
 
         from billing.metering import SETTLE_BATCH_SIZE, HoldUsage, holds_settle_usage
         from billing.signals import balance_changed
-        from marketplace.models import Contract
-        from marketplace.services.clocks import contracts_resync
-        from marketplace.services.metering import contract_owed
+        from marketplace.models import Rental
+        from marketplace.services.clocks import rentals_resync
         from marketplace.services.metering import metering_sweep as sweep_only
+        from marketplace.services.metering import rental_owed
 
         resync_seconds = []
 
         def metering_sweep(*, now):  # what the task runs
             started = time.perf_counter()
-            out_of_step = contracts_resync()
+            out_of_step = rentals_resync()
             resync_seconds.append(time.perf_counter() - started)
-            assert out_of_step == 0, f"{out_of_step} contracts out of step after populate"
+            assert out_of_step == 0, f"{out_of_step} rentals out of step after populate"
             return sweep_only(now=now)
 
         # Measure the sweep, not console pushes: no receivers (nobody is watching).
         balance_changed.receivers.clear()
-        print(f"database {name}: {CONTRACTS:,} open contracts with holds, {RENTER_TEAMS:,} renter"
+        print(f"database {name}: {CONTRACTS:,} open rentals with holds, {RENTER_TEAMS:,} renter"
               f" teams, {PROVIDER_TEAMS:,} providers, {MACHINES:,} machines;"
               f" batches of {SETTLE_BATCH_SIZE:,}")  # fmt: skip
         now = timezone.now()
@@ -274,21 +274,21 @@ def main() -> None:
         # The ledger part alone: what the sweep hands to billing, computed beforehand.
         at += timedelta(minutes=1)
         usage = []
-        for contract in Contract.objects.filter(settled_at=None).iterator(chunk_size=5000):
-            owed = contract_owed(contract, at)
-            usage.append(HoldUsage(contract.hold_id, gpu=owed.gpu, storage=owed.storage))
+        for rental in Rental.objects.filter(settled_at=None).iterator(chunk_size=5000):
+            owed = rental_owed(rental, at)
+            usage.append(HoldUsage(rental.hold_id, gpu=owed.gpu, storage=owed.storage))
         report(
             "holds_settle_usage alone (the ledger part)",
             meter.run(lambda: holds_settle_usage(usage)),
         )
 
-        print(f"of which contracts_resync (finding none out of step): median"
+        print(f"of which rentals_resync (finding none out of step): median"
               f" {statistics.median(resync_seconds):.2f} s")  # fmt: skip
         wrong = ledger_checks()
         print(f"ledger checks: {'all hold' if not wrong else '; '.join(wrong)}")
         capturing.sort()
         worst = capturing[-1]
-        print(f"budget: ≤ {BUDGET_S:.0f} s for 100,000 running contracts → capturing sweeps"
+        print(f"budget: ≤ {BUDGET_S:.0f} s for 100,000 running rentals → capturing sweeps"
               f" {capturing[0]:.2f}–{worst:.2f} s (median {statistics.median(capturing):.2f} s);"
               f" worst = {worst / BUDGET_S:.2f} × budget"
               f" ({'within' if worst <= BUDGET_S else 'OVER'} budget)")  # fmt: skip

@@ -1,7 +1,7 @@
 """Rent → running, against a bare `docker run` over SSH on the same simulated host.
 
 Budget (DESIGN.md): ≤ 1.5 × the bare `docker run`, with the image already present. The rent
-goes through the real API (credit hold, allocation, contract) and the launch task (run inline,
+goes through the real API (credit hold, allocation, rental) and the launch task (run inline,
 as a worker would right after commit) until the instance is running.
 
     .venv/bin/python bench/rent_to_running.py

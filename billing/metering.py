@@ -1,7 +1,7 @@
 """The metering sweep's ledger side: settle the cumulative usage of many holds in bulk.
 
 ``holds_settle_usage`` applies the capture rule of ``holds.hold_capture_usage`` to thousands
-of holds per transaction; the rental room computes what each contract owes and calls it.
+of holds per transaction; the rental room computes what each rental owes and calls it.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ provider's earnings and the platform fee to revenue; release returns the rest an
 void returns all of an uncaptured hold. The database checks captured + released ≤ amount.
 
 billing imports no other app: teams are string foreign keys, rentals are references
-("contract:42") that callers pass in.
+("rental:42") that callers pass in.
 """
 
 from __future__ import annotations
@@ -155,7 +155,7 @@ class Transfer(ImmutableModel):
         help_text="The team the transfer is for (the renter for holds and charges).",
     )
     reference = models.CharField(
-        max_length=120, blank=True, help_text='What it is for, e.g. "contract:42".'
+        max_length=120, blank=True, help_text='What it is for, e.g. "rental:42".'
     )
     description = models.CharField(max_length=300, blank=True)
     amount = models.BigIntegerField()
@@ -293,7 +293,7 @@ class Hold(models.Model):
     provider_team = models.ForeignKey(
         "marketplace.Team", on_delete=models.PROTECT, related_name="+"
     )
-    reference = models.CharField(max_length=120, help_text='e.g. "contract:42"')
+    reference = models.CharField(max_length=120, help_text='e.g. "rental:42"')
     machine_reference = models.CharField(max_length=120, blank=True, help_text='e.g. "machine:7"')
     description = models.CharField(max_length=300, blank=True)
     idempotency_key = models.CharField(max_length=200, unique=True)

@@ -45,10 +45,10 @@ class ExtensionCost:
 def rental_extension_costs(team_id: int) -> list[ExtensionCost]:
     """What extending each of the team's live rentals by an hour holds, dearest first: GPUs and
     storage, as ``rental_extend`` holds them (a stopped rental too: it may start again)."""
-    from marketplace.models import Contract
+    from marketplace.models import Rental
     from marketplace.services.pricing import extension_quote
 
-    live = Contract.objects.filter(team_id=team_id, settled_at=None).only(
+    live = Rental.objects.filter(team_id=team_id, settled_at=None).only(
         "instance_id", "machine_id", "price_per_gpu_hour", "gpu_count",
         "storage_price_per_gb_month", "disk_gb",
     )  # fmt: skip

@@ -86,7 +86,7 @@ register_worker(InstanceState.DESTROYING, _queue(rental_destroy))
 def metering_sweep() -> int:
     # First whatever a lost state-change event left out of step (an ended rental unsettled,
     # a clock running for a stopped instance), so the sweep never charges for it.
-    clocks.contracts_resync()
+    clocks.rentals_resync()
     return metering.metering_sweep()
 
 
@@ -98,7 +98,7 @@ def expiry_sweep() -> int:
     changed host key, is logged and retried on the next sweep, never stopping the others.
     """
     done = 0
-    for instance_id in list(clocks.contracts_due_to_expire()):
+    for instance_id in list(clocks.rentals_due_to_expire()):
         try:
             if scheduler.instance_expire(instance_id=instance_id) is not None:
                 done += 1
@@ -106,7 +106,7 @@ def expiry_sweep() -> int:
             logger.exception(
                 "could not expire instance %s; the next sweep tries again", instance_id
             )
-    for instance_id in list(clocks.contracts_due_for_data_deletion()):
+    for instance_id in list(clocks.rentals_due_for_data_deletion()):
         try:
             renter_actions.rental_destroy_request(
                 instance=Instance.objects.get(pk=instance_id),

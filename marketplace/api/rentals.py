@@ -16,7 +16,7 @@ from marketplace.api.base import TeamScopedViewSet
 from marketplace.api.fields import DOLLARS_SCHEMA, DollarsField, FiniteFloatField, dollars
 from marketplace.api.permissions import api_team, read_only_methods
 from marketplace.api.throttling import throttle_scope
-from marketplace.models import Contract, Offer, SshKey
+from marketplace.models import Offer, Rental, SshKey
 from marketplace.selectors import instance_connection, instance_logs
 from marketplace.services.pricing import rental_quote
 from marketplace.services.renter_actions import (
@@ -318,9 +318,9 @@ class RentSerializer(serializers.Serializer):
 
 
 class InstanceSerializer(serializers.ModelSerializer):
-    contract_id = serializers.IntegerField(source="contract.id", read_only=True)
+    rental_id = serializers.IntegerField(source="rental.id", read_only=True)
     machine_id = serializers.IntegerField(read_only=True)
-    ends_at = serializers.DateTimeField(source="contract.ends_at", read_only=True)
+    ends_at = serializers.DateTimeField(source="rental.ends_at", read_only=True)
     dph_total = serializers.SerializerMethodField()
     gpus = serializers.SerializerMethodField()
     connection = serializers.SerializerMethodField()
@@ -328,15 +328,15 @@ class InstanceSerializer(serializers.ModelSerializer):
     class Meta:
         model = Instance
         fields = [
-            "id", "uuid", "state", "status_message", "progress", "machine_id", "contract_id",
+            "id", "uuid", "state", "status_message", "progress", "machine_id", "rental_id",
             "gpu_count", "gpus", "image", "launch_mode", "env", "disk_gb", "dph_total",
             "created_at", "state_changed_at", "ends_at", "connection",
         ]  # fmt: skip
 
     @extend_schema_field(DOLLARS_SCHEMA)
     def get_dph_total(self, instance) -> str:
-        contract = instance.contract
-        return dollars(contract.price_per_gpu_hour * contract.gpu_count)
+        rental = instance.rental
+        return dollars(rental.price_per_gpu_hour * rental.gpu_count)
 
     def get_gpus(self, instance) -> list[str]:
         return scheduler.instance_gpu_uuids(instance)
@@ -356,7 +356,7 @@ class ExecSerializer(serializers.Serializer):
 class InstanceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScopedViewSet):
     """The team's rentals. POST rents an offer; DELETE destroys (container, data, settlement)."""
 
-    base_queryset = Instance.objects.select_related("contract", "machine").exclude(
+    base_queryset = Instance.objects.select_related("rental", "machine").exclude(
         state=InstanceState.DESTROYED
     )
     serializer_class = InstanceSerializer
@@ -368,7 +368,7 @@ class InstanceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScop
         params = RentSerializer(data=request.data)
         params.is_valid(raise_exception=True)
         data = params.validated_data
-        contract = rental_create(
+        rental = rental_create(
             team=self.team,
             request=RentalRequest(
                 machine_id=data["machine_id"],
@@ -385,12 +385,12 @@ class InstanceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScop
                 registry_password=data["registry_password"],
             ),
         )
-        instance = self.get_queryset().get(pk=contract.instance_id)
+        instance = self.get_queryset().get(pk=rental.instance_id)
         return Response(InstanceSerializer(instance).data, status=status.HTTP_201_CREATED)
 
     def _as_now(self, instance: Instance) -> dict:
         """The instance as it is after an action (a worker may have moved it on already)."""
-        current = Instance.objects.select_related("contract", "machine").get(pk=instance.pk)
+        current = Instance.objects.select_related("rental", "machine").get(pk=instance.pk)
         return InstanceSerializer(current).data
 
     @extend_schema(responses={202: InstanceSerializer})
@@ -422,7 +422,7 @@ class InstanceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScop
         instance = self.get_object()
         params = ExtendSerializer(data=request.data)
         params.is_valid(raise_exception=True)
-        rental_extend(contract=instance.contract, hours=params.validated_data["hours"])
+        rental_extend(rental=instance.rental, hours=params.validated_data["hours"])
         return Response(InstanceSerializer(self.get_object()).data)
 
     @extend_schema(parameters=[OpenApiParameter("tail", int)], responses={200: dict})
@@ -470,4 +470,4 @@ class SshKeyViewSet(
         )
 
 
-__all__ = ["Contract", "InstanceViewSet", "SshKeyViewSet", "offer_quote", "offers"]
+__all__ = ["Rental", "InstanceViewSet", "SshKeyViewSet", "offer_quote", "offers"]

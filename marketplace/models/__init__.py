@@ -1,9 +1,9 @@
-from marketplace.models.rentals import Contract, Offer, SshKey
+from marketplace.models.rentals import Offer, Rental, SshKey
 from marketplace.models.tenancy import ApiKey, Invitation, Membership, Role, Team, User
 
 __all__ = [
     "ApiKey",
-    "Contract",
+    "Rental",
     "Invitation",
     "Membership",
     "Offer",

@@ -1,4 +1,5 @@
-"""Contracts (rentals), the renter's SSH keys, and the offer read model that search runs on."""
+"""Rentals (what a team rented, on which terms, and its metering clocks), the renter's SSH keys,
+and the offer read model that search runs on."""
 
 from __future__ import annotations
 
@@ -10,7 +11,14 @@ from django.db.models.functions import Upper
 from django.utils import timezone
 
 
-class Contract(models.Model):
+def rental_reference(instance_id: int) -> str:
+    """What the ledger calls a rental (its hold, captures, invoice lines): ``rental:<id>``, with
+    the id renters see in the console and the API (``/instances/<id>/``), which is the
+    instance's. The hold is taken before the rental row exists, so the id cannot be the row's."""
+    return f"rental:{instance_id}"
+
+
+class Rental(models.Model):
     """A renter's right to ``gpu_count`` units of a machine until ``ends_at``.
 
     Metering reads two clocks: GPU time runs while the instance holds its GPUs and the machine
@@ -26,13 +34,13 @@ class Contract(models.Model):
     and the time up to the new end counts again.
     """
 
-    team = models.ForeignKey("marketplace.Team", on_delete=models.CASCADE, related_name="contracts")
+    team = models.ForeignKey("marketplace.Team", on_delete=models.CASCADE, related_name="rentals")
     provider_team = models.ForeignKey(
-        "marketplace.Team", on_delete=models.PROTECT, related_name="provided_contracts"
+        "marketplace.Team", on_delete=models.PROTECT, related_name="provided_rentals"
     )
-    machine = models.ForeignKey("hosts.Machine", on_delete=models.PROTECT, related_name="contracts")
+    machine = models.ForeignKey("hosts.Machine", on_delete=models.PROTECT, related_name="rentals")
     instance = models.OneToOneField(
-        "scheduler.Instance", on_delete=models.PROTECT, related_name="contract"
+        "scheduler.Instance", on_delete=models.PROTECT, related_name="rental"
     )
     gpu_count = models.PositiveSmallIntegerField()
     price_per_gpu_hour = models.BigIntegerField(help_text="micro-dollars, fixed at rental")
@@ -53,18 +61,18 @@ class Contract(models.Model):
         ordering = ["-created_at"]
         indexes = [models.Index(fields=["settled_at", "ends_at"])]
         constraints = [
-            models.CheckConstraint(condition=models.Q(gpu_count__gte=1), name="contract_gpus_min1"),
+            models.CheckConstraint(condition=models.Q(gpu_count__gte=1), name="rental_gpus_min1"),
             models.CheckConstraint(
-                condition=models.Q(ends_at__gt=models.F("starts_at")), name="contract_ends_after"
+                condition=models.Q(ends_at__gt=models.F("starts_at")), name="rental_ends_after"
             ),
         ]
 
     def __str__(self) -> str:
-        return f"contract {self.pk}"
+        return f"rental {self.pk}"
 
     @property
     def reference(self) -> str:
-        return f"contract:{self.pk}"
+        return rental_reference(self.instance_id)
 
     def billable_until(self, now: datetime) -> datetime:
         """The clocks' reading time: ``now``, but never past the end of the rental."""

@@ -11,8 +11,8 @@ from hosts.selectors import register_occupancy
 from hosts.services import register_commitments
 from hosts.signals import machine_changed, machine_status_changed
 from marketplace.events import publish_team_event
-from marketplace.models import Contract
-from marketplace.services.clocks import contracts_follow_machine
+from marketplace.models import Rental
+from marketplace.services.clocks import rentals_follow_machine
 from marketplace.services.offers import offer_refresh
 from scheduler.services import live_gpu_allocations
 
@@ -22,7 +22,7 @@ def on_machine_status_changed(sender, *, machine_id, team_id, old, new, reason, 
     if in_service(old) != in_service(new):
         # A machine out of service (offline, a changed host key, an error: commands cannot
         # reach it or it cannot run them) stops being charged until it is online again.
-        contracts_follow_machine(machine_id=machine_id)
+        rentals_follow_machine(machine_id=machine_id)
     offer_refresh(machine_id=machine_id)
     publish_team_event(
         team_id, "machine.status", {"id": machine_id, "status": new, "reason": reason}
@@ -51,7 +51,7 @@ def rentals_end(machine_id: int) -> datetime | None:
     """The latest end date of the machine's rentals still open (the end date may not cut
     them short)."""
     return (
-        Contract.objects.filter(machine_id=machine_id, settled_at=None)
+        Rental.objects.filter(machine_id=machine_id, settled_at=None)
         .order_by("-ends_at")
         .values_list("ends_at", flat=True)
         .first()

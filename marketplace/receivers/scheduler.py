@@ -1,20 +1,20 @@
-"""Subscribers to the scheduler's events: meter the contract and push the change to consoles."""
+"""Subscribers to the scheduler's events: meter the rental and push the change to consoles."""
 
 from __future__ import annotations
 
 from django.dispatch import receiver
 
 from marketplace.events import publish_instance_event
-from marketplace.services.clocks import contract_follow_instance
+from marketplace.services.clocks import rental_follow_instance
 from marketplace.services.offers import offer_refresh
 from scheduler.signals import instance_progress, instance_state_changed
 
 
-@receiver(instance_state_changed, dispatch_uid="marketplace.contract_follow_instance")
+@receiver(instance_state_changed, dispatch_uid="marketplace.rental_follow_instance")
 def on_instance_state_changed(
     sender, *, instance_id, team_id, machine_id, from_state, to_state, reason, **kwargs
 ):
-    contract_follow_instance(instance_id=instance_id)
+    rental_follow_instance(instance_id=instance_id)
     # Also on a same-state event: it may be GPUs released once a container was seen stopped.
     offer_refresh(machine_id=machine_id)
     publish_instance_event(

@@ -1,7 +1,7 @@
-"""A contract's metering clocks follow its instance and its machine; an ended rental settles.
+"""A rental's metering clocks follow its instance and its machine; an ended rental settles.
 
 Every follower reads the current state rather than an event's, so events handled late, twice
-or out of order leave the same result, and ``contracts_resync`` repairs what a lost event left.
+or out of order leave the same result, and ``rentals_resync`` repairs what a lost event left.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from django.utils import timezone
 
 from billing import holds
 from hosts.models import Machine, MachineStatus, in_service
-from marketplace.models import Contract
-from marketplace.services.metering import contract_meter
+from marketplace.models import Rental
+from marketplace.services.metering import rental_meter
 from scheduler.models import Instance, InstanceState
 
 logger = logging.getLogger(__name__)
@@ -46,19 +46,19 @@ def _clock_start(since: datetime | None, now: datetime) -> datetime:
     return since or now
 
 
-def _gpu_clock_stop(contract: Contract, now: datetime) -> None:
-    """Bank the GPU clock's running time (never past the contract's end) and stop it."""
-    contract.gpu_seconds = contract.gpu_seconds_at(now)
-    contract.gpu_clock_since = None
+def _gpu_clock_stop(rental: Rental, now: datetime) -> None:
+    """Bank the GPU clock's running time (never past the rental's end) and stop it."""
+    rental.gpu_seconds = rental.gpu_seconds_at(now)
+    rental.gpu_clock_since = None
 
 
-def _storage_clock_stop(contract: Contract, now: datetime) -> None:
-    contract.storage_seconds = contract.storage_seconds_at(now)
-    contract.storage_clock_since = None
+def _storage_clock_stop(rental: Rental, now: datetime) -> None:
+    rental.storage_seconds = rental.storage_seconds_at(now)
+    rental.storage_clock_since = None
 
 
 def _clocks_follow(
-    contract: Contract, *, state: str, state_since: datetime, online: bool, now: datetime
+    rental: Rental, *, state: str, state_since: datetime, online: bool, now: datetime
 ) -> None:
     """The metering rule: GPU time runs while the instance holds its GPUs and runs (or exited
     on its own) on a machine in service; storage time runs until the rental ends, while the
@@ -69,59 +69,59 @@ def _clocks_follow(
     """
     state_stop = min(state_since, now)
     if state not in GPU_CLOCK_STATES:
-        _gpu_clock_stop(contract, state_stop)
+        _gpu_clock_stop(rental, state_stop)
     elif online:
-        contract.gpu_clock_since = _clock_start(contract.gpu_clock_since, now)
+        rental.gpu_clock_since = _clock_start(rental.gpu_clock_since, now)
     else:
-        _gpu_clock_stop(contract, now)
+        _gpu_clock_stop(rental, now)
     if state in ENDED_STATES:
-        _storage_clock_stop(contract, state_stop)
+        _storage_clock_stop(rental, state_stop)
     elif online:
-        contract.storage_clock_since = _clock_start(contract.storage_clock_since, now)
+        rental.storage_clock_since = _clock_start(rental.storage_clock_since, now)
     else:
-        _storage_clock_stop(contract, now)
+        _storage_clock_stop(rental, now)
 
 
 def _machine_in_service(machine_id: int) -> bool:
     return in_service(Machine.objects.values_list("status", flat=True).get(pk=machine_id))
 
 
-def contract_follow_instance(*, instance_id: int) -> Contract | None:
-    """Put the contract's clocks in step with its instance and machine as they are now, meter,
+def rental_follow_instance(*, instance_id: int) -> Rental | None:
+    """Put the rental's clocks in step with its instance and machine as they are now, meter,
     and settle once the rental has ended (capture the usage, release the rest of the hold).
 
     It reads the current state rather than trusting an event's, so events handled late, twice
-    or out of order all leave the same result, and ``contracts_resync`` can call it for any
-    contract at any time.
+    or out of order all leave the same result, and ``rentals_resync`` can call it for any
+    rental at any time.
     """
     with transaction.atomic():
-        contract = (
-            Contract.objects.select_for_update(of=("self",)).filter(instance_id=instance_id).first()
+        rental = (
+            Rental.objects.select_for_update(of=("self",)).filter(instance_id=instance_id).first()
         )
-        if contract is None or contract.settled_at is not None:
-            return contract
+        if rental is None or rental.settled_at is not None:
+            return rental
         # The hold and its accounts are locked before the clock is read: a metering sweep
         # that is capturing this hold finishes first, so it never counts time past ``now``,
         # and capture-then-release takes no lock while holding another (see billing).
-        holds.hold_lock_with_accounts(hold_id=contract.hold_id)
+        holds.hold_lock_with_accounts(hold_id=rental.hold_id)
         now = timezone.now()
         state, state_since = Instance.objects.values_list("state", "state_changed_at").get(
             pk=instance_id
         )
-        online = _machine_in_service(contract.machine_id)
-        _clocks_follow(contract, state=state, state_since=state_since, online=online, now=now)
-        contract.save()
-        contract_meter(contract=contract, now=now)
+        online = _machine_in_service(rental.machine_id)
+        _clocks_follow(rental, state=state, state_since=state_since, online=online, now=now)
+        rental.save()
+        rental_meter(rental=rental, now=now)
         if state in ENDED_STATES:
-            holds.hold_release(hold_id=contract.hold_id)
-            contract.settled_at = now
+            holds.hold_release(hold_id=rental.hold_id)
+            rental.settled_at = now
             if state in GRACE_STATES:
-                contract.data_delete_after = now + data_grace()
-            contract.save(update_fields=["settled_at", "data_delete_after"])
-    return contract
+                rental.data_delete_after = now + data_grace()
+            rental.save(update_fields=["settled_at", "data_delete_after"])
+    return rental
 
 
-def contracts_follow_machine(*, machine_id: int) -> int:
+def rentals_follow_machine(*, machine_id: int) -> int:
     """The machine left service (stop its rentals' clocks) or came back (restart them), as
     its status is now: status events handled late or out of order end the same way.
 
@@ -132,26 +132,26 @@ def contracts_follow_machine(*, machine_id: int) -> int:
     now = timezone.now()
     changed = 0
     with transaction.atomic():
-        contracts = list(
-            Contract.objects.select_for_update(of=("self",))
+        rentals = list(
+            Rental.objects.select_for_update(of=("self",))
             .filter(machine_id=machine_id, settled_at=None)
             .order_by("pk")
         )
         online = _machine_in_service(machine_id)  # read after the locks: the latest status
-        instances = Instance.objects.filter(pk__in=[c.instance_id for c in contracts])
+        instances = Instance.objects.filter(pk__in=[c.instance_id for c in rentals])
         states = {pk: (state, since) for pk, state, since in instances.values_list(
             "pk", "state", "state_changed_at"
         )}  # fmt: skip
-        for contract in contracts:
-            state, state_since = states[contract.instance_id]
-            _clocks_follow(contract, state=state, state_since=state_since, online=online, now=now)
-            contract.save()
+        for rental in rentals:
+            state, state_since = states[rental.instance_id]
+            _clocks_follow(rental, state=state, state_since=state_since, online=online, now=now)
+            rental.save()
             changed += 1
     return changed
 
 
-def contracts_out_of_step():
-    """Instance ids of open contracts that ``contract_follow_instance`` would change: clocks
+def rentals_out_of_step():
+    """Instance ids of open rentals that ``rental_follow_instance`` would change: clocks
     that disagree with the instance and the machine, or a rental that ended unsettled.
 
     Normally none: every state change is followed at once. What is left is what a lost event
@@ -161,7 +161,7 @@ def contracts_out_of_step():
     gpu_should_run = online & Q(instance__state__in=GPU_CLOCK_STATES)
     storage_should_run = online & ~Q(instance__state__in=ENDED_STATES)
     return (
-        Contract.objects.filter(settled_at=None)
+        Rental.objects.filter(settled_at=None)
         .filter(
             Q(instance__state__in=ENDED_STATES)
             | (gpu_should_run & Q(gpu_clock_since=None))
@@ -173,28 +173,28 @@ def contracts_out_of_step():
     )
 
 
-def contracts_resync() -> int:
-    """Follow every contract that is out of step; return how many were. One that fails is
+def rentals_resync() -> int:
+    """Follow every rental that is out of step; return how many were. One that fails is
     logged and left for the next run, never stopping the others."""
     done = 0
-    for instance_id in list(contracts_out_of_step()):
+    for instance_id in list(rentals_out_of_step()):
         try:
-            contract_follow_instance(instance_id=instance_id)
+            rental_follow_instance(instance_id=instance_id)
             done += 1
         except Exception:
-            logger.exception("could not bring the contract of instance %s in step", instance_id)
+            logger.exception("could not bring the rental of instance %s in step", instance_id)
     return done
 
 
-def contracts_due_to_expire(now: datetime | None = None):
+def rentals_due_to_expire(now: datetime | None = None):
     now = now or timezone.now()
-    return Contract.objects.filter(settled_at=None, ends_at__lte=now).values_list(
+    return Rental.objects.filter(settled_at=None, ends_at__lte=now).values_list(
         "instance_id", flat=True
     )
 
 
-def contracts_due_for_data_deletion(now: datetime | None = None):
+def rentals_due_for_data_deletion(now: datetime | None = None):
     now = now or timezone.now()
-    return Contract.objects.filter(
+    return Rental.objects.filter(
         data_delete_after__lte=now, instance__state__in=GRACE_STATES
     ).values_list("instance_id", flat=True)

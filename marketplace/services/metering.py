@@ -1,8 +1,8 @@
-"""Metering: what a contract owes from its clocks, captured as the difference from what was
+"""Metering: what a rental owes from its clocks, captured as the difference from what was
 already captured, so a repeated run captures nothing and rounding never accumulates.
 
-``metering_sweep`` reads open contracts as plain tuples (and, on PostgreSQL, through psycopg's
-own timestamp loader) rather than model instances: it runs over every open contract.
+``metering_sweep`` reads open rentals as plain tuples (and, on PostgreSQL, through psycopg's
+own timestamp loader) rather than model instances: it runs over every open rental.
 """
 
 from __future__ import annotations
@@ -18,42 +18,42 @@ from psycopg.types.datetime import TimestamptzLoader
 from billing import holds
 from billing import metering as billing_metering
 from billing.money import usage_owed
-from marketplace.models import Contract
+from marketplace.models import Rental
 from marketplace.services.pricing import Quote, storage_owed
 
 
-def contract_owed(contract: Contract, now: datetime) -> Quote:
-    """What the contract owes for GPU time and storage up to ``now`` (cumulative), each
+def rental_owed(rental: Rental, now: datetime) -> Quote:
+    """What the rental owes for GPU time and storage up to ``now`` (cumulative), each
     rounded once from its clock's seconds."""
     return Quote(
         gpu=usage_owed(
-            rate_per_hour=contract.price_per_gpu_hour * contract.gpu_count,
-            seconds=contract.gpu_seconds_at(now),
+            rate_per_hour=rental.price_per_gpu_hour * rental.gpu_count,
+            seconds=rental.gpu_seconds_at(now),
         ),
         storage=storage_owed(
-            price_per_gb_month=contract.storage_price_per_gb_month,
-            disk_gb=contract.disk_gb,
-            seconds=contract.storage_seconds_at(now),
+            price_per_gb_month=rental.storage_price_per_gb_month,
+            disk_gb=rental.disk_gb,
+            seconds=rental.storage_seconds_at(now),
         ),
     )
 
 
-def contract_meter(*, contract: Contract, now: datetime | None = None) -> int:
+def rental_meter(*, rental: Rental, now: datetime | None = None) -> int:
     """Capture what is owed so far beyond what was captured (0 on a repeated run)."""
-    if contract.settled_at is not None:
+    if rental.settled_at is not None:
         return 0
-    owed = contract_owed(contract, now or timezone.now())
-    captured = holds.hold_capture_usage(hold_id=contract.hold_id, kind="gpu", owed_total=owed.gpu)
+    owed = rental_owed(rental, now or timezone.now())
+    captured = holds.hold_capture_usage(hold_id=rental.hold_id, kind="gpu", owed_total=owed.gpu)
     captured += holds.hold_capture_usage(
-        hold_id=contract.hold_id, kind="storage", owed_total=owed.storage
+        hold_id=rental.hold_id, kind="storage", owed_total=owed.storage
     )
     return captured
 
 
-class _MeteredContract(NamedTuple):
-    """The columns of an open contract that metering reads. It borrows Contract's own clock
-    methods, so the sweep reads the clocks exactly as ``contract_meter`` does, without building
-    a model instance per contract."""
+class _MeteredRental(NamedTuple):
+    """The columns of an open rental that metering reads. It borrows Rental's own clock
+    methods, so the sweep reads the clocks exactly as ``rental_meter`` does, without building
+    a model instance per rental."""
 
     pk: int
     hold_id: int
@@ -67,38 +67,38 @@ class _MeteredContract(NamedTuple):
     storage_seconds: int
     storage_clock_since: datetime | None
 
-    billable_until = Contract.billable_until
-    gpu_seconds_at = Contract.gpu_seconds_at
-    storage_seconds_at = Contract.storage_seconds_at
-    _running_seconds = Contract._running_seconds
+    billable_until = Rental.billable_until
+    gpu_seconds_at = Rental.gpu_seconds_at
+    storage_seconds_at = Rental.storage_seconds_at
+    _running_seconds = Rental._running_seconds
 
 
-def _open_contracts_after(last_pk: int, limit: int) -> list[_MeteredContract]:
-    """The next ``limit`` open contracts after ``last_pk``, in primary-key order.
+def _open_rentals_after(last_pk: int, limit: int) -> list[_MeteredRental]:
+    """The next ``limit`` open rentals after ``last_pk``, in primary-key order.
 
     On PostgreSQL the rows are read with psycopg's own timestamp loader (in C) rather than
     Django's (in Python); elsewhere through the ORM. Both give the same tuples.
     """
     query = (
-        Contract.objects.filter(settled_at=None, pk__gt=last_pk)
+        Rental.objects.filter(settled_at=None, pk__gt=last_pk)
         .order_by("pk")
-        .values_list(*_MeteredContract._fields)[:limit]
+        .values_list(*_MeteredRental._fields)[:limit]
     )
     if connection.vendor != "postgresql":
-        return [_MeteredContract(*row) for row in query]
+        return [_MeteredRental(*row) for row in query]
     sql, params = query.query.sql_with_params()
     connection.ensure_connection()
     with psycopg.Cursor(connection.connection) as cursor:
         cursor.adapters.register_loader("timestamptz", TimestamptzLoader)
         cursor.execute(sql, params)
-        return [_MeteredContract(*row) for row in cursor]
+        return [_MeteredRental(*row) for row in cursor]
 
 
 def metering_sweep(*, batch_size: int = 5000, now: datetime | None = None) -> int:
-    """Capture every open contract's usage up to ``now``, in batches; return what was captured.
+    """Capture every open rental's usage up to ``now``, in batches; return what was captured.
 
-    Each batch of contracts (read in primary-key order, outside any transaction: the capture
-    is a difference of cumulative totals taken under the hold's lock, so a contract that
+    Each batch of rentals (read in primary-key order, outside any transaction: the capture
+    is a difference of cumulative totals taken under the hold's lock, so a rental that
     changed meanwhile is simply caught up by the next sweep) becomes one
     ``holds_settle_usage`` call: one transaction and one capture per hold for both kinds.
     Run again at the same ``now``, it captures nothing.
@@ -107,11 +107,11 @@ def metering_sweep(*, batch_size: int = 5000, now: datetime | None = None) -> in
     total = 0
     last_pk = 0
     with billing_metering.cyclic_gc_paused():
-        while batch := _open_contracts_after(last_pk, batch_size):
+        while batch := _open_rentals_after(last_pk, batch_size):
             usage = []
-            for contract in batch:
-                owed = contract_owed(contract, now)
-                usage.append(billing_metering.HoldUsage(contract.hold_id, owed.gpu, owed.storage))
+            for rental in batch:
+                owed = rental_owed(rental, now)
+                usage.append(billing_metering.HoldUsage(rental.hold_id, owed.gpu, owed.storage))
             total += billing_metering.holds_settle_usage(usage)
             last_pk = batch[-1].pk
     return total

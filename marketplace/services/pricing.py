@@ -1,5 +1,5 @@
 """Pricing: what renting or extending holds, in integer micro-dollars rounded once from
-seconds, at the machine's prices (renting) or the contract's (extending)."""
+seconds, at the machine's prices (renting) or the rental's (extending)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from billing.money import usage_owed
 from hosts.models import Machine
-from marketplace.models import Contract
+from marketplace.models import Rental
 
 SECONDS_PER_MONTH = 30 * 24 * 3600
 
@@ -38,16 +38,14 @@ def rental_quote(*, machine: Machine, gpu_count: int, disk_gb: int, hours: float
     )
 
 
-def extension_quote(contract: Contract, seconds: int) -> Quote:
-    """What extending the contract by ``seconds`` holds: its GPUs and its storage, at the
+def extension_quote(rental: Rental, seconds: int) -> Quote:
+    """What extending the rental by ``seconds`` holds: its GPUs and its storage, at the
     prices it was rented at. A stopped rental too: it may start again within the period."""
     return Quote(
-        gpu=usage_owed(
-            rate_per_hour=contract.price_per_gpu_hour * contract.gpu_count, seconds=seconds
-        ),
+        gpu=usage_owed(rate_per_hour=rental.price_per_gpu_hour * rental.gpu_count, seconds=seconds),
         storage=storage_owed(
-            price_per_gb_month=contract.storage_price_per_gb_month,
-            disk_gb=contract.disk_gb,
+            price_per_gb_month=rental.storage_price_per_gb_month,
+            disk_gb=rental.disk_gb,
             seconds=seconds,
         ),
     )

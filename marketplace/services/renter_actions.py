@@ -50,7 +50,7 @@ def rental_start(*, instance: Instance) -> Instance:
         raise InvalidTransition(
             "This rental ended when it failed, and nothing was charged after that; rent again."
         )
-    if instance.contract.ends_at <= timezone.now():
+    if instance.rental.ends_at <= timezone.now():
         raise InvalidTransition("The rental period is over; extend it first.")
     # Not inside a transaction: instance_start commits the GPUs it takes back before it runs
     # `docker start` over SSH, which must hold no row locks.

@@ -1,7 +1,7 @@
-"""Renting and extending: the contract's terms, checked and held for in one transaction.
+"""Renting and extending: the rental's terms, checked and held for in one transaction.
 
 Renting locks the machine row, checks the terms, allocates GPUs and host ports, places the
-hold, creates the contract and its instance. Any failure (409 GPU taken, 402 short credit, 400
+hold, creates the rental and its instance. Any failure (409 GPU taken, 402 short credit, 400
 bad input) rolls all of it back, so nothing is held or written. The launch is queued only when
 the transaction commits.
 """
@@ -21,7 +21,8 @@ from billing import holds
 from hosts.models import Machine
 from hosts.selectors import maintenance_overlapping
 from marketplace.events import publish_instance_event
-from marketplace.models import Contract, Team
+from marketplace.models import Rental, Team
+from marketplace.models.rentals import rental_reference
 from marketplace.services.clocks import ENDED_STATES
 from marketplace.services.offers import offer_refresh
 from marketplace.services.pricing import extension_quote, rental_quote
@@ -56,8 +57,8 @@ class RentalRequest:
     registry_password: str = ""
 
 
-def rental_create(*, team: Team, request: RentalRequest) -> Contract:
-    """Rent units of a machine: allocate, hold credit, create contract + instance, all or none.
+def rental_create(*, team: Team, request: RentalRequest) -> Rental:
+    """Rent units of a machine: allocate, hold credit, create rental + instance, all or none.
 
     Raises OfferUnavailable (409) for a machine that is not rentable, NoCapacity (409) when
     its GPUs were taken meanwhile, InsufficientCredit (402) when credit is short, and
@@ -107,12 +108,12 @@ def rental_create(*, team: Team, request: RentalRequest) -> Contract:
             team_id=team.pk,
             provider_team_id=machine.team_id,
             amount=quote.total,
-            reference=f"rental:{instance.pk}",
+            reference=rental_reference(instance.pk),
             idempotency_key=f"rental:{instance.uuid}:hold",
             description=f"{request.gpu_count}× GPU on machine {machine.pk} for {request.hours:g} h",
             machine_reference=f"machine:{machine.pk}",
         )
-        contract = Contract.objects.create(
+        rental = Rental.objects.create(
             team=team,
             provider_team_id=machine.team_id,
             machine=machine,
@@ -140,7 +141,7 @@ def rental_create(*, team: Team, request: RentalRequest) -> Contract:
         )
         offer_refresh(machine_id=machine.pk)
         work_enqueue_on_commit(instance.pk, InstanceState.LAUNCHING)
-    return contract
+    return rental
 
 
 def _validate_request(request: RentalRequest) -> None:
@@ -201,8 +202,8 @@ def _container_ports(request: RentalRequest) -> list[int]:
     return ports
 
 
-def rental_extend(*, contract: Contract, hours: float) -> Contract:
-    """Add ``hours`` to the contract and as much to its hold (402 if credit is short)."""
+def rental_extend(*, rental: Rental, hours: float) -> Rental:
+    """Add ``hours`` to the rental and as much to its hold (402 if credit is short)."""
     if not (MIN_RENTAL_HOURS <= hours <= MAX_RENTAL_HOURS):  # (NaN fails both)
         raise ValidationError(
             {
@@ -211,22 +212,22 @@ def rental_extend(*, contract: Contract, hours: float) -> Contract:
         )
     with transaction.atomic():
         # The machine first, as renting and changing the terms lock it: its end date and
-        # maintenance windows cannot move while this checks them. Then the contract alone
+        # maintenance windows cannot move while this checks them. Then the rental alone
         # (``of``: a join would lock the instance too, in no order we choose).
-        machine = Machine.objects.select_for_update().get(pk=contract.machine_id)
-        contract = (
-            Contract.objects.select_for_update(of=("self",))
+        machine = Machine.objects.select_for_update().get(pk=rental.machine_id)
+        rental = (
+            Rental.objects.select_for_update(of=("self",))
             .select_related("instance")
-            .get(pk=contract.pk)
+            .get(pk=rental.pk)
         )
-        if contract.settled_at is not None or contract.instance.state in ENDED_STATES:
+        if rental.settled_at is not None or rental.instance.state in ENDED_STATES:
             raise ValidationError({"hours": "This rental has ended; rent again instead."})
-        new_end = contract.ends_at + timedelta(hours=hours)
+        new_end = rental.ends_at + timedelta(hours=hours)
         if machine.end_date and new_end > machine.end_date:
             raise ValidationError(
                 {"hours": f"The machine is offered until {machine.end_date:%Y-%m-%d %H:%M} UTC."}
             )
-        window = maintenance_overlapping(machine.pk, contract.ends_at, new_end)
+        window = maintenance_overlapping(machine.pk, rental.ends_at, new_end)
         if window is not None:
             raise ValidationError(
                 {
@@ -234,12 +235,12 @@ def rental_extend(*, contract: Contract, hours: float) -> Contract:
                     " UTC; extend to before it."
                 }
             )
-        quote = extension_quote(contract, round(hours * 3600))
+        quote = extension_quote(rental, round(hours * 3600))
         holds.hold_extend(
-            hold_id=contract.hold_id,
+            hold_id=rental.hold_id,
             amount=quote.total,
-            idempotency_key=f"rental:{contract.instance.uuid}:extend:{new_end.isoformat()}",
+            idempotency_key=f"rental:{rental.instance.uuid}:extend:{new_end.isoformat()}",
         )
-        contract.ends_at = new_end
-        contract.save(update_fields=["ends_at"])
-    return contract
+        rental.ends_at = new_end
+        rental.save(update_fields=["ends_at"])
+    return rental

@@ -19,7 +19,7 @@ from marketplace import offer_query, selectors
 from marketplace.models import Offer, Role, SshKey
 from marketplace.selectors import instance_connection
 from marketplace.services.clocks import ENDED_STATES
-from marketplace.services.metering import contract_owed
+from marketplace.services.metering import rental_owed
 from marketplace.services.pricing import rental_quote
 from marketplace.services.renter_actions import (
     rental_destroy_request,
@@ -178,7 +178,7 @@ def rent(request: HttpRequest, machine_id: int) -> HttpResponse:
             entrypoint=data.get("entrypoint", "").strip(),
             args=args,
         )
-        contract = rental_create(
+        rental = rental_create(
             team=request.team,
             request=RentalRequest(
                 machine_id=machine_id,
@@ -201,13 +201,13 @@ def rent(request: HttpRequest, machine_id: int) -> HttpResponse:
         messages.error(request, f"Could not rent: {error_text(error)}")
         return redirect(request.META.get("HTTP_REFERER") or "offers")
     messages.success(request, "Rented. The container is launching; this page updates by itself.")
-    return redirect("instance-detail", pk=contract.instance_id)
+    return redirect("instance-detail", pk=rental.instance_id)
 
 
 def _team_instances(request: HttpRequest):
-    return team_objects(
-        request.team, Instance.objects.select_related("contract", "machine")
-    ).exclude(state=InstanceState.DESTROYED)
+    return team_objects(request.team, Instance.objects.select_related("rental", "machine")).exclude(
+        state=InstanceState.DESTROYED
+    )
 
 
 @login_required
@@ -222,22 +222,22 @@ def instances(request: HttpRequest) -> HttpResponse:
 
 
 def _instance_context(request: HttpRequest, instance: Instance) -> dict[str, object]:
-    contract = instance.contract
+    rental = instance.rental
     now = timezone.now()
-    owed = contract_owed(contract, now)
+    owed = rental_owed(rental, now)
     held = rental_quote(
-        machine=instance.machine, gpu_count=contract.gpu_count, disk_gb=contract.disk_gb, hours=1
+        machine=instance.machine, gpu_count=rental.gpu_count, disk_gb=rental.disk_gb, hours=1
     )
     return {
         "instance": instance,
-        "contract": contract,
+        "rental": rental,
         "connection": instance_connection(instance),
         "gpus": scheduler.instance_gpu_uuids(instance),
         "events": instance.events.all()[:50],
         "spent": format_usd(owed.total),
         "per_hour": format_usd(held.gpu),
         "storage_per_hour": format_usd(held.storage),
-        "remaining": contract.ends_at - now if contract.ends_at > now else None,
+        "remaining": rental.ends_at - now if rental.ends_at > now else None,
         "can_act": request.membership.allows(Role.MEMBER),
         "ended": instance.state in ENDED_STATES,
     }
@@ -246,7 +246,7 @@ def _instance_context(request: HttpRequest, instance: Instance) -> dict[str, obj
 @login_required
 def instance_detail(request: HttpRequest, pk: int) -> HttpResponse:
     instance = team_object_or_404(
-        request.team, Instance.objects.select_related("contract", "machine"), pk=pk
+        request.team, Instance.objects.select_related("rental", "machine"), pk=pk
     )
     context = _instance_context(request, instance)
     if request.headers.get("HX-Request"):
@@ -259,7 +259,7 @@ def instance_detail(request: HttpRequest, pk: int) -> HttpResponse:
 def instance_action(request: HttpRequest, pk: int, action: str) -> HttpResponse:
     require_role(request, Role.MEMBER)
     instance = team_object_or_404(
-        request.team, Instance.objects.select_related("contract", "machine"), pk=pk
+        request.team, Instance.objects.select_related("rental", "machine"), pk=pk
     )
     try:
         if action == "stop":
@@ -279,7 +279,7 @@ def instance_action(request: HttpRequest, pk: int, action: str) -> HttpResponse:
             # The extending service refuses NaN and infinities itself, with the range it
             # allows (which says more than "not finite"); only non-numbers stop here.
             hours = form_decimal(request.POST.get("hours"), field="hours", range_checked=True)
-            rental_extend(contract=instance.contract, hours=hours)
+            rental_extend(rental=instance.rental, hours=hours)
             messages.success(request, f"Extended by {hours:g} hours.")
         elif action == "destroy":
             rental_destroy_request(instance=instance)

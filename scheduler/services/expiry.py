@@ -48,7 +48,7 @@ def _lease_valid(instance: Instance) -> bool:
 
 
 def instance_expire(*, instance_id: int) -> Instance | None:
-    """The contract's end: stop the container; data stays until the grace period ends.
+    """The rental's end: stop the container; data stays until the grace period ends.
 
     The rental ends on time whatever the host says (the renter is not charged past it). But
     its GPUs are given back only when the container is known to have stopped: with the host

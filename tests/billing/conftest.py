@@ -35,9 +35,9 @@ def fake_stripe(stripe_settings):
 
 @pytest.fixture
 def rent(renter_team, provider_team):
-    """Make a contract on one machine the way renting does (an instance in ``state``, a hold
-    for ``hold`` micro-dollars funded by a grant of exactly that, the contract), with clocks
-    set by the caller. ``rent.now`` is the time the contracts are made around."""
+    """Make a rental on one machine the way renting does (an instance in ``state``, a hold
+    for ``hold`` micro-dollars funded by a grant of exactly that, the rental), with clocks
+    set by the caller. ``rent.now`` is the time the rentals are made around."""
     from datetime import timedelta
 
     from django.utils import timezone
@@ -45,7 +45,7 @@ def rent(renter_team, provider_team):
     from billing.credits import credit_grant
     from billing.holds import hold_create
     from hosts.models import Machine
-    from marketplace.models import Contract
+    from marketplace.models import Rental
     from scheduler.models import Instance
 
     machine = Machine.objects.create(
@@ -57,7 +57,7 @@ def rent(renter_team, provider_team):
     def make(
         *, gpus=1, disk=20, hold=100_000_000, state="running", ends_in=timedelta(hours=24),
         **clocks,
-    ) -> Contract:  # fmt: skip
+    ) -> Rental:  # fmt: skip
         instance = Instance.objects.create(
             team=renter_team, machine=machine, gpu_count=gpus, image="busybox", disk_gb=disk,
             state=state,
@@ -70,7 +70,7 @@ def rent(renter_team, provider_team):
             reference=f"rental:{instance.pk}", idempotency_key=f"hold-{instance.pk}",
             machine_reference=f"machine:{machine.pk}",
         )  # fmt: skip
-        return Contract.objects.create(
+        return Rental.objects.create(
             team=renter_team, provider_team=provider_team, machine=machine, instance=instance,
             gpu_count=gpus, price_per_gpu_hour=machine.price_per_gpu_hour,
             storage_price_per_gb_month=machine.storage_price_per_gb_month, disk_gb=disk,

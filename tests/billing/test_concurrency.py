@@ -52,7 +52,7 @@ def test_two_holds_racing_for_credit_that_covers_one():
             team_id=renter.id,
             provider_team_id=provider.id,
             amount=6 * USD,
-            reference=f"contract:{n}",
+            reference=f"rental:{n}",
             idempotency_key=f"race-{n}",
         )
 
@@ -72,7 +72,7 @@ def test_many_holds_racing_never_overdraw():
         [
             (lambda n=n: hold_create(
                 team_id=renter.id, provider_team_id=provider.id, amount=USD,
-                reference=f"contract:{n}", idempotency_key=f"many-{n}",
+                reference=f"rental:{n}", idempotency_key=f"many-{n}",
             ))
             for n in range(8)
         ]
@@ -90,7 +90,7 @@ def test_the_same_hold_requested_twice_at_once_is_made_once():
     def twin():
         return hold_create(
             team_id=renter.id, provider_team_id=provider.id, amount=3 * USD,
-            reference="contract:1", idempotency_key="same-key",
+            reference="rental:1", idempotency_key="same-key",
         )  # fmt: skip
 
     results = race([twin, twin, twin])
@@ -106,7 +106,7 @@ def test_concurrent_captures_and_release_of_one_hold_stay_within_it():
     credit_grant(team_id=renter.id, amount=10 * USD, reason="t", idempotency_key="cap")
     hold = hold_create(
         team_id=renter.id, provider_team_id=provider.id, amount=4 * USD,
-        reference="contract:1", idempotency_key="cap-hold",
+        reference="rental:1", idempotency_key="cap-hold",
     )  # fmt: skip
     results = race(
         [lambda: hold_capture_usage(hold_id=hold.pk, kind="gpu", owed_total=3 * USD)] * 3

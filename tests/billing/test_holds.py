@@ -32,7 +32,7 @@ def grant(team, amount, key="g1"):
     return credit_grant(team_id=team.id, amount=amount, reason="test", idempotency_key=key)
 
 
-def make_hold(renter, provider, amount, key="h1", reference="contract:1", **extra):
+def make_hold(renter, provider, amount, key="h1", reference="rental:1", **extra):
     return hold_create(
         team_id=renter.id,
         provider_team_id=provider.id,
@@ -98,7 +98,7 @@ def test_hold_key_reused_for_another_rental_is_a_conflict(renter_team, provider_
     grant(renter_team, 10 * USD)
     make_hold(renter_team, provider_team, USD)
     with pytest.raises(IdempotencyConflict):
-        make_hold(renter_team, provider_team, USD, reference="contract:2")
+        make_hold(renter_team, provider_team, USD, reference="rental:2")
 
 
 def test_capture_usage_captures_only_the_difference(renter_team, provider_team, settings):
@@ -229,7 +229,7 @@ def test_settle_usage_batch_matches_single_captures(renter_team, provider_team, 
     monkeypatch.setattr(metering, "SETTLE_BATCH_SIZE", 3)  # several batches
     grant(renter_team, 100 * USD)
     holds = [
-        make_hold(renter_team, provider_team, 5 * USD, key=f"h{i}", reference=f"contract:{i}")
+        make_hold(renter_team, provider_team, 5 * USD, key=f"h{i}", reference=f"rental:{i}")
         for i in range(7)
     ]
     hold_release(hold_id=holds[6].pk)

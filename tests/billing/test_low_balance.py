@@ -67,10 +67,10 @@ def test_the_notice_agrees_with_extending_a_stopped_rental(rent, renter_team):
     give(renter_team, STORAGE_HOUR, "storage")  # its storage alone does not extend it
     assert f"instance {stopped.instance_id}" in low_balance_notice(renter_team.pk)
     with pytest.raises(InsufficientCredit):
-        rental_extend(contract=stopped, hours=1)
+        rental_extend(rental=stopped, hours=1)
     give(renter_team, 8 * GPU_HOUR, "gpus")
     assert low_balance_notice(renter_team.pk) is None
-    rental_extend(contract=stopped, hours=1)
+    rental_extend(rental=stopped, hours=1)
 
 
 def test_no_notice_without_live_rentals(rent, renter_team):

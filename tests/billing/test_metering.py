@@ -1,4 +1,4 @@
-"""The metering sweep a worker runs (``metering_sweep``): real contracts with their clocks, their
+"""The metering sweep a worker runs (``metering_sweep``): real rentals with their clocks, their
 holds, one combined capture per hold, and nothing twice."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 
 from billing.holds import hold_release
 from billing.models import Hold, Transfer, TransferKind
-from marketplace.services.metering import contract_meter, metering_sweep
+from marketplace.services.metering import metering_sweep, rental_meter
 from tests.billing.ledger_checks import assert_ledger_consistent, ledger_counts
 
 pytestmark = pytest.mark.django_db
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.django_db
 # micro-dollars (µ$), each charge rounded once, half up, from its clock's seconds.
 
 
-def test_sweep_captures_what_each_contract_owes_in_one_capture_per_hold(rent):
+def test_sweep_captures_what_each_rental_owes_in_one_capture_per_hold(rent):
     now = rent.now
     running = rent(gpus=2, gpu_clock_since=now - timedelta(minutes=90),
                    storage_clock_since=now - timedelta(minutes=90))  # fmt: skip
@@ -42,39 +42,39 @@ def test_sweep_captures_what_each_contract_owes_in_one_capture_per_hold(rent):
         ended.pk: (500_000, 3_472),
     }
     assert captured == 2_618_055  # the sum of the six amounts above
-    for contract in (running, stopped, ended):
-        hold = Hold.objects.get(pk=contract.hold_id)
-        assert (hold.captured_gpu, hold.captured_storage) == expected[contract.pk]
+    for rental in (running, stopped, ended):
+        hold = Hold.objects.get(pk=rental.hold_id)
+        assert (hold.captured_gpu, hold.captured_storage) == expected[rental.pk]
         (capture,) = Transfer.objects.filter(hold=hold, kind=TransferKind.CAPTURE)
         assert capture.usage_kind == "gpu+storage"
         assert (capture.amount - capture.storage_amount, capture.storage_amount) == expected[
-            contract.pk
+            rental.pk
         ]
     assert_ledger_consistent()
 
 
 def test_a_second_sweep_at_the_same_time_captures_nothing_and_a_later_one_the_difference(rent):
     now = rent.now
-    contract = rent(gpu_clock_since=now - timedelta(hours=1),
+    rental = rent(gpu_clock_since=now - timedelta(hours=1),
                     storage_clock_since=now - timedelta(hours=1))  # fmt: skip
     # 1 h: 600,000 µ$ of GPU; storage 3,000,000 × 3,600 / 2,592,000 = 4,166.7 → 4,167
     assert metering_sweep(now=now) == 604_167
     before = ledger_counts()
     assert metering_sweep(now=now) == 0
-    assert contract_meter(contract=contract, now=now) == 0  # the per-contract path agrees
+    assert rental_meter(rental=rental, now=now) == 0  # the per-rental path agrees
     assert ledger_counts() == before
 
     # A minute later, 3,660 s in all: GPU 600,000 × 3,660 / 3,600 = 610,000; storage
     # 3,000,000 × 3,660 / 2,592,000 = 4,236.1 → 4,236. Total 614,236, of which 604,167 was
     # captured already.
     assert metering_sweep(now=now + timedelta(minutes=1)) == 10_069
-    hold = Hold.objects.get(pk=contract.hold_id)
+    hold = Hold.objects.get(pk=rental.hold_id)
     assert (hold.captured_gpu, hold.captured_storage) == (610_000, 4_236)
     assert Transfer.objects.filter(hold=hold, kind=TransferKind.CAPTURE).count() == 2
     assert_ledger_consistent()
 
 
-def test_the_sweep_skips_settled_contracts_and_closed_holds(rent):
+def test_the_sweep_skips_settled_rentals_and_closed_holds(rent):
     now = rent.now
     settled = rent(storage_clock_since=now - timedelta(hours=1), settled_at=now)
     released = rent(storage_clock_since=now - timedelta(hours=1))
@@ -87,7 +87,7 @@ def test_the_sweep_skips_settled_contracts_and_closed_holds(rent):
 
 def test_the_sweep_goes_through_every_batch(rent):
     now = rent.now
-    contracts = [
+    rentals = [
         rent(gpu_clock_since=now - timedelta(minutes=n + 1), storage_clock_since=now)
         for n in range(5)
     ]
@@ -95,7 +95,7 @@ def test_the_sweep_goes_through_every_batch(rent):
     # GPU clocks of 1..5 minutes at 600,000 µ$/h are 10,000 µ$ a minute: 10,000 × (1+2+3+4+5);
     # storage clocks start now, so no storage yet.
     assert captured == 150_000
-    assert sorted(Hold.objects.get(pk=c.hold_id).captured_gpu for c in contracts) == [
+    assert sorted(Hold.objects.get(pk=c.hold_id).captured_gpu for c in rentals) == [
         10_000, 20_000, 30_000, 40_000, 50_000,
     ]  # fmt: skip
     assert Transfer.objects.filter(kind=TransferKind.CAPTURE).count() == 5

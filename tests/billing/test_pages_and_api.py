@@ -38,7 +38,7 @@ def books(team, owner, teammate):
     for n, machine in ((1, "machine:7"), (2, "machine:8")):
         hold = hold_create(
             team_id=team.id, provider_team_id=provider.id, amount=20 * USD,
-            reference=f"contract:{n}", idempotency_key=f"hold-{n}",
+            reference=f"rental:{n}", idempotency_key=f"hold-{n}",
             machine_reference=machine, description=f"RTX 4090 x{n}",
         )  # fmt: skip
         hold_capture_usage(hold_id=hold.pk, kind="gpu", owed_total=3 * USD * n)
@@ -54,7 +54,7 @@ def test_balance_page_shows_balance_chart_holds_and_ledger(client, owner, team, 
     html = response.content.decode()
     balance = team_balance(team.id)
     assert f"${balance.available // USD}." in html and "<svg" in html
-    assert "contract:1" in html and "Usage charge" in html and "Hold released" in html
+    assert "rental:1" in html and "Usage charge" in html and "Hold released" in html
     assert 'id="ledger"' in html
 
 
@@ -62,8 +62,8 @@ def test_ledger_filters_by_kind_reference_and_date(client, owner, team, books):
     c = client_for(client, owner, team)
     html = c.get("/billing/", {"kind": "release"}).content.decode()
     assert "Hold released" in html and "Usage charge</td>" not in html
-    html = c.get("/billing/", {"reference": "contract:2", "kind": "capture"}).content.decode()
-    assert "contract:2" in html and "contract:1" not in html.split('id="ledger"')[1]
+    html = c.get("/billing/", {"reference": "rental:2", "kind": "capture"}).content.decode()
+    assert "rental:2" in html and "rental:1" not in html.split('id="ledger"')[1]
     tomorrow = (timezone.localdate() + timedelta(days=1)).isoformat()
     html = c.get("/billing/", {"start": tomorrow}).content.decode()
     assert "No ledger entries match these filters." in html
@@ -92,7 +92,7 @@ def test_invoice_has_one_line_per_rental_and_kind(client, owner, team, books):
     listing = c.get("/billing/invoices/").content.decode()
     assert f"/billing/invoices/{month}/" in listing
     html = c.get(f"/billing/invoices/{month}/").content.decode()
-    assert html.count("<code>contract:1</code>") == 2 and html.count("<code>contract:2</code>") == 2
+    assert html.count("<code>rental:1</code>") == 2 and html.count("<code>rental:2</code>") == 2
     assert "$9.50" in html  # 3 + 6 GPU + 2 × 0.25 storage
     assert "@media print" not in html and "no-print" in html
     assert c.get("/billing/invoices/1999-01/").status_code == 404
@@ -111,7 +111,7 @@ def test_invoice_as_a_pdf_has_the_same_lines_and_total(client, owner, team, book
     assert len(pdf.pages) == 1
     text = " ".join(page.extract_text() for page in pdf.pages)
     assert "Invoice" in text and team.name in text
-    assert text.count("contract:1") == 2 and text.count("contract:2") == 2
+    assert text.count("rental:1") == 2 and text.count("rental:2") == 2
     assert "$9.50" in text  # the total, as on the page
     assert "Team" not in text.split("Invoice")[0]  # none of the console's header or menus
     assert c.get("/billing/invoices/1999-01/pdf/").status_code == 404
@@ -144,8 +144,8 @@ def test_earnings_page_shows_machines_days_and_the_fee(client, books, settings):
 def test_outsider_sees_none_of_the_teams_books(client, outsider, team, books):
     c = client_for(client, outsider)
     html = c.get("/billing/").content.decode()
-    assert "contract:1" not in html and "No money has moved yet" in html
-    assert "contract:" not in b"".join(c.get("/billing/ledger.csv").streaming_content).decode()
+    assert "rental:1" not in html and "No money has moved yet" in html
+    assert "rental:" not in b"".join(c.get("/billing/ledger.csv").streaming_content).decode()
     month = timezone.localdate().strftime("%Y-%m")
     assert c.get(f"/billing/invoices/{month}/").status_code == 404
     topup = TopUp.objects.create(team=team, amount=10 * USD, checkout_session_id="cs_secret")
@@ -157,7 +157,7 @@ def test_outsider_sees_none_of_the_teams_books(client, outsider, team, books):
 
 def test_teammate_sees_the_teams_books(client, teammate, team, books):
     html = client_for(client, teammate, team).get("/billing/").content.decode()
-    assert "contract:1" in html
+    assert "rental:1" in html
 
 
 # --- top-ups through the console ---------------------------------------------------------------
@@ -273,15 +273,13 @@ def test_api_balance_ledger_holds_invoices(team, owner, books):
     # them, the second released (its $13.75 back).
     assert balance == {"available": "73.750000", "held": "16.750000", "earnings": "0.000000"}
     assert (team_balance(team.id).available, team_balance(team.id).held) == (73_750_000, 16_750_000)
-    ledger = api.get(
-        "/api/v1/billing/ledger/", {"kind": "capture", "reference": "contract:1"}
-    ).json()
+    ledger = api.get("/api/v1/billing/ledger/", {"kind": "capture", "reference": "rental:1"}).json()
     assert ledger["count"] == 2 and {row["usage_kind"] for row in ledger["results"]} == {
         "gpu",
         "storage",
     }
     holds = api.get("/api/v1/billing/holds/", {"status": "open"}).json()
-    assert [h["reference"] for h in holds["results"]] == ["contract:1"]
+    assert [h["reference"] for h in holds["results"]] == ["rental:1"]
     month = timezone.localdate().strftime("%Y-%m")
     assert api.get("/api/v1/billing/invoices/").json() == [{"month": month, "total": "9.500000"}]
     invoice = api.get(f"/api/v1/billing/invoices/{month}/").json()
@@ -428,8 +426,8 @@ def test_balance_changes_are_pushed_to_the_team(
 
 @pytest.fixture
 def swept(team, owner):
-    """Two sweeps through holds_settle_usage: contract:10 is charged GPU time and storage
-    together twice, contract:11 GPU time only."""
+    """Two sweeps through holds_settle_usage: rental:10 is charged GPU time and storage
+    together twice, rental:11 GPU time only."""
     from billing.metering import HoldUsage
 
     provider = TeamFactory(name="Sweep Host")
@@ -437,7 +435,7 @@ def swept(team, owner):
     both, gpu_only = (
         hold_create(
             team_id=team.id, provider_team_id=provider.id, amount=20 * USD,
-            reference=f"contract:{n}", idempotency_key=f"sweep-hold-{n}",
+            reference=f"rental:{n}", idempotency_key=f"sweep-hold-{n}",
             machine_reference="machine:9",
         )
         for n in (10, 11)
@@ -463,9 +461,9 @@ def test_a_combined_capture_is_split_by_kind_on_the_invoice_and_counted_once(
     invoice = invoice_for_month(Entry.objects.filter(team=team), timezone.localdate())
     lines = {(line.reference, line.usage_kind): line for line in invoice.lines}
     assert {key: (line.amount, line.charges) for key, line in lines.items()} == {
-        ("contract:10", "gpu"): (3 * USD, 2),
-        ("contract:10", "storage"): (USD, 2),
-        ("contract:11", "gpu"): (USD, 1),
+        ("rental:10", "gpu"): (3 * USD, 2),
+        ("rental:10", "storage"): (USD, 2),
+        ("rental:11", "gpu"): (USD, 1),
     }
     assert invoice.total == 5 * USD and invoice.charges == 3 and invoice.line_charges == 5
 
@@ -483,7 +481,7 @@ def test_a_combined_capture_is_split_by_kind_on_the_invoice_and_counted_once(
 
 def test_ledger_csv_and_api_show_the_gpu_and_storage_parts(client, owner, team, swept):
     response = client_for(client, owner, team).get(
-        "/billing/ledger.csv", {"reference": "contract:10"}
+        "/billing/ledger.csv", {"reference": "rental:10"}
     )
     rows = list(csv.DictReader(io.StringIO(b"".join(response.streaming_content).decode())))
     charges = [row for row in rows if row["kind"] == "capture"]
@@ -535,7 +533,7 @@ def test_earnings_count_a_charge_whose_fee_took_all_of_it(client, team, owner):
     one, two = (
         hold_create(
             team_id=team.id, provider_team_id=provider.id, amount=USD // 10,
-            reference=f"contract:{n}", idempotency_key=f"tiny-{n}", machine_reference=f"machine:{n}",
+            reference=f"rental:{n}", idempotency_key=f"tiny-{n}", machine_reference=f"machine:{n}",
         )
         for n in (7, 8)
     )  # fmt: skip

@@ -136,7 +136,7 @@ class LedgerMachine(RuleBasedStateMachine):
                 team_id=team.id,
                 provider_team_id=provider.id,
                 amount=amount,
-                reference=f"contract:{next(self.keys)}",
+                reference=f"rental:{next(self.keys)}",
                 idempotency_key=f"h{next(self.keys)}",
             )
         except InsufficientCredit:

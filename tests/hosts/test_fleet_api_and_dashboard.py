@@ -44,7 +44,7 @@ def charge(provider_team, machine, *, gross: int) -> None:
     credit_grant(team_id=renter.pk, amount=10 * gross, reason="test", idempotency_key=key)
     hold = hold_create(
         team_id=renter.pk, provider_team_id=provider_team.pk, amount=2 * gross,
-        reference=f"contract:{key}", idempotency_key=f"hold-{key}",
+        reference=f"rental:{key}", idempotency_key=f"hold-{key}",
         machine_reference=f"machine:{machine.pk}",
     )  # fmt: skip
     hold_capture_usage(hold_id=hold.pk, kind="gpu", owed_total=gross)

@@ -68,13 +68,13 @@ def world(team, owner):
     credit_grant(
         team_id=team.pk, amount=100 * MICRO_PER_DOLLAR, reason="test", idempotency_key="fund"
     )
-    contract = rental_create(
+    rental = rental_create(
         team=team,
         request=RentalRequest(
             machine_id=for_rent.pk, gpu_count=1, image="gpumkt/busybox:latest", hours=2
         ),
     )
-    return {"for_rent": for_rent, "own": own, "instance_id": contract.instance_id}
+    return {"for_rent": for_rent, "own": own, "instance_id": rental.instance_id}
 
 
 @pytest.fixture

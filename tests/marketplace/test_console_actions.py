@@ -17,8 +17,8 @@ from django.utils.dateformat import format as date_format
 from billing.models import Hold
 from billing.money import MICRO_PER_DOLLAR
 from billing.selectors import team_balance
-from marketplace.models import Contract, Offer
-from marketplace.services.metering import contract_owed
+from marketplace.models import Offer, Rental
+from marketplace.services.metering import rental_owed
 from scheduler.models import GpuAllocation, Instance
 from tests.conftest import client_for
 from tests.marketplace.conftest import containers_named, docker_inspect
@@ -113,9 +113,9 @@ def test_a_command_runs_in_the_container_and_its_output_is_shown(console, instan
 
 
 def test_extend_moves_the_end_and_holds_exactly_the_quote(console, instance, machine):
-    contract = instance.contract
-    hold = Hold.objects.get(pk=contract.hold_id)
-    ends_before, held_before = contract.ends_at, hold.amount
+    rental = instance.rental
+    hold = Hold.objects.get(pk=rental.hold_id)
+    ends_before, held_before = rental.ends_at, hold.amount
     balance_before = team_balance(instance.team_id)
     # What the renter is quoted for 2 more hours of this rental (1 GPU, 10 GB).
     quote = console.get(
@@ -127,10 +127,10 @@ def test_extend_moves_the_end_and_holds_exactly_the_quote(console, instance, mac
     response = submit(console, instance, "extend", {"hours": "2"})
     assert response.redirect_chain == [(f"/instances/{instance.pk}/", 302)]
     assert page_messages(response) == ["Extended by 2 hours."]
-    contract.refresh_from_db()
-    assert contract.ends_at == ends_before + timedelta(hours=2)
-    assert date_format(contract.ends_at, "M j, H:i") in shown(response)  # the page's "Ends"
-    assert Hold.objects.get(pk=contract.hold_id).amount == held_before + quoted
+    rental.refresh_from_db()
+    assert rental.ends_at == ends_before + timedelta(hours=2)
+    assert date_format(rental.ends_at, "M j, H:i") in shown(response)  # the page's "Ends"
+    assert Hold.objects.get(pk=rental.hold_id).amount == held_before + quoted
     balance = team_balance(instance.team_id)
     assert balance.held == balance_before.held + quoted
     assert balance.available == balance_before.available - quoted
@@ -147,15 +147,15 @@ def test_extend_moves_the_end_and_holds_exactly_the_quote(console, instance, mac
         response = submit(console, instance, "extend", {"hours": hours})
         assert response.status_code == 200
         assert page_messages(response) == [message], hours
-        contract.refresh_from_db()
-        assert contract.ends_at == ends_before + timedelta(hours=2), hours
-        assert Hold.objects.get(pk=contract.hold_id).amount == held_before + quoted, hours
+        rental.refresh_from_db()
+        assert rental.ends_at == ends_before + timedelta(hours=2), hours
+        assert Hold.objects.get(pk=rental.hold_id).amount == held_before + quoted, hours
         assert team_balance(instance.team_id) == balance, hours
 
 
 def test_stop_start_destroy_from_the_instance_page(console, instance, machine, funded_team):
     free_before = Offer.objects.get(machine=machine).num_gpus
-    contract = instance.contract
+    rental = instance.rental
     page = console.get(f"/instances/{instance.pk}/")
     assert badge(page) == "running"
     assert 'id="stop-button"' in page.content.decode()
@@ -178,8 +178,8 @@ def test_stop_start_destroy_from_the_instance_page(console, instance, machine, f
     assert not running(instance.container_id)
     assert live_gpus(instance) == 0
     assert Offer.objects.get(machine=machine).num_gpus == free_before + 1
-    contract.refresh_from_db()
-    assert contract.gpu_clock_since is None and contract.storage_clock_since is not None
+    rental.refresh_from_db()
+    assert rental.gpu_clock_since is None and rental.storage_clock_since is not None
 
     # Stopping again is refused; a command needs a running instance.
     response = submit(console, instance, "stop")
@@ -214,11 +214,11 @@ def test_stop_start_destroy_from_the_instance_page(console, instance, machine, f
     assert containers_named(instance.container_name) == []
     assert live_gpus(instance) == 0
     assert Offer.objects.get(machine=machine).num_gpus == free_before + 1
-    contract = Contract.objects.get(pk=contract.pk)
-    assert contract.settled_at is not None
-    hold = Hold.objects.get(pk=contract.hold_id)
+    rental = Rental.objects.get(pk=rental.pk)
+    assert rental.settled_at is not None
+    hold = Hold.objects.get(pk=rental.hold_id)
     # Settled: what the clocks say it used is captured, the rest went back to the renter.
-    owed = contract_owed(contract, timezone.now())
+    owed = rental_owed(rental, timezone.now())
     assert (hold.status, hold.captured_gpu, hold.captured_storage) == (
         "released", owed.gpu, owed.storage,
     )  # fmt: skip
@@ -233,13 +233,13 @@ def test_stop_start_destroy_from_the_instance_page(console, instance, machine, f
     assert page_messages(response) == ["An instance that is destroyed cannot be stopped."]
     response = submit(console, instance, "extend", {"hours": "1"})
     assert page_messages(response) == ["hours: This rental has ended; rent again instead."]
-    assert Hold.objects.get(pk=contract.hold_id).amount == hold.amount
+    assert Hold.objects.get(pk=rental.hold_id).amount == hold.amount
 
 
 def test_extend_by_a_sliver_of_an_hour_names_the_hours_field(console, instance):
-    ends_before = instance.contract.ends_at
+    ends_before = instance.rental.ends_at
     response = submit(console, instance, "extend", {"hours": "0.0001"})
     [message] = page_messages(response)
     assert message.startswith("hours: "), message
-    contract = Contract.objects.get(pk=instance.contract.pk)
-    assert contract.ends_at == ends_before
+    rental = Rental.objects.get(pk=instance.rental.pk)
+    assert rental.ends_at == ends_before

@@ -9,7 +9,7 @@ from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 
 from billing.models import Hold
-from marketplace.models import Contract
+from marketplace.models import Rental
 from marketplace.services.renting import RentalRequest, rental_create
 from scheduler.models import GpuAllocation, Instance
 from tests.conftest import client_for
@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.system, pytest.mark.django_db(transaction=True)]
 def nothing_written() -> bool:
     return not (
         Instance.objects.exists()
-        or Contract.objects.exists()
+        or Rental.objects.exists()
         or Hold.objects.exists()
         or GpuAllocation.objects.exists()
     )

@@ -18,7 +18,7 @@ from billing.models import Hold
 from billing.selectors import team_balance
 from hosts import services as host_services
 from hosts.models import Machine, MaintenanceWindow
-from marketplace.models import Contract, Offer, Role
+from marketplace.models import Offer, Rental, Role
 from marketplace.services.pricing import rental_quote
 from marketplace.services.renting import rental_extend
 from marketplace.tasks import expiry_sweep
@@ -61,7 +61,7 @@ def live_gpus(instance: Instance) -> int:
 def end_now(instance: Instance) -> None:
     """The rental period is over (its end is a second ago)."""
     now = timezone.now()
-    Contract.objects.filter(instance=instance).update(
+    Rental.objects.filter(instance=instance).update(
         starts_at=now - timedelta(hours=2), ends_at=now - timedelta(seconds=1)
     )
 
@@ -85,7 +85,7 @@ def test_expiry_with_the_host_down_keeps_the_gpus_until_reconcile_stops_the_cont
         # GPU stays reserved and is not offered to anyone.
         assert instance.state == "expired"
         assert "GPUs stay reserved" in instance.status_message
-        assert Contract.objects.get(instance=instance).settled_at is not None
+        assert Rental.objects.get(instance=instance).settled_at is not None
         assert live_gpus(instance) == 1
         assert Offer.objects.get(machine=machine).num_gpus == 0
         assert running(instance.container_id)  # the host was down: nobody stopped it
@@ -192,20 +192,20 @@ def test_a_claim_left_by_a_dead_worker_expires(funded_team, machine):
 
 def test_the_clocks_stop_at_the_end_of_the_rental(funded_team, machine):
     instance = rented(key_client(funded_team), machine, duration_hours=1)
-    contract = instance.contract
+    rental = instance.rental
     now = timezone.now()
     ends = now - timedelta(seconds=30)  # the sweep comes 30 s after the end
-    Contract.objects.filter(pk=contract.pk).update(
+    Rental.objects.filter(pk=rental.pk).update(
         starts_at=ends - timedelta(hours=1), ends_at=ends,
         gpu_clock_since=ends - timedelta(hours=1), storage_clock_since=ends - timedelta(hours=1),
     )  # fmt: skip
-    contract.refresh_from_db()
-    assert contract.gpu_seconds_at(now) == 3600
-    assert contract.storage_seconds_at(now + timedelta(days=3)) == 3600
-    hold = Hold.objects.get(pk=contract.hold_id)
+    rental.refresh_from_db()
+    assert rental.gpu_seconds_at(now) == 3600
+    assert rental.storage_seconds_at(now + timedelta(days=3)) == 3600
+    hold = Hold.objects.get(pk=rental.hold_id)
     assert expiry_sweep() == 1
-    contract.refresh_from_db()
-    assert (contract.gpu_seconds, contract.storage_seconds) == (3600, 3600)
+    rental.refresh_from_db()
+    assert (rental.gpu_seconds, rental.storage_seconds) == (3600, 3600)
     hold.refresh_from_db()
     # Exactly what was quoted and held for the hour: nothing for the 30 s after the end.
     assert hold.captured == rental_quote(machine=machine, gpu_count=1, disk_gb=10, hours=1).total
@@ -215,15 +215,15 @@ def test_the_clocks_stop_at_the_end_of_the_rental(funded_team, machine):
 def test_an_extension_before_the_sweep_counts_the_time_past_the_old_end(funded_team, machine):
     instance = rented(key_client(funded_team), machine, duration_hours=1)
     now = timezone.now()
-    Contract.objects.filter(instance=instance).update(
+    Rental.objects.filter(instance=instance).update(
         starts_at=now - timedelta(hours=1, seconds=30), ends_at=now - timedelta(seconds=30),
         gpu_clock_since=now - timedelta(hours=1, seconds=30),
     )  # fmt: skip
-    contract = Contract.objects.get(instance=instance)
-    assert contract.gpu_seconds_at(now) == 3600
-    rental_extend(contract=contract, hours=1)
-    contract.refresh_from_db()
-    assert contract.gpu_seconds_at(now) == 3630
+    rental = Rental.objects.get(instance=instance)
+    assert rental.gpu_seconds_at(now) == 3600
+    rental_extend(rental=rental, hours=1)
+    rental.refresh_from_db()
+    assert rental.gpu_seconds_at(now) == 3630
 
 
 def test_reconcile_notices_a_container_killed_behind_our_back(funded_team, machine):
@@ -264,8 +264,8 @@ def test_extend_is_402_when_short_and_refused_past_the_machine_end_date(
     fund(team, dollars=2)  # $0.50 an hour: 2 hours are held, about $1 is left
     client = key_client(team)
     instance = rented(client, machine, duration_hours=2)
-    contract = instance.contract
-    hold_before, ends_before = Hold.objects.get(pk=contract.hold_id).amount, contract.ends_at
+    rental = instance.rental
+    hold_before, ends_before = Hold.objects.get(pk=rental.hold_id).amount, rental.ends_at
     short = client.post(f"/api/v1/instances/{instance.pk}/extend/", {"hours": 2.5}, format="json")
     assert short.status_code == 402
     assert short.json()["error"]["code"] == "insufficient_credit"
@@ -273,9 +273,9 @@ def test_extend_is_402_when_short_and_refused_past_the_machine_end_date(
     too_long = client.post(f"/api/v1/instances/{instance.pk}/extend/", {"hours": 4}, format="json")
     assert too_long.status_code == 400
     assert "offered until" in too_long.json()["error"]["fields"]["hours"][0]
-    contract.refresh_from_db()
-    assert contract.ends_at == ends_before  # neither attempt changed the rental or its hold
-    assert Hold.objects.get(pk=contract.hold_id).amount == hold_before
+    rental.refresh_from_db()
+    assert rental.ends_at == ends_before  # neither attempt changed the rental or its hold
+    assert Hold.objects.get(pk=rental.hold_id).amount == hold_before
     ok = client.post(f"/api/v1/instances/{instance.pk}/extend/", {"hours": 2}, format="json")
     assert ok.status_code == 200
 
@@ -310,34 +310,34 @@ def test_an_extension_into_maintenance_or_an_end_date_before_a_rental_is_refused
     machine = machine_for(sim_host_factory(gpus=1), provider_team)
     client = key_client(funded_team)
     instance = rented(client, machine, duration_hours=1)
-    contract = instance.contract
-    hold_before = Hold.objects.get(pk=contract.hold_id).amount
+    rental = instance.rental
+    hold_before = Hold.objects.get(pk=rental.hold_id).amount
     host_services.maintenance_window_add(
         machine_id=machine.pk, starts_at=now + timedelta(hours=3), ends_at=now + timedelta(hours=4)
     )
     into = client.post(f"/api/v1/instances/{instance.pk}/extend/", {"hours": 2.5}, format="json")
     assert into.status_code == 400
     assert "maintenance from" in into.json()["error"]["fields"]["hours"][0]
-    contract.refresh_from_db()
-    assert contract.ends_at == instance.contract.ends_at  # nothing moved, nothing held
-    assert Hold.objects.get(pk=contract.hold_id).amount == hold_before
+    rental.refresh_from_db()
+    assert rental.ends_at == instance.rental.ends_at  # nothing moved, nothing held
+    assert Hold.objects.get(pk=rental.hold_id).amount == hold_before
     ok = client.post(f"/api/v1/instances/{instance.pk}/extend/", {"hours": 1.5}, format="json")
     assert ok.status_code == 200  # up to the window is fine
 
     # The provider cannot cut the rental short by moving the end date before its end.
-    contract.refresh_from_db()
+    rental.refresh_from_db()
     terms = {
         "machine_id": machine.pk, "price_per_gpu_hour": machine.price_per_gpu_hour,
         "storage_price_per_gb_month": machine.storage_price_per_gb_month, "min_gpus": 1,
         "location": "US",
     }  # fmt: skip
     with pytest.raises(ValidationError) as refused:
-        host_services.machine_set_terms(**terms, end_date=contract.ends_at - timedelta(minutes=1))
+        host_services.machine_set_terms(**terms, end_date=rental.ends_at - timedelta(minutes=1))
     assert "runs until" in refused.value.message_dict["end_date"][0]
     machine.refresh_from_db()
     assert machine.end_date is None
-    host_services.machine_set_terms(**terms, end_date=contract.ends_at)  # at its end: fine
-    assert Machine.objects.get(pk=machine.pk).end_date == contract.ends_at
+    host_services.machine_set_terms(**terms, end_date=rental.ends_at)  # at its end: fine
+    assert Machine.objects.get(pk=machine.pk).end_date == rental.ends_at
 
 
 def test_unlisting_the_machine_leaves_a_running_rental_alone(funded_team, machine):
@@ -347,7 +347,7 @@ def test_unlisting_the_machine_leaves_a_running_rental_alone(funded_team, machin
     instance.refresh_from_db()
     assert instance.state == "running" and running(instance.container_id)
     assert live_gpus(instance) == 1
-    assert Contract.objects.get(instance=instance).gpu_clock_since is not None
+    assert Rental.objects.get(instance=instance).gpu_clock_since is not None
     assert rent(key_client(funded_team), machine).status_code == 409  # but nobody new
 
 
@@ -360,7 +360,7 @@ def test_every_transition_is_an_event_with_a_reason(funded_team, machine):
     machines_reconcile()
     end_now(instance)
     expiry_sweep()
-    Contract.objects.filter(instance=instance).update(
+    Rental.objects.filter(instance=instance).update(
         data_delete_after=timezone.now() - timedelta(seconds=1)
     )
     expiry_sweep()
@@ -387,14 +387,14 @@ def test_data_is_kept_48_hours_by_default_and_as_long_as_the_setting_says(
     first = rented(client, machine)
     end_now(first)
     expiry_sweep()
-    contract = Contract.objects.get(instance=first)
-    assert contract.data_delete_after - contract.settled_at == timedelta(hours=48)
+    rental = Rental.objects.get(instance=first)
+    assert rental.data_delete_after - rental.settled_at == timedelta(hours=48)
     settings.DATA_GRACE_HOURS = 6
     second = rented(client, machine)
     end_now(second)
     expiry_sweep()
-    contract = Contract.objects.get(instance=second)
-    assert contract.data_delete_after - contract.settled_at == timedelta(hours=6)
+    rental = Rental.objects.get(instance=second)
+    assert rental.data_delete_after - rental.settled_at == timedelta(hours=6)
 
 
 def test_the_disk_share_is_recorded_on_the_container(funded_team, machine):

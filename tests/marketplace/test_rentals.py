@@ -9,8 +9,8 @@ from django.utils import timezone
 
 from billing.models import Hold
 from billing.selectors import team_balance
-from marketplace.models import Contract, Offer
-from marketplace.services.metering import contract_meter, contract_owed
+from marketplace.models import Offer, Rental
+from marketplace.services.metering import rental_meter, rental_owed
 from marketplace.tasks import expiry_sweep, rental_launch
 from scheduler.models import GpuAllocation, Instance, PortAllocation
 from tests.conftest import key_client
@@ -75,8 +75,8 @@ def test_rent_runs_a_container_with_its_units_limits_env_ports_and_gpus(
     assert run["exit_code"] == 0 and RENT["env"]["FOO"] in run["output"]
     # The hold covers 3 hours of 2 GPUs plus storage: $0.50/GPU-h × 2 GPUs × 3 h = 3,000,000 µ$;
     # $0.10/GB-month × 10 GB × 10,800 s / 2,592,000 s = 4,166.7 → 4,167 µ$.
-    contract = instance.contract
-    hold = Hold.objects.get(pk=contract.hold_id)
+    rental = instance.rental
+    hold = Hold.objects.get(pk=rental.hold_id)
     assert hold.amount == 3_004_167
     balance = team_balance(funded_team.pk)
     assert balance.available == 100_000_000 - 3_004_167  # the $100 granted, less the hold
@@ -93,9 +93,9 @@ def test_stop_start_extend_destroy_and_the_ledger(funded_team, sim_host_factory,
     instance_id = rent(client, machine, num_gpus=1).json()["id"]
     instance = Instance.objects.get(pk=instance_id)
     first_gpu = GpuAllocation.objects.get(instance=instance, released_at=None).gpu_id
-    contract = instance.contract
+    rental = instance.rental
     # An hour of GPU time has passed (moved clock, so the figures are exact).
-    Contract.objects.filter(pk=contract.pk).update(
+    Rental.objects.filter(pk=rental.pk).update(
         gpu_clock_since=timezone.now() - timedelta(hours=1),
         storage_clock_since=timezone.now() - timedelta(hours=1),
     )
@@ -106,44 +106,44 @@ def test_stop_start_extend_destroy_and_the_ledger(funded_team, sim_host_factory,
     assert docker_inspect(instance.container_id)["State"]["Running"] is False
     assert not GpuAllocation.objects.filter(instance=instance, released_at=None).exists()
     assert Offer.objects.get(machine=machine).num_gpus == 2
-    contract.refresh_from_db()
-    assert contract.gpu_clock_since is None and contract.gpu_seconds >= 3600
-    assert contract.storage_clock_since is not None  # storage is still charged while stopped
+    rental.refresh_from_db()
+    assert rental.gpu_clock_since is None and rental.gpu_seconds >= 3600
+    assert rental.storage_clock_since is not None  # storage is still charged while stopped
 
     body = client.post(f"/api/v1/instances/{instance_id}/start/").json()
     assert body["state"] == "running"
     assert docker_inspect(instance.container_id)["State"]["Running"] is True
     assert GpuAllocation.objects.get(instance=instance, released_at=None).gpu_id == first_gpu
 
-    hold_before = Hold.objects.get(pk=contract.hold_id).amount
-    ends_before = contract.ends_at
+    hold_before = Hold.objects.get(pk=rental.hold_id).amount
+    ends_before = rental.ends_at
     assert (
         client.post(
             f"/api/v1/instances/{instance_id}/extend/", {"hours": 2}, format="json"
         ).status_code
         == 200
     )
-    contract.refresh_from_db()
-    assert contract.ends_at == ends_before + timedelta(hours=2)
+    rental.refresh_from_db()
+    assert rental.ends_at == ends_before + timedelta(hours=2)
     # 2 more hours: $0.50/GPU-h × 1 GPU × 2 h = 1,000,000 µ$; $0.10/GB-month × 10 GB ×
     # 7,200 s / 2,592,000 s = 2,777.8 → 2,778 µ$.
-    assert Hold.objects.get(pk=contract.hold_id).amount == hold_before + 1_002_778
+    assert Hold.objects.get(pk=rental.hold_id).amount == hold_before + 1_002_778
 
     available_before = (
-        team_balance(funded_team.pk).available + Hold.objects.get(pk=contract.hold_id).amount
+        team_balance(funded_team.pk).available + Hold.objects.get(pk=rental.hold_id).amount
     )
     assert client.delete(f"/api/v1/instances/{instance_id}/").status_code == 202
     instance.refresh_from_db()
     assert instance.state == "destroyed"
     assert containers_named(instance.container_name) == []
-    contract.refresh_from_db()
-    assert contract.settled_at is not None
-    hold = Hold.objects.get(pk=contract.hold_id)
+    rental.refresh_from_db()
+    assert rental.settled_at is not None
+    hold = Hold.objects.get(pk=rental.hold_id)
     # Both clocks ran the hour moved back plus the seconds this test took (real time, so the
     # seconds are read back; a minute bounds them). Charged per second, rounded once, half up:
     # GPU 500,000 µ$/h × s / 3,600; storage $0.10 × 10 GB = 1,000,000 µ$/month × s / 2,592,000.
     # At 3,600 s that is 500,000 + 1,389 = 501,389 µ$; at 3,660 s, 508,333 + 1,412 = 509,745.
-    gpu_s, storage_s = contract.gpu_seconds, contract.storage_seconds
+    gpu_s, storage_s = rental.gpu_seconds, rental.storage_seconds
     assert 3_600 <= gpu_s <= storage_s <= 3_660
     owed_gpu = (500_000 * gpu_s + 1_800) // 3_600
     owed_storage = (1_000_000 * storage_s + 1_296_000) // 2_592_000
@@ -157,23 +157,23 @@ def test_stop_start_extend_destroy_and_the_ledger(funded_team, sim_host_factory,
 def test_metering_captures_only_what_is_new(funded_team, machine):
     client = key_client(funded_team)
     instance_id = rent(client, machine, num_gpus=1).json()["id"]
-    contract = Contract.objects.get(instance_id=instance_id)
+    rental = Rental.objects.get(instance_id=instance_id)
     start = timezone.now()
     # Both clocks read exactly 0 s at ``start``: the seconds the launch took (storage runs from
     # the rental's first moment; a slow machine may already have captured a micro-dollar of
     # them) are taken off the clocks, and what was captured already is subtracted below.
-    Contract.objects.filter(pk=contract.pk).update(
+    Rental.objects.filter(pk=rental.pk).update(
         gpu_seconds=0, storage_seconds=0, gpu_clock_since=start, storage_clock_since=start
     )
-    contract.refresh_from_db()
-    captured_before = Hold.objects.get(pk=contract.hold_id).captured
+    rental.refresh_from_db()
+    captured_before = Hold.objects.get(pk=rental.hold_id).captured
     at = start + timedelta(minutes=90)
-    first = contract_meter(contract=contract, now=at)
+    first = rental_meter(rental=rental, now=at)
     # 90 min = 5,400 s: $0.50/GPU-h × 1 GPU × 1.5 h = 750,000 µ$; $0.10/GB-month × 10 GB ×
     # 5,400 s / 2,592,000 s = 2,083.3 → 2,083 µ$.
-    assert Hold.objects.get(pk=contract.hold_id).captured == 752_083
+    assert Hold.objects.get(pk=rental.hold_id).captured == 752_083
     assert first == 752_083 - captured_before
-    assert contract_meter(contract=contract, now=at) == 0
+    assert rental_meter(rental=rental, now=at) == 0
 
 
 def test_expiry_stops_then_deletes_after_the_grace_period(funded_team, machine):
@@ -182,21 +182,21 @@ def test_expiry_stops_then_deletes_after_the_grace_period(funded_team, machine):
     instance = Instance.objects.get(pk=instance_id)
     now = timezone.now()
     # Rented two hours ago for two hours (less a second): both clocks ran all along.
-    Contract.objects.filter(instance=instance).update(
+    Rental.objects.filter(instance=instance).update(
         starts_at=now - timedelta(hours=2), ends_at=now - timedelta(seconds=1),
         gpu_clock_since=now - timedelta(hours=2), storage_clock_since=now - timedelta(hours=2),
     )  # fmt: skip
     available_before = team_balance(funded_team.pk).available
-    held = Hold.objects.get(pk=Contract.objects.get(instance=instance).hold_id).amount
+    held = Hold.objects.get(pk=Rental.objects.get(instance=instance).hold_id).amount
     expiry_sweep()
     instance.refresh_from_db()
     assert instance.state == "expired"
     assert docker_inspect(instance.container_id)["State"]["Running"] is False
-    contract = Contract.objects.get(instance=instance)
-    hold = Hold.objects.get(pk=contract.hold_id)
-    assert contract.settled_at is not None and hold.closed_at is not None
+    rental = Rental.objects.get(instance=instance)
+    hold = Hold.objects.get(pk=rental.hold_id)
+    assert rental.settled_at is not None and hold.closed_at is not None
     # Charged up to the end date and not a second past it; the rest of the hold came back.
-    assert contract.gpu_seconds == contract.storage_seconds == 2 * 3600 - 1
+    assert rental.gpu_seconds == rental.storage_seconds == 2 * 3600 - 1
     # 7,199 s: $0.50/GPU-h × 7,199 / 3,600 = 999,861.1 → 999,861 µ$; $0.10/GB-month × 10 GB ×
     # 7,199 s / 2,592,000 s = 2,777.4 → 2,777 µ$.
     owed = 1_002_638
@@ -204,7 +204,7 @@ def test_expiry_stops_then_deletes_after_the_grace_period(funded_team, machine):
     assert team_balance(funded_team.pk).held == 0
     assert team_balance(funded_team.pk).available == available_before + held - owed
     assert client.post(f"/api/v1/instances/{instance_id}/start/").status_code == 409
-    Contract.objects.filter(pk=contract.pk).update(
+    Rental.objects.filter(pk=rental.pk).update(
         data_delete_after=timezone.now() - timedelta(seconds=1)
     )
     expiry_sweep()
@@ -218,7 +218,7 @@ def test_short_credit_is_402_and_writes_nothing(team, owner, machine):
     client = key_client(team)
     before = (
         Instance.objects.count(),
-        Contract.objects.count(),
+        Rental.objects.count(),
         Hold.objects.count(),
         GpuAllocation.objects.count(),
     )
@@ -227,7 +227,7 @@ def test_short_credit_is_402_and_writes_nothing(team, owner, machine):
     assert response.json()["error"]["code"] == "insufficient_credit"
     after = (
         Instance.objects.count(),
-        Contract.objects.count(),
+        Rental.objects.count(),
         Hold.objects.count(),
         GpuAllocation.objects.count(),
     )
@@ -280,7 +280,7 @@ def test_outsider_cannot_see_or_touch_the_rental(funded_team, machine, outsider,
 
 
 def test_twenty_renters_race_for_the_last_gpu(sim_host_factory, provider_team, settings):
-    """Exactly one contract; 19 clean 409s; no hold or allocation left behind."""
+    """Exactly one rental; 19 clean 409s; no hold or allocation left behind."""
     import threading
 
     from django.db import connection
@@ -314,7 +314,7 @@ def test_twenty_renters_race_for_the_last_gpu(sim_host_factory, provider_team, s
     for thread in threads:
         thread.join(timeout=120)
     assert sorted(statuses) == [201] + [409] * 19
-    assert Contract.objects.filter(machine=machine).count() == 1
+    assert Rental.objects.filter(machine=machine).count() == 1
     assert Hold.objects.count() == 1
     assert GpuAllocation.objects.filter(released_at=None, gpu__machine=machine).count() == 1
     assert Instance.objects.filter(machine=machine).count() == 1
@@ -329,23 +329,23 @@ def test_charges_stop_while_the_machine_is_offline(
     host = sim_host_factory(gpus=1)
     machine = machine_for(host, provider_team)
     instance_id = rent(key_client(funded_team), machine, num_gpus=1, ports=[]).json()["id"]
-    contract = Contract.objects.get(instance_id=instance_id)
-    assert contract.gpu_clock_since is not None and contract.storage_clock_since is not None
+    rental = Rental.objects.get(instance_id=instance_id)
+    assert rental.gpu_clock_since is not None and rental.storage_clock_since is not None
     host.stop()
     try:
         host_services.machine_heartbeat(machine_id=machine.pk)
-        contract.refresh_from_db()
-        assert contract.gpu_clock_since is None and contract.storage_clock_since is None
-        frozen = (contract.gpu_seconds, contract.storage_seconds)
-        assert contract_owed(contract, timezone.now() + timedelta(hours=5)) == contract_owed(
-            contract, timezone.now()
+        rental.refresh_from_db()
+        assert rental.gpu_clock_since is None and rental.storage_clock_since is None
+        frozen = (rental.gpu_seconds, rental.storage_seconds)
+        assert rental_owed(rental, timezone.now() + timedelta(hours=5)) == rental_owed(
+            rental, timezone.now()
         )
     finally:
         host.start()
     host_services.machine_heartbeat(machine_id=machine.pk)
-    contract.refresh_from_db()
-    assert contract.gpu_clock_since is not None and contract.storage_clock_since is not None
-    assert (contract.gpu_seconds, contract.storage_seconds) == frozen
+    rental.refresh_from_db()
+    assert rental.gpu_clock_since is not None and rental.storage_clock_since is not None
+    assert (rental.gpu_seconds, rental.storage_seconds) == frozen
 
 
 def test_an_image_that_cannot_be_pulled_fails_the_launch_cleanly(funded_team, machine):
@@ -461,7 +461,7 @@ def test_the_quote_before_renting_is_what_the_rental_holds(
     assert quote.json() == {"gpu": "3.000000", "storage": "0.008333", "total": "3.008333"}
     available_before = team_balance(funded_team.pk).available
     instance_id = rent(client, machine, **choice).json()["id"]
-    hold = Hold.objects.get(pk=Contract.objects.get(instance_id=instance_id).hold_id)
+    hold = Hold.objects.get(pk=Rental.objects.get(instance_id=instance_id).hold_id)
     assert hold.amount == 3_008_333
     assert team_balance(funded_team.pk).available == available_before - 3_008_333
 

@@ -105,13 +105,13 @@ def build_world(
         team_id=team.pk, amount=dollars * 1_000_000, reason="matrix credit",
         idempotency_key=f"matrix-{tag}-{team.pk}",
     )  # fmt: skip
-    contract = rental_create(
+    rental = rental_create(
         team=team,
         request=RentalRequest(
             machine_id=machine.pk, gpu_count=1, image=f"{tag}/trainer:1", hours=2
         ),
     )
-    hold_capture_usage(hold_id=contract.hold_id, kind="gpu", owed_total=dollars * 1_000)
+    hold_capture_usage(hold_id=rental.hold_id, kind="gpu", owed_total=dollars * 1_000)
     now = timezone.now()
     window = maintenance_window_add(
         machine_id=machine.pk,
@@ -124,8 +124,8 @@ def build_world(
         tag=tag,
         team=team,
         machine=machine,
-        instance=contract.instance,
-        hold=Hold.objects.get(pk=contract.hold_id),
+        instance=rental.instance,
+        hold=Hold.objects.get(pk=rental.hold_id),
         entry=Entry.objects.filter(team=team).order_by("pk").first(),
         ssh_key=ssh_key_add(team=team, name=f"{tag}-laptop", public_key=public_key()),
         api_key=api_key_create(membership=admin, name=f"{tag}-ci-key").api_key,

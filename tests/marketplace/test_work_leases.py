@@ -24,7 +24,7 @@ from django.utils import timezone
 
 from billing.models import Hold
 from marketplace.celery import app as celery_app
-from marketplace.models import Contract, Offer
+from marketplace.models import Offer, Rental
 from marketplace.services.metering import metering_sweep
 from marketplace.tasks import rental_destroy, rental_stop
 from scheduler import services as scheduler
@@ -91,18 +91,18 @@ def test_a_stop_the_host_cannot_confirm_is_retried_and_charges_end_at_the_reques
     assert instance.state == "stopped" and not running(instance.container_id)
     assert live_gpus(instance) == 0
     assert Offer.objects.get(machine=machine).num_gpus == 1
-    contract = Contract.objects.get(instance=instance)
+    rental = Rental.objects.get(instance=instance)
     running_since = instance.events.get(to_state="running").created_at
-    assert contract.gpu_clock_since is None
+    assert rental.gpu_clock_since is None
     # GPU time ran from the start to the request (whole seconds; the clock starts a moment
     # after the running event), not to the confirmation 2 s later.
     until_asked = int((asked_at - running_since).total_seconds())
-    assert contract.gpu_seconds in (until_asked, until_asked - 1)
-    assert contract.gpu_seconds < (confirmed_at - running_since).total_seconds() - 1.5
+    assert rental.gpu_seconds in (until_asked, until_asked - 1)
+    assert rental.gpu_seconds < (confirmed_at - running_since).total_seconds() - 1.5
     metering_sweep()
-    hold = Hold.objects.get(pk=contract.hold_id)
+    hold = Hold.objects.get(pk=rental.hold_id)
     # $0.50 per GPU-hour: 500,000 µ$ / 3,600 s per second, rounded once.
-    assert hold.captured_gpu == (500_000 * contract.gpu_seconds + 1800) // 3600
+    assert hold.captured_gpu == (500_000 * rental.gpu_seconds + 1800) // 3600
     steps = [(e.from_state, e.to_state) for e in instance.events.all()][-2:]
     assert steps == [("running", "stopping"), ("stopping", "stopped")]
 
@@ -119,9 +119,9 @@ def test_a_destroy_settles_at_once_and_removes_the_container_once_the_host_answe
         assert client.delete(f"/api/v1/instances/{instance.pk}/").status_code == 202
         instance.refresh_from_db()
         assert instance.state == "destroying"
-        contract = Contract.objects.get(instance=instance)
-        hold = Hold.objects.get(pk=contract.hold_id)
-        assert contract.settled_at is not None and hold.status == "released"
+        rental = Rental.objects.get(instance=instance)
+        hold = Hold.objects.get(pk=rental.hold_id)
+        assert rental.settled_at is not None and hold.status == "released"
         assert live_gpus(instance) == 1  # until the container is known to be gone
         assert containers_named(instance.container_name)
         # Asking again changes nothing.
@@ -134,7 +134,7 @@ def test_a_destroy_settles_at_once_and_removes_the_container_once_the_host_answe
     assert instance.state == "destroyed"
     assert containers_named(instance.container_name) == []
     assert live_gpus(instance) == 0
-    assert Hold.objects.get(pk=contract.hold_id).captured == hold.captured  # nothing more
+    assert Hold.objects.get(pk=rental.hold_id).captured == hold.captured  # nothing more
 
 
 def test_the_sweep_queues_only_work_that_no_worker_is_doing(funded_team, machine):

@@ -20,7 +20,7 @@ import pytest
 from django.db import connection, transaction
 from django.utils import timezone
 
-from marketplace.models import Contract, Offer
+from marketplace.models import Offer, Rental
 from marketplace.tasks import expiry_sweep
 from scheduler import services as scheduler
 from scheduler.models import GpuAllocation, Instance
@@ -142,7 +142,7 @@ def test_expiry_during_a_start_stops_the_container_and_the_start_is_refused(
     instance = rented_then_stopped(key_client(funded_team), machine)
     with HeldStart(host, instance.pk) as start:
         now = timezone.now()
-        Contract.objects.filter(instance=instance).update(
+        Rental.objects.filter(instance=instance).update(
             starts_at=now - timedelta(hours=2), ends_at=now - timedelta(seconds=1)
         )
         assert expiry_sweep() == 1

@@ -1,8 +1,8 @@
-"""Contracts stay in step with their instance and machine even when a state-change event is
+"""Rentals stay in step with their instance and machine even when a state-change event is
 lost, late or out of order, and a rental's end never deadlocks with renting.
 
 A lost event is what a worker killed between an instance's change and its handler leaves: the
-instance's new state committed, the contract's clocks as they were. The tests write exactly that
+instance's new state committed, the rental's clocks as they were. The tests write exactly that
 state, then run what a worker runs.
 """
 
@@ -19,9 +19,9 @@ from billing.models import Account, AccountKind, Hold, HoldStatus
 from billing.selectors import team_balance
 from hosts.models import Machine
 from marketplace import tasks
-from marketplace.models import Contract
-from marketplace.services.clocks import contract_follow_instance, contracts_follow_machine
-from marketplace.services.metering import contract_owed
+from marketplace.models import Rental
+from marketplace.services.clocks import rental_follow_instance, rentals_follow_machine
+from marketplace.services.metering import rental_owed
 from scheduler.models import Instance
 from tests.billing.databases import postgresql_only
 from tests.billing.ledger_checks import assert_ledger_consistent, ledger_counts
@@ -32,31 +32,31 @@ HOLD = 100_000_000
 PER_GPU_HOUR = 600_000  # the rent fixture's machine
 
 
-def lose_event(contract: Contract, state: str, at) -> None:
-    """The instance changed state at ``at``; the handler that follows the contract never ran."""
-    Instance.objects.filter(pk=contract.instance_id).update(state=state, state_changed_at=at)
+def lose_event(rental: Rental, state: str, at) -> None:
+    """The instance changed state at ``at``; the handler that follows the rental never ran."""
+    Instance.objects.filter(pk=rental.instance_id).update(state=state, state_changed_at=at)
 
 
-def clocks(contract: Contract) -> tuple[bool, bool]:
-    contract.refresh_from_db()
-    return contract.gpu_clock_since is not None, contract.storage_clock_since is not None
+def clocks(rental: Rental) -> tuple[bool, bool]:
+    rental.refresh_from_db()
+    return rental.gpu_clock_since is not None, rental.storage_clock_since is not None
 
 
 def test_a_rental_destroyed_without_its_settlement_is_settled_by_the_next_sweep(rent, renter_team):
     now = rent.now
-    contract = rent(gpu_clock_since=now - timedelta(hours=1),
+    rental = rent(gpu_clock_since=now - timedelta(hours=1),
                     storage_clock_since=now - timedelta(hours=1))  # fmt: skip
     destroyed_at = now - timedelta(minutes=10)
-    lose_event(contract, "destroyed", destroyed_at)
+    lose_event(rental, "destroyed", destroyed_at)
 
     tasks.metering_sweep()
 
-    contract.refresh_from_db()
-    hold = Hold.objects.get(pk=contract.hold_id)
-    assert contract.settled_at is not None and hold.status == HoldStatus.RELEASED
+    rental.refresh_from_db()
+    hold = Hold.objects.get(pk=rental.hold_id)
+    assert rental.settled_at is not None and hold.status == HoldStatus.RELEASED
     # Charged up to the destruction, not up to the sweep: 50 minutes of one GPU.
     assert hold.captured_gpu == 50 * 60 * PER_GPU_HOUR // 3600
-    owed = contract_owed(contract, destroyed_at)
+    owed = rental_owed(rental, destroyed_at)
     assert (hold.captured_gpu, hold.captured_storage) == (owed.gpu, owed.storage)
     assert team_balance(renter_team.pk) == (HOLD - hold.captured, 0)
     before = ledger_counts()
@@ -67,55 +67,55 @@ def test_a_rental_destroyed_without_its_settlement_is_settled_by_the_next_sweep(
 
 def test_an_instance_stopped_without_its_event_stops_costing_gpu_time_from_when_it_stopped(rent):
     now = rent.now
-    contract = rent(gpu_clock_since=now - timedelta(hours=1),
+    rental = rent(gpu_clock_since=now - timedelta(hours=1),
                     storage_clock_since=now - timedelta(hours=1))  # fmt: skip
-    lose_event(contract, "stopped", now - timedelta(minutes=30))
+    lose_event(rental, "stopped", now - timedelta(minutes=30))
 
     tasks.metering_sweep()
 
-    assert clocks(contract) == (False, True)  # storage still runs: the data is kept
-    assert contract.gpu_seconds == 30 * 60
-    assert contract.settled_at is None
-    hold = Hold.objects.get(pk=contract.hold_id)
+    assert clocks(rental) == (False, True)  # storage still runs: the data is kept
+    assert rental.gpu_seconds == 30 * 60
+    assert rental.settled_at is None
+    hold = Hold.objects.get(pk=rental.hold_id)
     assert hold.captured_gpu == 30 * 60 * PER_GPU_HOUR // 3600
 
 
 def test_machine_events_handled_late_or_out_of_order_follow_the_machine_as_it_is(rent):
     now = rent.now
-    contract = rent(gpu_clock_since=now - timedelta(hours=1),
+    rental = rent(gpu_clock_since=now - timedelta(hours=1),
                     storage_clock_since=now - timedelta(hours=1))  # fmt: skip
     machine = rent.machine
     Machine.objects.filter(pk=machine.pk).update(status="offline")
-    contracts_follow_machine(machine_id=machine.pk)
-    assert clocks(contract) == (False, False)
-    frozen = (contract.gpu_seconds, contract.storage_seconds)
+    rentals_follow_machine(machine_id=machine.pk)
+    assert clocks(rental) == (False, False)
+    frozen = (rental.gpu_seconds, rental.storage_seconds)
     assert frozen[0] >= 3600
 
     # Back online, and the handler of the old "offline" event runs only now: charges resume.
     Machine.objects.filter(pk=machine.pk).update(status="online")
-    contracts_follow_machine(machine_id=machine.pk)
-    contracts_follow_machine(machine_id=machine.pk)
-    assert clocks(contract) == (True, True)
-    assert (contract.gpu_seconds, contract.storage_seconds) == frozen  # the outage unbilled
+    rentals_follow_machine(machine_id=machine.pk)
+    rentals_follow_machine(machine_id=machine.pk)
+    assert clocks(rental) == (True, True)
+    assert (rental.gpu_seconds, rental.storage_seconds) == frozen  # the outage unbilled
 
     # Offline again, and this event is lost altogether: the next sweep pauses the charges.
     Machine.objects.filter(pk=machine.pk).update(status="offline")
     tasks.metering_sweep()
-    assert clocks(contract) == (False, False)
+    assert clocks(rental) == (False, False)
 
 
-def test_contracts_in_step_are_left_alone_by_the_sweep(rent):
+def test_rentals_in_step_are_left_alone_by_the_sweep(rent):
     now = rent.now
     running = rent(gpu_clock_since=now - timedelta(hours=1),
                    storage_clock_since=now - timedelta(hours=1))  # fmt: skip
     stopped = rent(state="stopped", gpu_seconds=600, storage_clock_since=now - timedelta(hours=1))
     before = {c.pk: (c.gpu_clock_since, c.storage_clock_since) for c in (running, stopped)}
     tasks.metering_sweep()
-    for contract in (running, stopped):
-        contract.refresh_from_db()
-        assert (contract.gpu_clock_since, contract.storage_clock_since) == before[contract.pk]
-        assert contract.settled_at is None
-    assert contract_follow_instance(instance_id=stopped.instance_id).gpu_seconds == 600
+    for rental in (running, stopped):
+        rental.refresh_from_db()
+        assert (rental.gpu_clock_since, rental.storage_clock_since) == before[rental.pk]
+        assert rental.settled_at is None
+    assert rental_follow_instance(instance_id=stopped.instance_id).gpu_seconds == 600
 
 
 @postgresql_only("row locks and pg_stat_activity (SQLite locks the whole file, so no deadlock)")
@@ -124,15 +124,15 @@ def test_a_rental_ending_while_the_renter_rents_again_does_not_deadlock(rent, re
     """Renting locks the renter's available account, then their held one. Settling a rental
     must never hold the held account while it waits for the available one."""
     now = rent.now
-    contract = rent(gpu_clock_since=now - timedelta(hours=1),
+    rental = rent(gpu_clock_since=now - timedelta(hours=1),
                     storage_clock_since=now - timedelta(hours=1))  # fmt: skip
-    lose_event(contract, "destroyed", now)
+    lose_event(rental, "destroyed", now)
     accounts = Account.objects.filter(team=renter_team)
     settled: list[object] = []
 
     def settle():
         try:
-            settled.append(contract_follow_instance(instance_id=contract.instance_id))
+            settled.append(rental_follow_instance(instance_id=rental.instance_id))
         except Exception as error:  # noqa: BLE001 - the test inspects it
             settled.append(error)
         finally:
@@ -151,9 +151,9 @@ def test_a_rental_ending_while_the_renter_rents_again_does_not_deadlock(rent, re
         # ...then the held one, while the settlement waits: it must be free.
         accounts.select_for_update(nowait=True).get(kind=AccountKind.HELD)
     settling.join(timeout=30)
-    assert len(settled) == 1 and isinstance(settled[0], Contract), settled
+    assert len(settled) == 1 and isinstance(settled[0], Rental), settled
     assert settled[0].settled_at is not None
-    assert Hold.objects.get(pk=contract.hold_id).status == HoldStatus.RELEASED
+    assert Hold.objects.get(pk=rental.hold_id).status == HoldStatus.RELEASED
     assert_ledger_consistent()
 
 
