@@ -91,46 +91,6 @@ def _can_pay(request: HttpRequest) -> bool:
     return role_allows(request, Role.MEMBER)
 
 
-def balance_chart(points: list[selectors.BalancePoint], *, width=640, height=180) -> dict:
-    """Coordinates for an inline SVG of available and total (available + held) credit."""
-    left, right, top, bottom = 64, 8, 10, 24
-    plot_w, plot_h = width - left - right, height - top - bottom
-    peak = max([p.available + p.held for p in points] + [1])
-    n = max(len(points) - 1, 1)
-
-    def xy(index: int, value: int) -> str:
-        x = left + plot_w * index / n
-        y = top + plot_h * (1 - value / peak)
-        return f"{x:.1f},{y:.1f}"
-
-    total_line = " ".join(xy(i, p.available + p.held) for i, p in enumerate(points))
-    available_line = " ".join(xy(i, p.available) for i, p in enumerate(points))
-    baseline = top + plot_h
-    area = f"{left},{baseline} {available_line} {left + plot_w:.1f},{baseline}"
-    ticks = [
-        {"y": f"{top + plot_h * (1 - f):.1f}", "label": format_usd(round(peak * f))}
-        for f in (0, 0.5, 1)
-    ]
-    labels = []
-    for index in sorted({0, len(points) // 2, len(points) - 1}):
-        if 0 <= index < len(points):
-            x = left + plot_w * index / n
-            labels.append({"x": f"{x:.1f}", "label": points[index].day.strftime("%b %-d")})
-    return {
-        "width": width,
-        "height": height,
-        "left": left,
-        "right_x": left + plot_w,
-        "baseline": baseline,
-        "total": total_line,
-        "available": available_line,
-        "area": area,
-        "ticks": ticks,
-        "labels": labels,
-        "empty": all(p.available + p.held == 0 for p in points),
-    }
-
-
 # --- pages -----------------------------------------------------------------------------------
 
 
@@ -148,7 +108,7 @@ def balance(request: HttpRequest) -> HttpResponse:
     )[:20]
     context = {
         "balance": current,
-        "chart": balance_chart(selectors.balance_series(_entries(request), days=30)),
+        "balance_series": selectors.balance_series(_entries(request), days=30),
         "filter_form": filter_form,
         "page": page,
         "query": query.urlencode(),

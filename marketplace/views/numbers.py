@@ -28,9 +28,18 @@ def form_decimal(text: str | None, *, field: str, range_checked: bool = False) -
         raise ValidationError({field: str(error)}) from None
 
 
-def form_whole(text: str | None, *, field: str) -> int:
-    """A whole, non-negative number of at most nine digits."""
+def whole_number(text: str | None) -> int:
+    """A whole, non-negative number of at most nine digits, or ``ValueError`` saying why not
+    (the caller names the field: ``form_whole`` here, the host console's form fields)."""
     text = (text or "").strip()
     if not text.isdigit() or not text.isascii() or len(text) > MAX_WHOLE_DIGITS:
-        raise ValidationError({field: "A whole number."})
+        raise ValueError("A whole number.")
     return int(text)
+
+
+def form_whole(text: str | None, *, field: str) -> int:
+    """A whole, non-negative number of at most nine digits."""
+    try:
+        return whole_number(text)
+    except ValueError as error:
+        raise ValidationError({field: str(error)}) from None

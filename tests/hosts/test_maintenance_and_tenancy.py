@@ -79,6 +79,26 @@ def test_maintenance_in_the_console(client, team, owner, sim_host):
     assert not MaintenanceWindow.objects.exists()
 
 
+def test_a_bad_maintenance_field_is_named_and_nothing_is_written(client, team, owner, sim_host):
+    machine = online_machine(team, sim_host)
+    client_for(client, owner, team)
+    page = client.post(
+        f"/machines/{machine.pk}/maintenance/",
+        {"starts_at": hours(30).strftime("%Y-%m-%dT%H:%M"), "ends_at": "soon", "note": "PSU"},
+        follow=True,
+    ).content.decode()
+    assert "ends at: Use a date and time like 2027-06-30 22:00." in page
+    assert "starts at:" not in page and not MaintenanceWindow.objects.exists()
+    window = services.maintenance_window_add(
+        machine_id=machine.pk, starts_at=hours(30), ends_at=hours(33)
+    )
+    page = client.post(
+        f"/machines/{machine.pk}/maintenance-cancel/", {"window": "first"}, follow=True
+    ).content.decode()
+    assert "window: No such maintenance window." in page
+    assert MaintenanceWindow.objects.filter(pk=window.pk).exists()
+
+
 def test_a_machine_never_rented_can_be_removed(client, team, owner, sim_host):
     machine = online_machine(team, sim_host)
     client_for(client, owner, team)
