@@ -46,8 +46,8 @@ def populate(count: int) -> str:
 
     from hosts.models import Machine
     from marketplace.models import Membership, Offer, Role, Team, User
+    from marketplace.services.accounts import api_key_create
     from marketplace.services.offers import offer_score
-    from marketplace.services.tenancy import api_key_create
 
     rng = random.Random(42)
     user = User.objects.create_user("bench", "bench@example.com", "bench-pass")

@@ -37,7 +37,7 @@ def main() -> None:
         from billing.credits import credit_grant
         from hosts import ssh
         from marketplace.models import Membership, Role, Team, User
-        from marketplace.services.tenancy import api_key_create
+        from marketplace.services.accounts import api_key_create
 
         user = User.objects.create_user("bench-renter", "br@example.com", "x")
         team = Team.objects.create(name="bench renter", personal=True)

@@ -10,7 +10,7 @@ import logging
 from celery import shared_task
 
 from marketplace.services import clocks, metering, offers, registries, renter_actions, ssh_keys
-from marketplace.services.tenancy import invitations_expire as expire
+from marketplace.services.accounts import invitations_expire as expire
 from scheduler import services as scheduler
 from scheduler.models import WORK_STATES, Instance, InstanceState
 from scheduler.work import register_worker, work_enqueue

@@ -14,7 +14,7 @@ from django.db.models import Model, QuerySet
 from django.http import Http404, HttpRequest
 
 from marketplace.models import Membership, Role, Team
-from marketplace.services.tenancy import personal_team_ensure
+from marketplace.services.accounts import personal_team_ensure
 
 if TYPE_CHECKING:
     from marketplace.models import User

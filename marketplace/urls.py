@@ -6,10 +6,10 @@ from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import DefaultRouter
 
+from marketplace.api import accounts as accounts_api
 from marketplace.api import billing as billing_api
 from marketplace.api import hosts as hosts_api
 from marketplace.api import rentals as rentals_api
-from marketplace.api import tenancy as tenancy_api
 from marketplace.api.errors import api_not_found
 from marketplace.views import accounts as views
 from marketplace.views import billing as billing_views
@@ -17,14 +17,14 @@ from marketplace.views import hosts as hosts_views
 from marketplace.views import rentals as rentals_views
 
 router = DefaultRouter(trailing_slash=True)
-router.register("team/members", tenancy_api.MemberViewSet, basename="api-member")
-router.register("team/invitations", tenancy_api.InvitationViewSet, basename="api-invitation")
-router.register("api-keys", tenancy_api.ApiKeyViewSet, basename="api-apikey")
+router.register("team/members", accounts_api.MemberViewSet, basename="api-member")
+router.register("team/invitations", accounts_api.InvitationViewSet, basename="api-invitation")
+router.register("api-keys", accounts_api.ApiKeyViewSet, basename="api-apikey")
 router.register("instances", rentals_api.InstanceViewSet, basename="api-instance")
 router.register("ssh-keys", rentals_api.SshKeyViewSet, basename="api-sshkey")
 
 api_v1 = [
-    path("me/", tenancy_api.me, name="api-me"),
+    path("me/", accounts_api.me, name="api-me"),
     path("offers/", rentals_api.offers, name="api-offers"),
     path("offers/<int:machine_id>/quote/", rentals_api.offer_quote, name="api-offer-quote"),
     path("schema/", SpectacularAPIView.as_view(), name="api-schema"),

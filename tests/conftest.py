@@ -11,7 +11,7 @@ import pytest
 from rest_framework.test import APIClient
 
 from marketplace.models import ApiKey, Role, Team
-from marketplace.services.tenancy import api_key_create
+from marketplace.services.accounts import api_key_create
 from tests.factories import TeamFactory, UserFactory, add_member
 
 PASSWORD = "pw-for-tests-123"

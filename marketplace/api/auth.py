@@ -5,7 +5,7 @@ from __future__ import annotations
 from rest_framework import authentication, exceptions
 
 from marketplace.models import ApiKey
-from marketplace.services.tenancy import api_key_authenticate
+from marketplace.services.accounts import api_key_authenticate
 
 
 class ApiKeyUser:

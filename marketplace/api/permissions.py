@@ -20,7 +20,7 @@ from collections.abc import Callable
 from rest_framework import exceptions, permissions
 
 from marketplace.models import ApiKey, Role
-from marketplace.models.tenancy import role_covers
+from marketplace.models.accounts import role_covers
 from marketplace.tenancy import membership_for
 
 

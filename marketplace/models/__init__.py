@@ -1,5 +1,5 @@
+from marketplace.models.accounts import ApiKey, Invitation, Membership, Role, Team, User
 from marketplace.models.rentals import Offer, Rental, SshKey
-from marketplace.models.tenancy import ApiKey, Invitation, Membership, Role, Team, User
 
 __all__ = [
     "ApiKey",

@@ -10,7 +10,7 @@ from django.dispatch import receiver
 
 from marketplace.events import publish_access_lost
 from marketplace.models import Membership, User
-from marketplace.services.tenancy import personal_team_ensure
+from marketplace.services.accounts import personal_team_ensure
 
 
 @receiver(post_save, sender=User, dispatch_uid="marketplace.user_personal_team")

@@ -9,7 +9,7 @@ from django.db.models import Count, Exists, OuterRef, Q
 from django.utils import timezone
 
 from billing.money import MICRO_PER_DOLLAR
-from hosts.models import Machine
+from hosts.models import Machine, MachineStatus
 from marketplace.models import Offer
 from scheduler.services import live_gpu_allocations
 
@@ -43,7 +43,7 @@ def offer_refresh(*, machine_id: int) -> Offer | None:
     now = timezone.now()
     rentable = bool(
         machine.listed
-        and machine.status == "online"
+        and machine.status == MachineStatus.ONLINE
         and first_gpu is not None
         and free >= max(machine.min_gpus, 1)
         and (machine.end_date is None or machine.end_date > now)

@@ -18,7 +18,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from billing import holds
-from hosts.models import Machine
+from hosts.models import Machine, MachineStatus
 from hosts.selectors import maintenance_overlapping
 from marketplace.events import publish_instance_event
 from marketplace.models import Rental, Team
@@ -68,7 +68,7 @@ def rental_create(*, team: Team, request: RentalRequest) -> Rental:
     registry_check(machine_id=request.machine_id, image=request.image)
     with transaction.atomic():
         machine = Machine.objects.select_for_update().filter(pk=request.machine_id).first()
-        if machine is None or not machine.listed or machine.status != "online":
+        if machine is None or not machine.listed or machine.status != MachineStatus.ONLINE:
             raise OfferUnavailable("This machine is not offered for rent right now.")
         now = timezone.now()
         ends_at = _validate_terms(machine=machine, request=request, now=now)
@@ -137,7 +137,12 @@ def rental_create(*, team: Team, request: RentalRequest) -> Rental:
             team.pk,
             instance.pk,
             "instance.state",
-            {"id": instance.pk, "state": "launching", "from": "", "reason": "Rented"},
+            {
+                "id": instance.pk,
+                "state": InstanceState.LAUNCHING.value,
+                "from": "",
+                "reason": "Rented",
+            },
         )
         offer_refresh(machine_id=machine.pk)
         work_enqueue_on_commit(instance.pk, InstanceState.LAUNCHING)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from django import template
 
 from billing.money import format_usd
+from scheduler.models import InstanceState
 
 register = template.Library()
 
@@ -21,9 +22,16 @@ def percent(value: float | None) -> str:
 
 
 STATE_BADGES = {
-    "launching": "info", "running": "ok", "exited": "warn", "stopping": "info", "stopped": "",
-    "failed": "bad", "expired": "warn", "destroying": "info", "destroyed": "",
-}  # fmt: skip
+    InstanceState.LAUNCHING: "info",
+    InstanceState.RUNNING: "ok",
+    InstanceState.EXITED: "warn",
+    InstanceState.STOPPING: "info",
+    InstanceState.STOPPED: "",
+    InstanceState.FAILED: "bad",
+    InstanceState.EXPIRED: "warn",
+    InstanceState.DESTROYING: "info",
+    InstanceState.DESTROYED: "",
+}
 
 
 @register.filter

@@ -15,8 +15,8 @@ from django.views.decorators.http import require_POST
 
 from marketplace.forms.accounts import ApiKeyForm, InvitationForm, RoleForm, SignUpForm, TeamForm
 from marketplace.models import ApiKey, Invitation, Membership, Role
-from marketplace.services import tenancy as services
-from marketplace.services.tenancy import api_keys_with_creator_role
+from marketplace.services import accounts as services
+from marketplace.services.accounts import api_keys_with_creator_role
 from marketplace.tenancy import ACTIVE_TEAM_SESSION_KEY, team_object_or_404, team_objects
 from marketplace.views.console import error_text
 

@@ -6,7 +6,7 @@ import logging
 
 from django.db.models import Exists, OuterRef, Q, QuerySet
 
-from hosts.models import Machine
+from hosts.models import Machine, MachineStatus
 from hosts.runtime import CommandFailed, DockerHost
 from scheduler.models import GPU_HOLDING_STATES, Instance, InstanceState
 from scheduler.services.allocations import live_gpu_allocations
@@ -119,4 +119,6 @@ def machines_needing_reconcile() -> QuerySet[Machine]:
         .exclude(instance__state__in=GPU_HOLDING_STATES)
         .values("instance__machine_id")
     )
-    return Machine.objects.filter(status="online").filter(Q(pk__in=live) | Q(pk__in=unconfirmed))
+    return Machine.objects.filter(status=MachineStatus.ONLINE).filter(
+        Q(pk__in=live) | Q(pk__in=unconfirmed)
+    )

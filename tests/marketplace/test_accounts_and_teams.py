@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from billing.models import Entry, TopUp
 from marketplace.models import ApiKey, Invitation, Membership, Role, SshKey, Team, User
-from marketplace.services.tenancy import api_key_create, invitation_create, user_sign_up
+from marketplace.services.accounts import api_key_create, invitation_create, user_sign_up
 from scheduler.models import Instance
 from tests.conftest import PASSWORD, client_for
 from tests.factories import UserFactory, add_member

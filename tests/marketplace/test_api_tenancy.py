@@ -15,13 +15,13 @@ from billing.models import Hold, TopUp
 from hosts.models import Machine
 from marketplace import urls as project_urls
 from marketplace.models import ApiKey, Invitation, Membership, Role, SshKey, User
-from marketplace.services.ssh_keys import ssh_key_add
-from marketplace.services.tenancy import (
+from marketplace.services.accounts import (
     api_key_create,
     api_key_revoke,
     membership_remove,
     membership_set_role,
 )
+from marketplace.services.ssh_keys import ssh_key_add
 from scheduler.models import Instance
 from tests.conftest import client_for, key_client
 from tests.factories import UserFactory, add_member

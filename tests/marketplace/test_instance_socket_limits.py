@@ -16,7 +16,7 @@ from hosts.runtime import DockerHost
 from marketplace import consumers
 from marketplace.log_follow import MAX_FOLLOWERS_PER_MACHINE, LogFollower, followers_on
 from marketplace.models import Membership, Role
-from marketplace.services.tenancy import membership_remove
+from marketplace.services.accounts import membership_remove
 from tests.factories import TeamFactory, UserFactory, add_member
 from tests.marketplace.test_instance_socket import COUNTING, next_event, rent_counting, socket_for
 from tests.marketplace.test_websocket import communicator, session_cookie_for

@@ -43,10 +43,10 @@ from billing.selectors import invoice_months, team_balance
 from hosts.models import Gpu, Machine, MaintenanceWindow
 from hosts.services import maintenance_window_add
 from marketplace.models import ApiKey, Invitation, Membership, SshKey, Team
+from marketplace.services.accounts import api_key_create, invitation_create
 from marketplace.services.offers import offer_refresh
 from marketplace.services.renting import RentalRequest, rental_create
 from marketplace.services.ssh_keys import ssh_key_add
-from marketplace.services.tenancy import api_key_create, invitation_create
 from scheduler.models import Instance
 from tests.conftest import client_for
 

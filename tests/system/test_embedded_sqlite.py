@@ -87,7 +87,7 @@ class Stack:
             "--no-imports",
             "-c",
             "from marketplace.models import Membership; "
-            "from marketplace.services.tenancy import api_key_create; "
+            "from marketplace.services.accounts import api_key_create; "
             "m = Membership.objects.get(user__username='renter', team__personal=True); "
             "print(api_key_create(membership=m, name='load', access='write').secret)",
         ).strip()

@@ -1,4 +1,4 @@
-"""Writes for tenancy: sign-up, teams, members, invitations, API keys."""
+"""Writes for accounts: sign-up, teams, members, invitations, API keys."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ from rest_framework.response import Response
 from marketplace.api.base import TeamScopedViewSet
 from marketplace.api.permissions import api_role, api_team
 from marketplace.models import ApiKey, Invitation, Membership, Role
-from marketplace.services import tenancy as services
+from marketplace.services import accounts as services
 
 
 class TeamSerializer(serializers.Serializer):

@@ -1,4 +1,4 @@
-"""Tenancy: users, teams, members with roles, invitations and API keys.
+"""Accounts: users, teams, members with roles, invitations and API keys.
 
 Everything a user can reach belongs to a team; ``marketplace.tenancy`` is the one gateway that
 turns a request into the queries it may see.
