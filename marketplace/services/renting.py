@@ -21,6 +21,7 @@ from billing import holds
 from hosts.models import Machine, MachineStatus
 from hosts.selectors import maintenance_overlapping
 from marketplace.events import publish_instance_event
+from marketplace.fleet import machine_reference
 from marketplace.models import Rental, Team
 from marketplace.models.rentals import rental_reference
 from marketplace.services.clocks import ENDED_STATES
@@ -111,7 +112,7 @@ def rental_create(*, team: Team, request: RentalRequest) -> Rental:
             reference=rental_reference(instance.pk),
             idempotency_key=f"rental:{instance.uuid}:hold",
             description=f"{request.gpu_count}× GPU on machine {machine.pk} for {request.hours:g} h",
-            machine_reference=f"machine:{machine.pk}",
+            machine_reference=machine_reference(machine.pk),
         )
         rental = Rental.objects.create(
             team=team,
