@@ -1,0 +1,42 @@
+"""The Docker runtime, spoken over SSH: the hosts app's public face for Docker.
+
+Other apps import from ``hosts.runtime`` only; which module holds what:
+
+- ``container_spec``: ``ContainerSpec`` and its field checks (image, env, ports, volumes,
+  names, GPU UUIDs; ``InvalidContainerSpec`` names the field), the labels and log caps, the
+  platform's network names (``TENANT_NETWORK``), ``cpu_shares`` and ``docker_run_argv``, the
+  pure function from a spec to the only ``docker run`` flags the platform ever gives: no
+  ``--privileged``, no host networking, no bind mounts, no Docker socket, no renter
+  ``NVIDIA_*`` variables, GPUs pinned by UUID, logs capped.
+- ``registries``: image references (``image_repository``, ``registry_of``) and the refusal of
+  registries on the provider's own network (``registry_refusal``, ``check_registry``).
+- ``docker_host``: ``DockerHost`` (Docker on one machine over the pooled SSH connection),
+  ``ContainerState``, why a start failed (``ImageNotOnHost``, ``ContainerDidNotStart``), the
+  tenants' and groups' bridge networks (``NetworkNotIsolated``).
+
+The SSH errors (``CommandFailed``, ``HostUnreachable``, …) come from ``hosts.ssh``.
+"""
+
+from hosts.runtime.container_spec import (
+    GPU_UUID,
+    PROGRAM_NAME,
+    TENANT_NETWORK,
+    ContainerSpec,
+    InvalidContainerSpec,
+    docker_run_argv,
+    image_reference,
+    validate_env,
+    validate_image,
+    validate_ports,
+)
+from hosts.runtime.docker_host import EXIT_DOCKER_ERROR, DockerHost, ImageNotOnHost
+from hosts.runtime.registries import check_registry, image_repository, registry_refusal
+from hosts.ssh import CommandFailed, CommandResult, HostKeyMismatch, HostUnreachable
+
+__all__ = [
+    "EXIT_DOCKER_ERROR", "GPU_UUID", "PROGRAM_NAME", "TENANT_NETWORK", "CommandFailed",
+    "CommandResult", "ContainerSpec", "DockerHost", "HostKeyMismatch", "HostUnreachable",
+    "ImageNotOnHost", "InvalidContainerSpec", "check_registry", "docker_run_argv",
+    "image_reference", "image_repository", "registry_refusal", "validate_env", "validate_image",
+    "validate_ports",
+]  # fmt: skip

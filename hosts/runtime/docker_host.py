@@ -1,0 +1,303 @@
+"""Docker on one machine, spoken over the pooled SSH connection: start, stop, inspect and
+remove containers, read their logs, pull images (private registries' logins never in an
+argv), and keep the platform's bridge networks, the tenants' one with inter-container
+communication off. Every command is built from a checked ``ContainerSpec`` or a checked
+reference; why a ``docker run`` failed is told by its exit status, not its wording.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from hosts import ssh
+from hosts.runtime.container_spec import (
+    CONTAINER_REF,
+    MACHINE_LABEL,
+    NETWORK_NAME,
+    PLATFORM_LABEL,
+    TENANT_NETWORK,
+    ContainerSpec,
+    InvalidContainerSpec,
+    docker_run_argv,
+    image_reference,
+    validate_image,
+)
+from hosts.runtime.registries import registry_of
+from hosts.ssh import CommandFailed, CommandResult
+
+if TYPE_CHECKING:
+    from hosts.models import Machine
+
+# The tenants' network (TENANT_NETWORK, where its isolation is explained) is made with this
+# option false: Docker then drops traffic between two containers on it.
+ICC_OPTION = "com.docker.network.bridge.enable_icc"
+# Only one launch at a time may create a network on a host: Docker's duplicate-name check is
+# not atomic, and two networks of one name make every `--network` by that name fail. The
+# lock file is in the SSH user's home, where no other user of the host can plant it.
+_NETWORK_CREATE = (
+    'n=$1; shift; exec 9>>"$HOME/.gpumkt-network.lock" || exit 1; '
+    "if command -v flock >/dev/null; then flock 9; fi; "
+    'docker network inspect "$n" >/dev/null 2>&1 || exec "$@"'
+)
+
+# What `docker run` exits with (Docker's documented codes): 125 the daemon refused (no such
+# image under --pull=never, a port taken, a name in use); 126 the command cannot be invoked;
+# 127 the command is not found. The container exists (Created) after a 126 or 127.
+EXIT_DOCKER_ERROR, EXIT_CANNOT_INVOKE, EXIT_NOT_FOUND = 125, 126, 127
+# The program Docker names in a failed start: `exec: "1": executable file not found in $PATH`.
+_EXEC_PROGRAM = re.compile(r'exec: "((?:[^"\\]|\\.){1,255})"')
+
+
+class ImageNotOnHost(CommandFailed):
+    """``docker run --pull=never`` failed and the image is not on the machine: pull it."""
+
+
+class ContainerDidNotStart(CommandFailed):
+    """The container was made but its command could not run (not found, not executable):
+    no pull can help; ``reason`` says what the renter must change."""
+
+    def __init__(self, argv: list[str], exit_code: int, stderr: str, reason: str):
+        super().__init__(argv, exit_code, stderr)
+        self.reason = reason
+
+    def __str__(self) -> str:
+        return f"{self.reason} (docker run exited {self.exit_code})"
+
+
+class NetworkNotIsolated(ValueError):
+    """The machine has a network of the tenants' name that lets containers reach each other."""
+
+
+@dataclass(frozen=True)
+class ContainerState:
+    id: str
+    name: str
+    state: str  # created, running, exited, paused, dead, …
+    status: str  # "Up 3 minutes", "Exited (0) 2 seconds ago"
+    instance: str
+
+    @property
+    def running(self) -> bool:
+        return self.state in ("running", "restarting")
+
+
+def _container_ref(ref: str) -> str:
+    if not CONTAINER_REF.fullmatch(ref or ""):
+        raise InvalidContainerSpec("container", f"'{str(ref)[:40]}' is not a container id or name")
+    return ref
+
+
+class DockerHost:
+    """Docker on one machine, over the pooled SSH connection."""
+
+    def __init__(self, machine: Machine):
+        self.machine = machine
+
+    def _run(
+        self, argv: list[str], *, timeout: float = ssh.COMMAND_TIMEOUT, check: bool = True
+    ) -> CommandResult:
+        return ssh.run(self.machine, argv, timeout=timeout, check=check)
+
+    def run(self, spec: ContainerSpec, *, pull: bool = True) -> str:
+        """Start the container on its network (made first when the machine lacks it).
+
+        ``pull=False`` fails fast with ImageNotOnHost instead of pulling silently, so the
+        caller can pull with progress. A command the image cannot run raises
+        ContainerDidNotStart (the container is left Created, for the caller to remove).
+        Told apart by docker's exit status and the image's presence, not by its wording.
+        """
+        argv = docker_run_argv(
+            spec, machine_id=self.machine.pk, nvidia_runtime=self.machine.nvidia_runtime
+        )
+        if not pull:
+            argv.insert(argv.index("--detach"), "--pull=never")
+        self.network_ensure(spec.network)
+        try:
+            return self._run(argv).stdout.strip()
+        except CommandFailed as error:
+            raise self._why_not_started(spec, error, pulled=pull) from error
+
+    def _why_not_started(
+        self, spec: ContainerSpec, error: CommandFailed, *, pulled: bool
+    ) -> CommandFailed:
+        if error.exit_code in (EXIT_CANNOT_INVOKE, EXIT_NOT_FOUND):
+            named = _EXEC_PROGRAM.search(error.stderr)
+            program = named.group(1) if named else (spec.entrypoint or "the image's command")
+            if error.exit_code == EXIT_NOT_FOUND:
+                reason = f"executable '{program}' not found in the image"
+            else:
+                reason = f"'{program}' cannot be run in the image (not an executable file)"
+            return ContainerDidNotStart(error.argv, error.exit_code, error.stderr, reason)
+        if (
+            error.exit_code == EXIT_DOCKER_ERROR
+            and not pulled
+            and not self.image_present(image_reference(spec.image))
+        ):
+            return ImageNotOnHost(error.argv, error.exit_code, error.stderr)
+        return error
+
+    def network_ensure(self, name: str) -> None:
+        """Make the platform network ``name`` unless the machine has it; idempotent, and safe
+        for launches racing on one host (they take turns under a lock file on the host).
+
+        The tenants' network is made with inter-container communication off and refused
+        (NetworkNotIsolated) if one of its name exists that lets containers talk.
+        """
+        if not NETWORK_NAME.fullmatch(name or ""):
+            raise InvalidContainerSpec("network", f"'{str(name)[:40]}' is not a platform network")
+        found = self._network_options(name)
+        if found is None:
+            create = ["docker", "network", "create", "--driver", "bridge",
+                      "--label", f"{PLATFORM_LABEL}=1"]  # fmt: skip
+            if name == TENANT_NETWORK:
+                create += ["--opt", f"{ICC_OPTION}=false"]
+            self._run(["sh", "-c", _NETWORK_CREATE, "sh", name, *create, name])
+            found = self._network_options(name)
+            if found is None:
+                raise CommandFailed(["docker", "network"], 1, f"network {name} was not made")
+        driver, options = found
+        if name == TENANT_NETWORK and (driver != "bridge" or options.get(ICC_OPTION) != "false"):
+            raise NetworkNotIsolated(
+                f"the machine's network {name} lets containers reach each other; the provider "
+                f"must remove it (docker network rm {name}) for the platform to make it again"
+            )
+
+    def _network_options(self, name: str) -> tuple[str, dict[str, str]] | None:
+        """(driver, options) of the network ``name``, or None when the machine has none."""
+        result = self._run(
+            ["docker", "network", "inspect", "--format", "{{json .}}", name], check=False
+        )
+        if result.exit_code != 0:
+            return None
+        network = json.loads(result.stdout.splitlines()[0])
+        return network.get("Driver", ""), network.get("Options") or {}
+
+    def network_remove(self, name: str) -> bool:
+        """Remove a group's network once no container uses it; True when it is gone. The
+        tenants' network is shared by every rental on the machine and stays."""
+        if name == TENANT_NETWORK or not NETWORK_NAME.fullmatch(name or ""):
+            raise InvalidContainerSpec("network", f"'{str(name)[:40]}' is not a group network")
+        self._run(["docker", "network", "rm", name], check=False)
+        return self._network_options(name) is None
+
+    def stop(self, container: str, *, grace_seconds: int = 10) -> None:
+        self._run(
+            ["docker", "stop", "--time", str(grace_seconds), _container_ref(container)],
+            timeout=grace_seconds + 60,
+        )
+
+    def start(self, container: str) -> None:
+        self._run(["docker", "start", _container_ref(container)])
+
+    def remove(self, container: str) -> None:
+        self._run(["docker", "rm", "--force", "--volumes", _container_ref(container)])
+
+    def inspect(self, container: str) -> dict:
+        result = self._run(["docker", "container", "inspect", _container_ref(container)])
+        return json.loads(result.stdout)[0]
+
+    def logs(self, container: str, *, tail: int = 200) -> str:
+        # Containers write to stdout and stderr; read both, interleaved as they were written.
+        argv = [
+            "sh",
+            "-c",
+            'exec docker logs --tail "$1" "$2" 2>&1',
+            "sh",
+            str(int(tail)),
+            _container_ref(container),
+        ]
+        return self._run(argv).stdout
+
+    def logs_follow(
+        self,
+        container: str,
+        *,
+        tail: int = 50,
+        timeout: float = 3600,
+        on_channel: Callable[[object], None] | None = None,
+    ) -> Iterator[str]:
+        """The log's last ``tail`` lines, then each new one; ``on_channel`` gets the SSH
+        channel, whose closing (from any thread) ends the stream at once."""
+        argv = ["docker", "logs", "--follow", "--tail", str(int(tail)), _container_ref(container)]
+        return ssh.pool.stream(self.machine, argv, timeout=timeout, on_channel=on_channel)
+
+    def exec(self, container: str, argv: list[str], *, timeout: float = 60) -> CommandResult:
+        return self._run(
+            ["docker", "exec", _container_ref(container), *argv], timeout=timeout, check=False
+        )
+
+    def list_platform_containers(self) -> list[ContainerState]:
+        """All of the platform's containers on this machine, in one command."""
+        fmt = '{{.ID}}\t{{.Names}}\t{{.State}}\t{{.Status}}\t{{.Label "gpumkt.instance"}}'
+        result = self._run([
+            "docker", "ps", "--all", "--no-trunc",
+            "--filter", f"label={PLATFORM_LABEL}=1",
+            "--filter", f"label={MACHINE_LABEL}={self.machine.pk}",
+            "--format", fmt,
+        ])  # fmt: skip
+        states = []
+        for line in result.stdout.splitlines():
+            parts = line.split("\t")
+            if len(parts) == 5:
+                states.append(ContainerState(*parts))
+        return states
+
+    def image_present(self, image: str) -> bool:
+        validate_image(image)
+        result = self._run(
+            ["docker", "image", "inspect", "--format", "{{.Id}}", image], check=False
+        )
+        return result.exit_code == 0
+
+    def pull(
+        self,
+        image: str,
+        *,
+        progress_callback: Callable[[int, str], None] | None = None,
+        credentials: tuple[str, str] | None = None,
+    ) -> None:
+        """Pull an image, reporting 0-100 as its layers complete.
+
+        With ``credentials`` (user, password) for a private registry, the login goes to a
+        throwaway Docker config directory that is removed afterwards, and the password
+        travels on stdin, never in an argv the host's other users could see.
+        """
+        validate_image(image)
+        argv, stdin = ["docker", "pull", image], None
+        if credentials is not None:
+            user, password = credentials
+            if not user or any(c in user for c in "\0\n\r"):
+                raise InvalidContainerSpec("registry_username", "a user name on one line")
+            script = (
+                "dir=$(mktemp -d) && trap 'rm -rf \"$dir\"' EXIT && "
+                'docker --config "$dir" login --username "$1" --password-stdin "$2" >/dev/null '
+                '&& docker --config "$dir" pull "$3"'
+            )
+            argv = ["sh", "-c", script, "sh", user, registry_of(image), image]
+            stdin = password.encode()
+        layers: dict[str, bool] = {}
+        for line in ssh.pool.stream(self.machine, argv, timeout=3600, stdin=stdin):
+            layer, _, status = line.partition(": ")
+            # "<tag>: Pulling from <repo>" names the tag, not a layer, even when the tag
+            # looks like a layer id (a 12-character git SHA, say).
+            if status.startswith("Pulling from"):
+                continue
+            if len(layer) == 12 and all(c in "0123456789abcdef" for c in layer):
+                layers[layer] = status.startswith(("Pull complete", "Already exists"))
+                if progress_callback and layers:
+                    done = sum(layers.values())
+                    progress_callback(
+                        int(100 * done / len(layers)), f"Pulling image: {done}/{len(layers)} layers"
+                    )
+
+    def volume_create(self, name: str) -> None:
+        self._run(
+            ["docker", "volume", "create", "--label", f"{PLATFORM_LABEL}=1", _container_ref(name)]
+        )
+
+    def volume_remove(self, name: str) -> None:
+        self._run(["docker", "volume", "rm", "--force", _container_ref(name)])
