@@ -80,7 +80,7 @@ def container_spec_for(instance: Instance, *, ssh_keys: list[str] | None = None)
         entrypoint=entrypoint,
         args=args,
         # Recorded on the container as a label; Docker cannot cap a container's disk on most
-        # storage drivers (see hosts.runtime.DISK_LABEL), so the page says it is not enforced.
+        # storage drivers (see hosts.runtime.container_spec.DISK_LABEL), so the page says it is not enforced.
         disk_gb=instance.disk_gb,
     )
 
