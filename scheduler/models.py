@@ -75,6 +75,9 @@ class Instance(models.Model):
     env = models.JSONField(default=dict, blank=True)
     disk_gb = models.PositiveIntegerField(default=10)
     container_id = models.CharField(max_length=80, blank=True)
+    # The container's exit status, read when it is seen exited (null until then, and for
+    # containers that vanished or were stopped by us): jobs count an exit 0 as done.
+    exit_code = models.SmallIntegerField(null=True, blank=True)
     jupyter_token = models.CharField(max_length=64, blank=True)
     registry_credential = models.JSONField(
         default=dict, blank=True, help_text="Encrypted private-registry login, if any."

@@ -2,9 +2,17 @@
 
 Given a snapshot of machines (free GPUs, price, reliability, region) and a request (how many
 GPUs of which model, price ceiling, reliability floor, regions), choose a machine and its
-GPUs: the cheapest machine that fits, ties broken by reliability, then by the fewest free
-GPUs left over (so big machines stay free for big requests). The planner updates its own
-snapshot as it places, so a batch of requests never double-books a GPU.
+GPUs. The request's policy says which of the machines that fit:
+
+- ``cheapest`` (the default): the cheapest, ties broken by reliability, then by the fewest free
+  GPUs left over (so big machines stay free for big requests);
+- ``binpack``: the fewest free GPUs first, then the cheapest, so machines fill up and big ones
+  stay whole;
+- ``spread``: as ``cheapest``, but machines in ``avoid_machine_ids`` (those already running a
+  replica of the same deployment) only when no other machine fits.
+
+The planner updates its own snapshot as it places, so a batch of requests never double-books
+a GPU.
 
 Used where the platform picks the machine (elastic deployments, automatic restarts); a
 renter who picks an offer picks the machine themselves.
@@ -27,6 +35,10 @@ class MachineSnapshot:
     region: str = ""
 
 
+CHEAPEST, BINPACK, SPREAD = "cheapest", "binpack", "spread"
+POLICIES = (CHEAPEST, BINPACK, SPREAD)
+
+
 @dataclass(frozen=True)
 class PlacementRequest:
     gpu_count: int
@@ -34,6 +46,8 @@ class PlacementRequest:
     max_price_per_gpu_hour: int | None = None
     min_reliability: float = 0.0
     regions: frozenset[str] | None = None
+    policy: str = CHEAPEST
+    avoid_machine_ids: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -75,19 +89,13 @@ class Planner:
         del bucket[index]
 
     def place(self, request: PlacementRequest) -> Placement | None:
-        best: tuple[tuple[int, float, int], int] | None = None  # (sort key, free count)
-        names = [request.gpu_name] if request.gpu_name else self._names
-        for name in names:
-            for free in range(request.gpu_count, 65):
-                bucket = self._buckets.get((name, free))
-                if not bucket:
-                    continue
-                candidate = self._first_fit(bucket, request)
-                if candidate is None:
-                    continue
-                rank = (candidate[0], candidate[1], free, candidate[2])
-                if best is None or rank < (best[0][0], best[0][1], best[1], best[0][2]):
-                    best = (candidate, free)
+        if request.policy not in POLICIES:
+            raise ValueError(f"unknown placement policy {request.policy!r}")
+        best = None
+        if request.policy == SPREAD and request.avoid_machine_ids:
+            best = self._best(request, avoid=request.avoid_machine_ids)
+        if best is None:
+            best = self._best(request, avoid=frozenset())
         if best is None:
             return None
         (_, _, machine_id), free = best
@@ -98,7 +106,30 @@ class Planner:
         self._insert(machine)
         return Placement(machine_id=machine_id, gpu_ids=taken)
 
-    def _first_fit(self, bucket, request: PlacementRequest):
+    def _best(self, request: PlacementRequest, avoid: frozenset[int]):
+        """(sort key, free count) of the machine the policy prefers, or None."""
+        best, best_rank = None, None
+        names = [request.gpu_name] if request.gpu_name else self._names
+        for free in range(request.gpu_count, 65):
+            for name in names:
+                bucket = self._buckets.get((name, free))
+                if not bucket:
+                    continue
+                candidate = self._first_fit(bucket, request, avoid)
+                if candidate is None:
+                    continue
+                price, negative_reliability, machine_id = candidate
+                if request.policy == BINPACK:
+                    rank = (free, price, negative_reliability, machine_id)
+                else:
+                    rank = (price, negative_reliability, free, machine_id)
+                if best_rank is None or rank < best_rank:
+                    best, best_rank = (candidate, free), rank
+            if best is not None and request.policy == BINPACK:
+                return best  # no bucket with more free GPUs ranks before this one
+        return best
+
+    def _first_fit(self, bucket, request: PlacementRequest, avoid: frozenset[int]):
         for price, negative_reliability, machine_id in bucket:
             if (
                 request.max_price_per_gpu_hour is not None
@@ -108,6 +139,8 @@ class Planner:
             if -negative_reliability < request.min_reliability:
                 continue
             if request.regions and self._info[machine_id].region not in request.regions:
+                continue
+            if machine_id in avoid:
                 continue
             return (price, negative_reliability, machine_id)
         return None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 
 from django.db.models import Exists, OuterRef, Q, QuerySet
 
@@ -67,6 +68,7 @@ def _follow_container(instance: Instance, container) -> bool:
             to_state=InstanceState.RUNNING,
             reason="The container is running again",
             only_from={InstanceState.EXITED},
+            exit_code=None,
         )
     elif not container.running and instance.state == InstanceState.RUNNING:
         moved = instance_transition(
@@ -74,10 +76,25 @@ def _follow_container(instance: Instance, container) -> bool:
             to_state=InstanceState.EXITED,
             reason=f"The container exited ({container.status})",
             only_from={InstanceState.RUNNING},
+            exit_code=exit_code_of(container.status),
         )
     else:
         moved = None
     return moved is not None
+
+
+# `docker ps` shows a stopped container's status as "Exited (137) 2 seconds ago".
+EXIT_STATUS = re.compile(r"^Exited \((-?\d+)\)")
+
+
+def exit_code_of(status: str) -> int | None:
+    """The exit code in a ``docker ps`` status, or None when it shows none (a container that
+    was created but never started, or is dead)."""
+    match = EXIT_STATUS.match(status or "")
+    if match is None:
+        return None
+    code = int(match.group(1))
+    return code if -32768 <= code <= 32767 else None
 
 
 def _end_leftover_container(host: DockerHost, instance: Instance, container) -> bool:

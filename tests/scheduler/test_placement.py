@@ -59,3 +59,63 @@ def test_no_gpu_is_ever_placed_twice_and_counts_are_exact(sizes, asks):
     for ask, placement in zip(asks, placed, strict=True):
         if placement is not None:
             assert len(placement.gpu_ids) == ask
+
+
+def test_binpack_fills_the_fullest_machine_first_and_keeps_big_ones_whole():
+    machines = [machine(1, 8, 100_000), machine(2, 3, 300_000), machine(3, 2, 500_000)]
+    planner = Planner(machines)
+    ask = PlacementRequest(gpu_count=2, policy="binpack")
+    # Fewest free GPUs first, whatever the price: the 2-GPU machine, then the 3-GPU one.
+    assert planner.place(ask).machine_id == 3
+    assert planner.place(ask).machine_id == 2
+    # The 3-GPU machine has one left, too few: only now is the big machine cut into.
+    assert planner.place(ask).machine_id == 1
+    # Among equally full machines, the cheaper one.
+    even = Planner([machine(1, 2, 300_000), machine(2, 2, 200_000)])
+    assert even.place(ask).machine_id == 2
+
+
+def test_spread_avoids_machines_the_deployment_runs_on_unless_nothing_else_fits():
+    machines = [machine(1, 4, 100_000), machine(2, 4, 200_000), machine(3, 4, 300_000)]
+    planner = Planner(machines)
+    placed: set[int] = set()
+    for _ in range(3):
+        ask = PlacementRequest(gpu_count=1, policy="spread", avoid_machine_ids=frozenset(placed))
+        placed.add(planner.place(ask).machine_id)
+    assert placed == {1, 2, 3}
+    # Every machine runs one: the fourth goes to the cheapest that still fits.
+    ask = PlacementRequest(gpu_count=1, policy="spread", avoid_machine_ids=frozenset(placed))
+    assert planner.place(ask).machine_id == 1
+    # The cheapest policy ignores the avoided set.
+    cheapest = Planner(machines).place(
+        PlacementRequest(gpu_count=1, avoid_machine_ids=frozenset({1}))
+    )
+    assert cheapest.machine_id == 1
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    sizes=st.lists(st.integers(min_value=1, max_value=8), min_size=1, max_size=20),
+    asks=st.lists(st.integers(min_value=1, max_value=8), max_size=40),
+    policy=st.sampled_from(["cheapest", "binpack", "spread"]),
+)
+def test_every_policy_places_what_fits_and_never_a_gpu_twice(sizes, asks, policy):
+    machines = [machine(i, size, 100_000 + i) for i, size in enumerate(sizes)]
+    planner = Planner(machines)
+    used: set[int] = set()
+    gpus: list[int] = []
+    for n in asks:
+        free_before = {m.machine_id: len(planner._free[m.machine_id]) for m in machines}
+        ask = PlacementRequest(gpu_count=n, policy=policy, avoid_machine_ids=frozenset(used))
+        placement = planner.place(ask)
+        if placement is None:
+            assert max(free_before.values()) < n  # nothing fitted
+            continue
+        assert len(placement.gpu_ids) == n
+        if policy == "binpack":
+            assert free_before[placement.machine_id] == min(
+                f for f in free_before.values() if f >= n
+            )
+        used.add(placement.machine_id)
+        gpus.extend(placement.gpu_ids)
+    assert len(gpus) == len(set(gpus))
