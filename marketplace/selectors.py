@@ -7,28 +7,39 @@ from dataclasses import dataclass
 from billing.money import format_usd
 from marketplace.db import release_database_connection
 from scheduler.models import Instance, InstanceState, LaunchMode
+from scheduler.services import JUPYTER_CONTAINER_PORT, SSH_CONTAINER_PORT
+
+
+def published_ports(instance: Instance) -> list[dict[str, object]]:
+    """The instance's live host ports, by container port: the one listing the console's
+    Connect table, the API's ``connection.ports`` and the SSH and Jupyter lines all read."""
+    host = instance.machine.address
+    return [
+        {"container_port": p.container_port, "host_port": p.host_port, "protocol": p.protocol,
+         "address": f"{host}:{p.host_port}"}
+        for p in instance.port_allocations.filter(released_at=None).order_by("container_port")
+    ]  # fmt: skip
+
+
+def _host_port(ports: list[dict[str, object]], container_port: int) -> object | None:
+    return next((p["host_port"] for p in ports if p["container_port"] == container_port), None)
 
 
 def instance_connection(instance: Instance) -> dict[str, object]:
     """Ready-to-copy connection details: SSH line, Jupyter URL, published ports."""
     host = instance.machine.address
-    ports = [
-        {"container_port": p.container_port, "host_port": p.host_port, "protocol": p.protocol,
-         "address": f"{host}:{p.host_port}"}
-        for p in instance.port_allocations.filter(released_at=None).order_by("container_port")
-    ]  # fmt: skip
-    by_container = {p["container_port"]: p["host_port"] for p in ports}
+    ports = published_ports(instance)
     details: dict[str, object] = {"host": host, "ports": ports, "ssh": None, "jupyter": None}
     # Only a running instance gets a line to use: its launch checked that the image has the
     # mode's sshd or jupyter (a launching one may yet fail for want of it).
-    live = instance.state == InstanceState.RUNNING
-    if instance.launch_mode == LaunchMode.SSH and 22 in by_container:
-        details["ssh"] = f"ssh -p {by_container[22]} root@{host}" if live else None
-    if instance.launch_mode == LaunchMode.JUPYTER and 8888 in by_container:
-        token = instance.jupyter_token
-        details["jupyter"] = (
-            f"http://{host}:{by_container[8888]}/lab?token={token}" if live else None
-        )
+    if instance.state != InstanceState.RUNNING:
+        return details
+    ssh_port = _host_port(ports, SSH_CONTAINER_PORT)
+    if instance.launch_mode == LaunchMode.SSH and ssh_port is not None:
+        details["ssh"] = f"ssh -p {ssh_port} root@{host}"
+    jupyter_port = _host_port(ports, JUPYTER_CONTAINER_PORT)
+    if instance.launch_mode == LaunchMode.JUPYTER and jupyter_port is not None:
+        details["jupyter"] = f"http://{host}:{jupyter_port}/lab?token={instance.jupyter_token}"
     return details
 
 

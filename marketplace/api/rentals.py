@@ -13,7 +13,13 @@ from rest_framework.response import Response
 
 from marketplace import offer_query
 from marketplace.api.base import TeamScopedViewSet
-from marketplace.api.fields import DOLLARS_SCHEMA, DollarsField, FiniteFloatField, dollars
+from marketplace.api.fields import (
+    DOLLARS_SCHEMA,
+    DollarsField,
+    FiniteFloatField,
+    dollars,
+    finite_number,
+)
 from marketplace.api.permissions import api_team, read_only_methods
 from marketplace.api.throttling import throttle_scope
 from marketplace.models import Offer, Rental, SshKey
@@ -33,7 +39,6 @@ from marketplace.services.renting import (
     rental_extend,
 )
 from marketplace.services.ssh_keys import ssh_key_add
-from marketplace.validation import validate_launch
 from scheduler import services as scheduler
 from scheduler.models import Instance, InstanceState, LaunchMode
 
@@ -279,42 +284,100 @@ def offer_quote(request, machine_id: int):
     )
 
 
+RENT_HOURS_RANGE = f"Rent for at least {MIN_RENTAL_HOURS} and at most {MAX_RENTAL_HOURS} hours."
+EXTEND_HOURS_RANGE = f"Extend by at least {MIN_RENTAL_HOURS} and at most {MAX_RENTAL_HOURS} hours."
+LAUNCH_MODE_CHOICE = f"Choose one of {', '.join(LaunchMode.values)}."
+
+
+def hours_range_messages(text: str) -> dict[str, str]:
+    return {"min_value": text, "max_value": text}
+
+
+def reads_as_number(data) -> bool:
+    """Whether ``data`` is a number at all, finite or not (a boolean is not)."""
+    if isinstance(data, bool):
+        return False
+    try:
+        float(data.strip() if isinstance(data, str) else data)
+    except (TypeError, ValueError, OverflowError):
+        return False
+    return True
+
+
+class ExtensionHoursField(FiniteFloatField):
+    """Hours to extend by. A number outside the range (NaN and infinities too) is refused with
+    the range, which says more than "not finite"; only what is no number at all is refused as
+    such."""
+
+    def to_internal_value(self, data):
+        try:
+            return finite_number(data)
+        except ValueError as error:
+            if reads_as_number(data):
+                raise serializers.ValidationError(EXTEND_HOURS_RANGE, code="max_value") from None
+            raise serializers.ValidationError(str(error), code="invalid") from None
+
+
 class RentSerializer(serializers.Serializer):
+    """A rent request, from the API's JSON or the console's rent form (``RentForm`` reads the
+    form's text into these fields); ``rental_request`` is what both hand to ``rental_create``.
+    What may run (image, env, ports, entrypoint) is the renting service's check, whoever
+    calls it."""
+
     machine_id = serializers.IntegerField(
         min_value=1, max_value=MAX_ID, help_text="The offer's machine_id."
     )
     num_gpus = serializers.IntegerField(min_value=1, max_value=64)
     image = serializers.CharField(max_length=255)
-    duration_hours = FiniteFloatField(min_value=MIN_RENTAL_HOURS, max_value=MAX_RENTAL_HOURS)
+    duration_hours = FiniteFloatField(
+        min_value=MIN_RENTAL_HOURS,
+        max_value=MAX_RENTAL_HOURS,
+        error_messages=hours_range_messages(RENT_HOURS_RANGE),
+    )
     disk_gb = serializers.IntegerField(min_value=1, max_value=100_000, default=10)
-    launch_mode = serializers.ChoiceField(choices=LaunchMode.choices, default=LaunchMode.ENTRYPOINT)
+    launch_mode = serializers.ChoiceField(
+        choices=LaunchMode.choices,
+        default=LaunchMode.ENTRYPOINT,
+        error_messages={"invalid_choice": LAUNCH_MODE_CHOICE},
+    )
+    # Values and arguments are kept exactly as sent: a space may matter to the program.
     env = serializers.DictField(
-        child=serializers.CharField(allow_blank=True, max_length=4096), default=dict
+        child=serializers.CharField(allow_blank=True, max_length=4096, trim_whitespace=False),
+        default=dict,
     )
     ports = serializers.ListField(
         child=serializers.IntegerField(min_value=1, max_value=65535), default=list, max_length=16
     )
     entrypoint = serializers.CharField(max_length=255, allow_blank=True, default="")
     args = serializers.ListField(
-        child=serializers.CharField(max_length=4096, allow_blank=True), default=list, max_length=64
+        child=serializers.CharField(max_length=4096, allow_blank=True, trim_whitespace=False),
+        default=list,
+        max_length=64,
     )
     registry_username = serializers.CharField(
         max_length=255, allow_blank=True, default="", help_text="For a private registry."
     )
     registry_password = serializers.CharField(
-        max_length=4096, allow_blank=True, default="", write_only=True,
+        max_length=4096, allow_blank=True, default="", write_only=True, trim_whitespace=False,
         help_text="Stored encrypted; used only to pull the image.",
     )  # fmt: skip
 
-    def validate(self, data):
-        validate_launch(
+    def rental_request(self) -> RentalRequest:
+        data = self.validated_data
+        return RentalRequest(
+            machine_id=data["machine_id"],
+            gpu_count=data["num_gpus"],
             image=data["image"],
+            hours=data["duration_hours"],
+            disk_gb=data["disk_gb"],
+            launch_mode=data["launch_mode"],
             env=data["env"],
             ports=data["ports"],
             entrypoint=data["entrypoint"],
             args=data["args"],
+            registry_username=data["registry_username"],
+            registry_password=data["registry_password"],
         )
-        return data
 
 
 class InstanceSerializer(serializers.ModelSerializer):
@@ -346,11 +409,26 @@ class InstanceSerializer(serializers.ModelSerializer):
 
 
 class ExtendSerializer(serializers.Serializer):
-    hours = FiniteFloatField(min_value=MIN_RENTAL_HOURS, max_value=MAX_RENTAL_HOURS)
+    hours = ExtensionHoursField(
+        min_value=MIN_RENTAL_HOURS,
+        max_value=MAX_RENTAL_HOURS,
+        error_messages=hours_range_messages(EXTEND_HOURS_RANGE),
+    )
+
+
+MAX_COMMAND_LENGTH = 4096
 
 
 class ExecSerializer(serializers.Serializer):
-    command = serializers.CharField(max_length=4096, help_text="Run with sh -c in the container.")
+    command = serializers.CharField(
+        max_length=MAX_COMMAND_LENGTH,
+        help_text="Run with sh -c in the container.",
+        error_messages={
+            "required": "Type a command first.",
+            "blank": "Type a command first.",
+            "max_length": f"The command is longer than {MAX_COMMAND_LENGTH} characters.",
+        },
+    )
 
 
 class InstanceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScopedViewSet):
@@ -367,24 +445,7 @@ class InstanceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScop
     def create(self, request):
         params = RentSerializer(data=request.data)
         params.is_valid(raise_exception=True)
-        data = params.validated_data
-        rental = rental_create(
-            team=self.team,
-            request=RentalRequest(
-                machine_id=data["machine_id"],
-                gpu_count=data["num_gpus"],
-                image=data["image"],
-                hours=data["duration_hours"],
-                disk_gb=data["disk_gb"],
-                launch_mode=data["launch_mode"],
-                env=data["env"],
-                ports=data["ports"],
-                entrypoint=data["entrypoint"],
-                args=data["args"],
-                registry_username=data["registry_username"],
-                registry_password=data["registry_password"],
-            ),
-        )
+        rental = rental_create(team=self.team, request=params.rental_request())
         instance = self.get_queryset().get(pk=rental.instance_id)
         return Response(InstanceSerializer(instance).data, status=status.HTTP_201_CREATED)
 

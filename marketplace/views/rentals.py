@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import shlex
+from collections.abc import Callable
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
@@ -16,6 +16,7 @@ from django.views.decorators.http import require_POST
 from billing.money import format_usd
 from hosts.runtime import CommandFailed, HostUnreachable
 from marketplace import offer_query, selectors
+from marketplace.forms.rentals import ExecForm, ExtendForm, RentForm, SshKeyForm, SshKeyRemoveForm
 from marketplace.models import Offer, Role, SshKey
 from marketplace.selectors import instance_connection
 from marketplace.services.clocks import ENDED_STATES
@@ -27,12 +28,10 @@ from marketplace.services.renter_actions import (
     rental_start,
     rental_stop_request,
 )
-from marketplace.services.renting import RentalRequest, rental_create, rental_extend
+from marketplace.services.renting import rental_create, rental_extend
 from marketplace.services.ssh_keys import ssh_key_add
 from marketplace.tenancy import team_object_or_404, team_objects
-from marketplace.validation import validate_launch
 from marketplace.views.console import error_text, require_role
-from marketplace.views.numbers import form_decimal, form_whole
 from scheduler import services as scheduler
 from scheduler.models import Instance, InstanceState, LaunchMode
 
@@ -130,71 +129,13 @@ def offers(request: HttpRequest) -> HttpResponse:
     return render(request, "marketplace/offers.html", context, status=400 if error else 200)
 
 
-def _parse_env(text: str) -> dict[str, str]:
-    env: dict[str, str] = {}
-    for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        if "=" not in line:
-            raise ValidationError({"env": f"Line {number} is not KEY=value."})
-        key, value = line.split("=", 1)
-        env[key.strip()] = value
-    return env
-
-
-def _parse_ints(text: str, field: str) -> list[int]:
-    values = []
-    for item in text.replace(" ", ",").split(","):
-        if not item:
-            continue
-        if not item.isdigit():
-            raise ValidationError({field: f"'{item[:20]}' is not a port number."})
-        values.append(int(item))
-    return values
-
-
-def _parse_args(text: str) -> list[str]:
-    """Arguments as a shell would split them (quotes group words); no shell ever runs them:
-    each becomes one element of the container's argv."""
-    try:
-        return shlex.split(text)
-    except ValueError as error:  # an unclosed quote
-        raise ValidationError({"args": f"Cannot split the arguments: {error}."}) from None
-
-
 @login_required
 @require_POST
 def rent(request: HttpRequest, machine_id: int) -> HttpResponse:
     require_role(request, Role.MEMBER)
-    data = request.POST
+    form = RentForm(request.POST, machine_id=machine_id)
     try:
-        env = _parse_env(data.get("env", ""))
-        ports = _parse_ints(data.get("ports", ""), "ports")
-        args = _parse_args(data.get("args", ""))
-        validate_launch(
-            image=data.get("image", "").strip(),
-            env=env,
-            ports=ports,
-            entrypoint=data.get("entrypoint", "").strip(),
-            args=args,
-        )
-        rental = rental_create(
-            team=request.team,
-            request=RentalRequest(
-                machine_id=machine_id,
-                gpu_count=form_whole(data.get("num_gpus"), field="num_gpus"),
-                image=data.get("image", "").strip(),
-                hours=form_decimal(data.get("duration_hours"), field="duration_hours"),
-                disk_gb=form_whole(data.get("disk_gb", "10"), field="disk_gb"),
-                launch_mode=data.get("launch_mode") or LaunchMode.ENTRYPOINT,
-                env=env,
-                ports=ports,
-                entrypoint=data.get("entrypoint", "").strip(),
-                args=args,
-                registry_username=data.get("registry_username", "").strip(),
-                registry_password=data.get("registry_password", ""),
-            ),
-        )
+        rental = rental_create(team=request.team, request=form.rental_request())
     except Exception as error:  # domain errors (402/409) and validation alike become a message
         if not hasattr(error, "http_status") and not isinstance(error, ValidationError):
             raise
@@ -254,49 +195,70 @@ def instance_detail(request: HttpRequest, pk: int) -> HttpResponse:
     return render(request, "marketplace/instance_detail.html", context)
 
 
+def _stop(request: HttpRequest, instance: Instance) -> None:
+    rental_stop_request(instance=instance)
+    messages.info(
+        request,
+        "Stopping: GPU time is no longer charged; the GPUs are free once the host has "
+        "stopped the container. Storage is still charged.",
+    )
+
+
+def _start(request: HttpRequest, instance: Instance) -> None:
+    started = rental_start(instance=instance)
+    if started.state == InstanceState.LAUNCHING:
+        messages.success(request, "Launching again; this page updates by itself.")
+    else:
+        messages.success(request, "Started.")
+
+
+def _extend(request: HttpRequest, instance: Instance) -> None:
+    hours = ExtendForm(request.POST).hours_value()
+    rental_extend(rental=instance.rental, hours=hours)
+    messages.success(request, f"Extended by {hours:g} hours.")
+
+
+def _destroy(request: HttpRequest, instance: Instance) -> HttpResponse:
+    rental_destroy_request(instance=instance)
+    messages.info(
+        request,
+        "Destroying: the rental is settled now, and the container and its data are "
+        "removed as soon as the host confirms.",
+    )
+    return redirect("instances")  # its page would only say it is gone
+
+
+# The instance page's buttons, by the action in their URL. A handler says what happened in a
+# message; it returns where to go next, or None to stay on the instance's page.
+INSTANCE_ACTIONS: dict[str, Callable[[HttpRequest, Instance], HttpResponse | None]] = {
+    "stop": _stop,
+    "start": _start,
+    "extend": _extend,
+    "destroy": _destroy,
+}
+
+
 @login_required
 @require_POST
 def instance_action(request: HttpRequest, pk: int, action: str) -> HttpResponse:
     require_role(request, Role.MEMBER)
+    handler = INSTANCE_ACTIONS.get(action)
+    if handler is None:
+        raise Http404
     instance = team_object_or_404(
         request.team, Instance.objects.select_related("rental", "machine"), pk=pk
     )
     try:
-        if action == "stop":
-            rental_stop_request(instance=instance)
-            messages.info(
-                request,
-                "Stopping: GPU time is no longer charged; the GPUs are free once the host has "
-                "stopped the container. Storage is still charged.",
-            )
-        elif action == "start":
-            started = rental_start(instance=instance)
-            if started.state == InstanceState.LAUNCHING:
-                messages.success(request, "Launching again; this page updates by itself.")
-            else:
-                messages.success(request, "Started.")
-        elif action == "extend":
-            # The extending service refuses NaN and infinities itself, with the range it
-            # allows (which says more than "not finite"); only non-numbers stop here.
-            hours = form_decimal(request.POST.get("hours"), field="hours", range_checked=True)
-            rental_extend(rental=instance.rental, hours=hours)
-            messages.success(request, f"Extended by {hours:g} hours.")
-        elif action == "destroy":
-            rental_destroy_request(instance=instance)
-            messages.info(
-                request,
-                "Destroying: the rental is settled now, and the container and its data are "
-                "removed as soon as the host confirms.",
-            )
-            return redirect("instances")
-        else:
-            raise Http404
+        next_page = handler(request, instance)
     except (ValidationError, CommandFailed, HostUnreachable) as error:
         messages.error(request, error_text(error))
     except Exception as error:
         if not hasattr(error, "http_status"):
             raise
         messages.error(request, error_text(error))
+    else:
+        if next_page is not None:
+            return next_page
     return redirect("instance-detail", pk=instance.pk)
 
 
@@ -312,15 +274,11 @@ def instance_logs(request: HttpRequest, pk: int) -> HttpResponse:
 def instance_exec(request: HttpRequest, pk: int) -> HttpResponse:
     require_role(request, Role.MEMBER)
     instance = team_object_or_404(request.team, Instance.objects.select_related("machine"), pk=pk)
-    command = request.POST.get("command", "").strip()
-    if not command:
-        return render(request, "marketplace/_exec.html", {"error": "Type a command first."})
-    if len(command) > 4096:
-        return render(
-            request,
-            "marketplace/_exec.html",
-            {"error": "The command is longer than 4096 characters."},
-        )
+    form = ExecForm(request.POST)
+    try:
+        command = form.command_text()
+    except ValidationError:
+        return render(request, "marketplace/_exec.html", {"error": form.refusal()})
     try:
         result = rental_exec(instance=instance, command=command)
     except (CommandFailed, HostUnreachable, scheduler.InvalidTransition) as error:
@@ -336,24 +294,30 @@ def instance_exec(request: HttpRequest, pk: int) -> HttpResponse:
     )
 
 
+def _ssh_key_remove(request: HttpRequest) -> None:
+    key_id = SshKeyRemoveForm(request.POST).key_id()
+    if key_id is None:
+        raise Http404  # as for another team's key: there is no such key to remove
+    key = team_object_or_404(request.team, SshKey.objects.all(), pk=key_id)
+    key.delete()
+    messages.success(request, f"Key {key.name} removed.")
+
+
+def _ssh_key_add(request: HttpRequest) -> None:
+    fields = SshKeyForm(request.POST).parsed()
+    key = ssh_key_add(team=request.team, name=fields["name"], public_key=fields["public_key"])
+    messages.success(request, f"Key {key.name} added ({key.fingerprint}).")
+
+
 @login_required
 def ssh_keys(request: HttpRequest) -> HttpResponse:
     if request.method == "POST":
         require_role(request, Role.MEMBER)
         try:
             if request.POST.get("delete"):
-                key = team_object_or_404(
-                    request.team, SshKey.objects.all(), pk=request.POST["delete"]
-                )
-                key.delete()
-                messages.success(request, f"Key {key.name} removed.")
+                _ssh_key_remove(request)
             else:
-                key = ssh_key_add(
-                    team=request.team,
-                    name=request.POST.get("name", ""),
-                    public_key=request.POST.get("public_key", ""),
-                )
-                messages.success(request, f"Key {key.name} added ({key.fingerprint}).")
+                _ssh_key_add(request)
         except ValidationError as error:
             messages.error(request, error_text(error))
         return redirect("ssh-keys")

@@ -108,6 +108,8 @@ def test_a_command_runs_in_the_container_and_its_output_is_shown(console, instan
         assert response.status_code == 200
         assert '<p class="error">Type a command first.</p>' in response.content.decode()
         assert "exec-text" not in response.content.decode()
+    response = exec_in(console, instance, "echo " + "x" * 4092)
+    assert '<p class="error">The command is longer than 4096 characters.</p>' in shown(response)
     instance.refresh_from_db()
     assert instance.state == "running" and running(instance.container_id)
 

@@ -81,3 +81,47 @@ def test_the_database_refuses_an_unknown_launch_mode_or_state(funded_team, machi
             Instance.objects.filter(pk=instance.pk).update(**{field: value})
     instance.refresh_from_db()
     assert (instance.launch_mode, instance.state) == ("entrypoint", "launching")
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("ports", "8080, http", "ports: 'http' is not a port number."),
+        ("ports", "8080 70000", "ports: Ensure this value is less than or equal to 65535."),
+        ("env", "FOO=1\nBAR", "env: Line 2 is not KEY=value."),
+        (
+            "duration_hours",
+            "0.001",
+            "duration hours: Rent for at least 0.01 and at most 8760 hours.",
+        ),
+        ("image", "busybox --privileged", None),
+    ],
+)
+def test_the_console_rent_form_refuses_a_bad_field_by_name_and_writes_nothing(
+    client, owner, funded_team, machine, field, value, message
+):
+    console = client_for(client, owner, funded_team)
+    response = console.post(f"/offers/{machine.pk}/rent/", {**RENT_FORM, field: value}, follow=True)
+    [shown] = page_messages(response)
+    label = field.replace("_", " ")
+    assert shown.startswith(f"Could not rent: {label}: "), shown
+    if message:
+        assert shown == f"Could not rent: {message}"
+    assert nothing_written()
+
+
+def test_the_console_and_the_api_refuse_a_launch_mode_in_the_same_words(
+    client, owner, funded_team, machine
+):
+    """One field rule, two doors: the rent form hands its fields to the API's serializer."""
+    console = client_for(client, owner, funded_team)
+    body = {
+        "machine_id": machine.pk, "num_gpus": 1, "duration_hours": 1,
+        "image": "gpumkt/busybox:latest", "launch_mode": "root",
+    }  # fmt: skip
+    answer = console.post("/api/v1/instances/", body, content_type="application/json")
+    assert answer.status_code == 400
+    assert answer.json()["error"]["fields"] == {
+        "launch_mode": ["Choose one of entrypoint, ssh, jupyter."]
+    }
+    assert nothing_written()

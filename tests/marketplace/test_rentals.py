@@ -401,6 +401,37 @@ def test_ssh_keys_are_checked_when_added(funded_team):
     assert again.status_code == 400 and "already" in again.json()["error"]["message"]
 
 
+def test_ssh_keys_page_adds_refuses_by_field_and_removes(funded_team, owner, client):
+    from marketplace.models import SshKey
+    from tests.conftest import client_for
+    from tests.marketplace.test_console_actions import page_messages
+
+    console = client_for(client, owner, funded_team)
+    public_key = renter_public_key()
+    response = console.post(
+        "/ssh-keys/", {"name": " laptop ", "public_key": public_key}, follow=True
+    )
+    key = SshKey.objects.get()
+    assert page_messages(response) == [f"Key laptop added ({key.fingerprint})."]
+
+    refusals = {
+        ("", public_key): "name: Give the key a name.",
+        ("x", "ssh-ed25519 not-base64!"): "public key: The key's base64 part is damaged.",
+        ("again", public_key): "public key: This key is already on the team.",
+    }
+    for (name, line), message in refusals.items():
+        response = console.post("/ssh-keys/", {"name": name, "public_key": line}, follow=True)
+        assert page_messages(response) == [message]
+    assert list(SshKey.objects.all()) == [key]
+
+    # A removal that names no key id is a key that is not there.
+    assert console.post("/ssh-keys/", {"delete": "laptop"}).status_code == 404
+    assert SshKey.objects.count() == 1
+    response = console.post("/ssh-keys/", {"delete": str(key.pk)}, follow=True)
+    assert page_messages(response) == ["Key laptop removed."]
+    assert not SshKey.objects.exists()
+
+
 def test_private_registry_login_is_stored_encrypted_and_used_for_the_pull(funded_team, machine):
     client = key_client(funded_team)
     secret = "s3cret-token-$(id)"
