@@ -5,29 +5,18 @@ ranges, whether a window may be planned) stay in ``hosts.services``; these only 
 from __future__ import annotations
 
 from datetime import UTC, datetime, time
-from typing import Any
 
 from django import forms
-from django.core.exceptions import ValidationError
 from django.utils import timezone
 
 from billing.errors import InvalidAmount
 from billing.money import parse_usd
-from marketplace.views.numbers import whole_number
+from marketplace.forms.base import ConsoleForm, WholeNumberField
 
 MOMENT_FORMAT = "%Y-%m-%dT%H:%M"  # what a ``datetime-local`` input posts
 MOMENT_HINT = "Use a date and time like 2027-06-30 22:00."
 NO_SUCH_WINDOW = "No such maintenance window."
 PK_MAX = 2**63 - 1  # the largest id a bigint column holds
-
-
-class ConsoleForm(forms.Form):
-    def parsed(self) -> dict[str, Any]:
-        """The cleaned fields, or a ``ValidationError`` by field that the page shows as
-        "<field>: <reason>" like the services' own refusals."""
-        if not self.is_valid():
-            raise ValidationError(self.errors.as_data())
-        return self.cleaned_data
 
 
 class DollarsField(forms.Field):
@@ -38,23 +27,6 @@ class DollarsField(forms.Field):
         try:
             return parse_usd(value or "")
         except InvalidAmount as error:
-            raise forms.ValidationError(str(error)) from None
-
-
-class WholeNumberField(forms.Field):
-    """A whole, non-negative number (the console's one rule for counts and ports); left empty,
-    it is ``default``."""
-
-    def __init__(self, *, default: int, **kwargs: Any) -> None:
-        self.default = default
-        super().__init__(required=False, **kwargs)
-
-    def to_python(self, value: str | None) -> int:
-        if not (value or "").strip():
-            return self.default
-        try:
-            return whole_number(value)
-        except ValueError as error:
             raise forms.ValidationError(str(error)) from None
 
 

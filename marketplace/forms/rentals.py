@@ -15,9 +15,8 @@ from django.core.exceptions import ValidationError
 from rest_framework import serializers
 
 from marketplace.api.rentals import ExecSerializer, ExtendSerializer, RentSerializer
-from marketplace.forms.hosts import ConsoleForm
+from marketplace.forms.base import ConsoleForm, whole_number
 from marketplace.services.renting import RentalRequest
-from marketplace.views.numbers import whole_number
 
 
 def env_from_lines(text: str) -> dict[str, str]:
