@@ -11,4 +11,10 @@ class MarketplaceConfig(AppConfig):
         # (web included) can queue them.
         from marketplace import tasks  # noqa: F401
         from marketplace.api import schema  # noqa: F401
-        from marketplace.receivers import accounts, billing, hosts, scheduler  # noqa: F401
+        from marketplace.receivers import (  # noqa: F401
+            accounts,
+            billing,
+            deployments,
+            hosts,
+            scheduler,
+        )

@@ -240,6 +240,10 @@ CELERY_BEAT_SCHEDULE: dict[str, dict] = {
         "task": "marketplace.tasks.offers_refresh",
         "schedule": timedelta(minutes=5),
     },
+    "deployments-reconcile": {
+        "task": "marketplace.tasks.deployments_reconcile_all",
+        "schedule": timedelta(seconds=10),
+    },
     **importlib.import_module("hosts.schedule").BEAT_SCHEDULE,
     **importlib.import_module("scheduler.schedule").BEAT_SCHEDULE,
     **importlib.import_module("billing.schedule").BEAT_SCHEDULE,

@@ -9,6 +9,7 @@ import logging
 
 from celery import shared_task
 
+from marketplace.deployments import reconciler
 from marketplace.services import clocks, metering, offers, registries, renter_actions, ssh_keys
 from marketplace.services.accounts import invitations_expire as expire
 from scheduler import services as scheduler
@@ -120,3 +121,15 @@ def expiry_sweep() -> int:
 @shared_task(name="marketplace.tasks.offers_refresh")
 def offers_refresh() -> int:
     return offers.offers_refresh_all()
+
+
+@shared_task(name="marketplace.tasks.deployment_reconcile")
+def deployment_reconcile(deployment_id: int) -> bool:
+    """One reconcile pass over a deployment (woken by an event about it or its machines)."""
+    return reconciler.deployment_reconcile(deployment_id=deployment_id)
+
+
+@shared_task(name="marketplace.tasks.deployments_reconcile_all")
+def deployments_reconcile_all() -> int:
+    """The beat sweep: catches whatever an event missed (a lost task, capacity freed quietly)."""
+    return reconciler.deployments_reconcile_all()

@@ -8,6 +8,7 @@ from rest_framework.routers import DefaultRouter
 
 from marketplace.api import accounts as accounts_api
 from marketplace.api import billing as billing_api
+from marketplace.api import deployments as deployments_api
 from marketplace.api import hosts as hosts_api
 from marketplace.api import rentals as rentals_api
 from marketplace.api.errors import api_not_found
@@ -22,6 +23,7 @@ router.register("team/invitations", accounts_api.InvitationViewSet, basename="ap
 router.register("api-keys", accounts_api.ApiKeyViewSet, basename="api-apikey")
 router.register("instances", rentals_api.InstanceViewSet, basename="api-instance")
 router.register("ssh-keys", rentals_api.SshKeyViewSet, basename="api-sshkey")
+router.register("deployments", deployments_api.DeploymentViewSet, basename="api-deployment")
 
 api_v1 = [
     path("me/", accounts_api.me, name="api-me"),

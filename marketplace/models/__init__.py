@@ -1,12 +1,15 @@
 from marketplace.models.accounts import ApiKey, Invitation, Membership, Role, Team, User
+from marketplace.models.deployments import Deployment, Replica
 from marketplace.models.rentals import Offer, Rental, SshKey
 
 __all__ = [
     "ApiKey",
+    "Deployment",
     "Rental",
     "Invitation",
     "Membership",
     "Offer",
+    "Replica",
     "Role",
     "SshKey",
     "Team",

@@ -45,7 +45,8 @@ from billing.models import Entry, Hold, TopUp
 from billing.selectors import invoice_months, team_balance
 from hosts.models import Gpu, Machine, MaintenanceWindow
 from hosts.services import maintenance_window_add
-from marketplace.models import ApiKey, Invitation, Membership, SshKey, Team
+from marketplace.deployments.services import DeploymentSpec, deployment_create
+from marketplace.models import ApiKey, Deployment, Invitation, Membership, Replica, SshKey, Team
 from marketplace.services.accounts import api_key_create, invitation_create
 from marketplace.services.offers import offer_refresh
 from marketplace.services.renting import RentalRequest, rental_create
@@ -296,6 +297,31 @@ def invoice_totals(w: World) -> list[str]:
     return [dollar_string(total) for _, total in invoice_months(Entry.objects.filter(team=w.team))]
 
 
+def check_deployments(c: Checker) -> None:
+    """Acme's deployment and its replica answer 404 on every deployment route, to every
+    outsider client, and stay as they were."""
+    deployment = deployment_create(
+        team=c.acme.team, spec=DeploymentSpec(name="acme", image="busybox:latest")
+    )
+    replica = deployment.replicas.get()
+    base = f"/api/v1/deployments/{deployment.pk}/"
+    before = c.rows(Deployment.objects.filter(pk=deployment.pk)), c.rows(Replica.objects.all())
+    for client in c.outsider_api_clients():
+        assert client.get(base).status_code == 404
+        assert (
+            client.patch(base, '{"replicas": 5}', content_type="application/json").status_code
+            == 404
+        )
+        assert client.post(f"{base}stop/").status_code == 404
+        assert client.get(f"{base}replicas/").status_code == 404
+        assert client.post(f"{base}replicas/{replica.pk}/stop/").status_code == 404
+        assert client.delete(base).status_code == 404
+        listed = client.get("/api/v1/deployments/").json()["results"]
+        assert deployment.pk not in [d["id"] for d in listed]
+    after = c.rows(Deployment.objects.filter(pk=deployment.pk)), c.rows(Replica.objects.all())
+    assert after == before
+
+
 MATRIX: dict[str, list[Check]] = {
     # --- console: accounts and teams
     "console-home": [console_page(lambda w: "/")],
@@ -394,6 +420,11 @@ MATRIX: dict[str, list[Check]] = {
         ),
     ],
     "api-instance-detail": [Obj(api_inst()), Obj(api_inst(), "delete")],
+    "api-deployment-list": [Custom(check_deployments)],
+    "api-deployment-detail": [Custom(check_deployments)],
+    "api-deployment-stop": [Custom(check_deployments)],
+    "api-deployment-replicas": [Custom(check_deployments)],
+    "api-deployment-replica-stop": [Custom(check_deployments)],
     "api-instance-stop": [Obj(api_inst("stop/"), "post")],
     "api-instance-start": [Obj(api_inst("start/"), "post")],
     "api-instance-extend": [Obj(api_inst("extend/"), "post", {"hours": 5})],

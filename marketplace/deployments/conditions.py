@@ -1,0 +1,165 @@
+"""A deployment's conditions against the offers read model: which machines may run a replica,
+the placement snapshot over them, and, when none fits, why in words."""
+
+from __future__ import annotations
+
+from django.db.models import Max, Min, Q, QuerySet
+
+from billing.usd import format_usd
+from hosts.models import MachineStatus
+from marketplace.models import Deployment, Offer
+from marketplace.models.deployments import PlacementPolicy
+from marketplace.services.offers import short_gpu_name
+from scheduler.models import Instance
+from scheduler.placement import BINPACK, SPREAD, MachineSnapshot, PlacementRequest
+
+
+def gpu_model(name: str) -> str:
+    """A GPU model as offers name it, for comparing: "nvidia geforce rtx_4090" → "RTX 4090"."""
+    return short_gpu_name(name.replace("_", " ").strip()).upper()
+
+
+def _models_filter(deployment: Deployment) -> Q:
+    q = Q()
+    for name in deployment.gpu_names:
+        q |= Q(gpu_name__iexact=gpu_model(name))
+    return q
+
+
+def _listed_offers() -> QuerySet[Offer]:
+    """Offers of listed, online machines, rentable now or not (a full machine still counts
+    when explaining why nothing fits)."""
+    return Offer.objects.filter(machine__listed=True, machine__status=MachineStatus.ONLINE)
+
+
+def matching_offers(deployment: Deployment) -> QuerySet[Offer]:
+    """Offers with room for one replica that meet every condition."""
+    gpus = deployment.gpus_per_replica
+    offers = Offer.objects.filter(
+        _models_filter(deployment),
+        rentable=True,
+        num_gpus__gte=gpus,
+        min_gpus__lte=gpus,
+        reliability__gte=deployment.min_reliability,
+        disk_per_unit__gte=deployment.disk_gb / gpus,
+    )
+    if deployment.max_price_per_gpu_hour is not None:
+        offers = offers.filter(price_per_gpu_hour__lte=deployment.max_price_per_gpu_hour)
+    if deployment.regions:
+        offers = offers.filter(geolocation__in=deployment.regions)
+    return offers
+
+
+def machine_snapshots(deployment: Deployment) -> list[MachineSnapshot]:
+    """The placement engine's view of the matching machines. Renting picks the GPUs itself,
+    so the free GPUs need only be counted, not named."""
+    rows = matching_offers(deployment).values_list(
+        "machine_id", "gpu_name", "num_gpus", "price_per_gpu_hour", "reliability", "geolocation"
+    )
+    return [
+        MachineSnapshot(
+            machine_id=machine_id,
+            gpu_name=gpu_name.upper(),
+            free_gpu_ids=tuple(range(free)),
+            price_per_gpu_hour=price,
+            reliability=reliability,
+            region=region,
+        )
+        for machine_id, gpu_name, free, price, reliability, region in rows
+    ]
+
+
+def placement_request(deployment: Deployment, *, avoid: set[int]) -> PlacementRequest:
+    """The snapshots are already filtered by the conditions; what is left is the size and the
+    policy."""
+    if deployment.policy == PlacementPolicy.BINPACK:
+        return PlacementRequest(gpu_count=deployment.gpus_per_replica, policy=BINPACK)
+    return PlacementRequest(
+        gpu_count=deployment.gpus_per_replica, policy=SPREAD, avoid_machine_ids=frozenset(avoid)
+    )
+
+
+def instance_meets_conditions(deployment: Deployment, instance: Instance) -> bool:
+    """Whether a placed replica still meets its deployment's conditions and spec (after a
+    change): the rental's terms and machine for the conditions, the instance for the spec.
+
+    Reliability is a condition of placing only: it moves with every heartbeat, and a dip must
+    not restart running replicas. The ports are not compared (an instance keeps only their
+    host-side allocations)."""
+    rental = instance.rental
+    machine = instance.machine
+    first_gpu = machine.gpus.filter(present=True).order_by("index").first()
+    model = gpu_model(first_gpu.name) if first_gpu else ""
+    return (
+        instance.gpu_count == deployment.gpus_per_replica
+        and (not deployment.gpu_names or model in {gpu_model(n) for n in deployment.gpu_names})
+        and (
+            deployment.max_price_per_gpu_hour is None
+            or rental.price_per_gpu_hour <= deployment.max_price_per_gpu_hour
+        )
+        and (not deployment.regions or machine.location in deployment.regions)
+        and instance.image == deployment.image
+        and instance.launch_mode == deployment.launch_mode
+        and instance.entrypoint == deployment.entrypoint
+        and list(instance.args) == list(deployment.args)
+        and dict(instance.env) == dict(deployment.env)
+        and instance.disk_gb == deployment.disk_gb
+    )
+
+
+def _plural(count: int, word: str) -> str:
+    return f"{count} {word}{'' if count == 1 else 's'}"
+
+
+def wanted_text(deployment: Deployment) -> str:
+    """ "RTX 4090 with 4 free GPUs under $1.50/GPU-hour in US" """
+    models = " or ".join(gpu_model(n) for n in deployment.gpu_names) or "machine"
+    text = f"{models} with {_plural(deployment.gpus_per_replica, 'free GPU')}"
+    if deployment.max_price_per_gpu_hour is not None:
+        text += f" under {format_usd(deployment.max_price_per_gpu_hour)}/GPU-hour"
+    if deployment.regions:
+        text += f" in {', '.join(deployment.regions)}"
+    if deployment.min_reliability > 0:
+        text += f" at reliability ≥ {deployment.min_reliability:g}"
+    return text
+
+
+def queue_reason(deployment: Deployment) -> str:
+    """Why no machine takes a replica now, narrowing the listed machines condition by
+    condition and naming the first one that leaves none."""
+    gpus = deployment.gpus_per_replica
+    models = " or ".join(gpu_model(n) for n in deployment.gpu_names)
+    head = f"no {wanted_text(deployment)}"
+    offers = _listed_offers().filter(_models_filter(deployment))
+    count = offers.count()
+    if count == 0:
+        return (
+            f"{head}; no listed machine has {models}" if models else f"{head}; no machine is listed"
+        )
+    having = f"{_plural(count, 'machine')} {'has' if count == 1 else 'have'} {models or 'GPUs'}"
+    roomy = offers.filter(num_gpus__gte=gpus, min_gpus__lte=gpus)
+    if not roomy.exists():
+        most = offers.aggregate(most=Max("num_gpus"))["most"] or 0
+        return f"{head}; {having} but only {most} free"
+    if deployment.max_price_per_gpu_hour is not None:
+        cheap = roomy.filter(price_per_gpu_hour__lte=deployment.max_price_per_gpu_hour)
+        if not cheap.exists():
+            lowest = roomy.aggregate(lowest=Min("price_per_gpu_hour"))["lowest"]
+            return f"{head}; {having} with room, but from {format_usd(lowest)}/GPU-hour"
+        roomy = cheap
+    if deployment.regions:
+        local = roomy.filter(geolocation__in=deployment.regions)
+        if not local.exists():
+            where = sorted({g or "no region" for g in roomy.values_list("geolocation", flat=True)})
+            return f"{head}; {having} with room, but in {', '.join(where)}"
+        roomy = local
+    reliable = roomy.filter(reliability__gte=deployment.min_reliability)
+    if not reliable.exists():
+        best = roomy.aggregate(best=Max("reliability"))["best"]
+        return f"{head}; {having} with room, but reliability at most {best:.3f}"
+    if not reliable.filter(disk_per_unit__gte=deployment.disk_gb / gpus).exists():
+        return (
+            f"{head}; {having} with room, but none with {deployment.disk_gb} GB of disk "
+            f"for {_plural(gpus, 'GPU')}"
+        )
+    return f"{head}; the matching machines were taken meanwhile"

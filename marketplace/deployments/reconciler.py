@@ -1,0 +1,426 @@
+"""The deployment reconciler: one level-triggered pass over one deployment, and the sweep.
+
+A pass compares what the deployment wants with what its replicas' instances show, and acts:
+replicas follow their instances; an ended replica's rental is destroyed (an elastic
+container's data goes when it stops); replicas that no longer match a changed deployment are
+replaced; the number of live replicas is brought to what is wanted (new ones queued, the
+newest extras stopped); queued replicas are placed as rentals. Anything can wake a pass (an
+instance's state, a machine's status or listing, the beat sweep); a pass that finds nothing
+to do writes nothing and wakes nothing.
+
+Safe with many workers: the whole pass runs in one transaction holding the deployment's row
+lock, so two passes over one deployment never interleave and never count the same live
+replicas twice (never more than wanted); ``rental_create`` locks each machine and allocates
+GPUs under database constraints (never a GPU twice). A worker killed mid-pass rolls the pass
+back whole (rentals, holds and replica rows included; launches are queued only on commit), so
+the next pass starts from what was committed.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.db.models import Count, F, Sum
+from django.utils import timezone
+
+from billing.errors import InsufficientCredit
+from billing.models import Hold
+from billing.usd import format_usd
+from hosts.models import Machine, MachineStatus
+from marketplace.deployments.conditions import (
+    instance_meets_conditions,
+    machine_snapshots,
+    placement_request,
+    queue_reason,
+)
+from marketplace.models import Deployment, Rental, Replica
+from marketplace.models.deployments import (
+    LIVE_REPLICA_STATES,
+    DeploymentMode,
+    DeploymentState,
+    ReplicaState,
+)
+from marketplace.services.pricing import rental_quote
+from marketplace.services.renter_actions import rental_destroy_request
+from marketplace.services.renting import OfferUnavailable, RentalRequest, rental_create
+from scheduler.models import Instance, InstanceState
+from scheduler.placement import Planner
+from scheduler.services import NoCapacity
+
+logger = logging.getLogger(__name__)
+
+R = ReplicaState
+ENDED_REPLICA_STATES = (R.SUCCEEDED, R.FAILED, R.STOPPED, R.LOST)
+GONE_INSTANCE_STATES = (InstanceState.DESTROYING, InstanceState.DESTROYED)
+
+# Replacing replicas that keep failing waits longer each time (10 s, 20 s, … 5 min), counting
+# the failures of the last RECENT_FAILURES: a bad image must not rent and release machines in
+# a tight loop. The first failure is replaced at once.
+RECENT_FAILURES = timedelta(minutes=10)
+BACKOFF_START = timedelta(seconds=10)
+BACKOFF_MAX = timedelta(minutes=5)
+
+
+def deployment_reconcile(*, deployment_id: int, wait: bool = True) -> bool:
+    """One pass over the deployment; True when it changed anything.
+
+    ``wait=False`` (the sweep) skips a deployment another worker is reconciling right now:
+    that pass sees the same state. Events wait for the lock, since the pass under way may
+    have read the deployment before the event's change.
+    """
+    with transaction.atomic():
+        locked = Deployment.objects.select_for_update(skip_locked=not wait, of=("self",))
+        deployment = locked.select_related("team").filter(pk=deployment_id).first()
+        if deployment is None:
+            return False
+        return reconcile_locked(deployment)
+
+
+def reconcile_locked(deployment: Deployment) -> bool:
+    """The pass itself; the caller holds the deployment's row lock in a transaction."""
+    replicas = list(
+        deployment.replicas.filter(state__in=LIVE_REPLICA_STATES)
+        .select_related("instance__machine", "instance__rental")
+        .order_by("created_at", "pk")
+    )
+    changed = False
+    for replica in replicas:
+        changed |= replica_follow_instance(replica)
+    changed |= _settle_job(deployment)
+    live = [r for r in replicas if r.is_live]
+    if deployment.state != DeploymentState.ACTIVE:
+        for replica in live:
+            changed |= replica_end(replica, R.STOPPED, f"The deployment is {deployment.state}")
+        reason = ""
+    else:
+        changed |= _replace_mismatched(deployment, live)
+        live = [r for r in live if r.is_live]
+        changed |= _scale(deployment, live)
+        live = list(
+            deployment.replicas.filter(state__in=LIVE_REPLICA_STATES)
+            .select_related("instance")
+            .order_by("created_at", "pk")
+        )
+        placed, reason = _place_queued(deployment, live)
+        changed |= placed
+    changed |= _destroy_ended_rentals(deployment)
+    if reason != deployment.queue_reason:
+        deployment.queue_reason = reason
+        deployment.save(update_fields=["queue_reason", "updated_at"])
+        changed = True
+    return changed
+
+
+# --- observing ------------------------------------------------------------------------------
+
+
+def replica_state_for(replica: Replica) -> tuple[str, str, int | None]:
+    """What the replica's instance (and its machine) say the replica is: state, reason, exit
+    code."""
+    instance: Instance = replica.instance
+    state = instance.state
+    machine_status = instance.machine.status
+    message = instance.status_message
+    if state in (InstanceState.LAUNCHING, InstanceState.RUNNING):
+        if machine_status != MachineStatus.ONLINE:
+            return R.LOST, f"Its machine is {machine_status}", None
+        return (R.PLACED if state == InstanceState.LAUNCHING else R.RUNNING), "", None
+    if state == InstanceState.EXITED:
+        code = instance.exit_code
+        if code == 0:
+            return R.SUCCEEDED, "Exited with code 0", 0
+        return R.FAILED, (f"Exited with code {code}" if code is not None else message), code
+    if state == InstanceState.FAILED:
+        # A launch that failed is the spec's doing (it counts against a job's backoff); a
+        # container that vanished after it ran is not.
+        return (R.LOST if replica.started_at else R.FAILED), message, None
+    if state in (InstanceState.STOPPING, InstanceState.STOPPED):
+        return R.STOPPED, message or "Its rental was stopped", None
+    return R.LOST, message or f"Its rental is {state}", None  # expired, destroying, destroyed
+
+
+def replica_follow_instance(replica: Replica) -> bool:
+    if replica.instance is None:
+        return False
+    state, reason, exit_code = replica_state_for(replica)
+    if state == replica.state:
+        return False
+    if state in ENDED_REPLICA_STATES:
+        replica.exit_code = exit_code
+        return replica_end(replica, state, reason)
+    replica.state = state
+    if state == R.RUNNING and replica.started_at is None:
+        replica.started_at = timezone.now()
+    replica.save(update_fields=["state", "started_at"])
+    return True
+
+
+def replica_end(replica: Replica, state: str, reason: str) -> bool:
+    """Mark a live replica ended (final). Its rental is destroyed by ``_destroy_ended_rentals``
+    in the same pass."""
+    if replica.state in ENDED_REPLICA_STATES:
+        return False
+    replica.state = state
+    replica.reason = reason[:300]
+    replica.ended_at = timezone.now()
+    replica.save(update_fields=["state", "reason", "exit_code", "ended_at"])
+    return True
+
+
+def _destroy_ended_rentals(deployment: Deployment) -> bool:
+    """Every ended replica's rental is destroyed, so its money and GPUs stop. A query, not a
+    list of what this pass ended: it also finishes what a killed worker left."""
+    leftovers = (
+        Instance.objects.filter(
+            replica__deployment=deployment, replica__state__in=ENDED_REPLICA_STATES
+        )
+        .exclude(state__in=GONE_INSTANCE_STATES)
+        .select_related("replica")
+    )
+    changed = False
+    for instance in leftovers:
+        rental_destroy_request(
+            instance=instance, reason=f"Replica {instance.replica.state}: {instance.replica.reason}"
+        )
+        changed = True
+    return changed
+
+
+# --- wanting --------------------------------------------------------------------------------
+
+
+def _settle_job(deployment: Deployment) -> bool:
+    """A job is completed at its completions and failed past its backoff limit."""
+    if not deployment.is_job or deployment.state != DeploymentState.ACTIVE:
+        return False
+    counts = replica_counts(deployment)
+    if counts[R.SUCCEEDED] >= deployment.completions:
+        deployment.state = DeploymentState.COMPLETED
+    elif counts[R.FAILED] > deployment.backoff_limit:
+        deployment.state = DeploymentState.FAILED
+    else:
+        return False
+    deployment.save(update_fields=["state", "updated_at"])
+    return True
+
+
+def replica_counts(deployment: Deployment) -> dict[str, int]:
+    counts = dict.fromkeys(R.values, 0)
+    grouped = deployment.replicas.values_list("state").annotate(n=Count("pk")).order_by()
+    for state, count in grouped:
+        counts[state] = count
+    return counts
+
+
+def wanted_live(deployment: Deployment) -> int:
+    """How many replicas should be live (queued, placed or running) now."""
+    if deployment.state != DeploymentState.ACTIVE:
+        return 0
+    if deployment.mode == DeploymentMode.REPLICASET:
+        return deployment.replica_count
+    remaining = deployment.completions - replica_counts(deployment)[R.SUCCEEDED]
+    return max(min(deployment.replica_count, remaining), 0)
+
+
+def _replace_mismatched(deployment: Deployment, live: list[Replica]) -> bool:
+    """Replicas placed before the conditions or spec changed, that no longer meet them, end;
+    ``_scale`` queues their replacements."""
+    changed = False
+    for replica in live:
+        if replica.instance is not None and not instance_meets_conditions(
+            deployment, replica.instance
+        ):
+            changed |= replica_end(
+                replica, R.STOPPED, "Replaced: it no longer meets the deployment's conditions"
+            )
+    return changed
+
+
+def _scale(deployment: Deployment, live: list[Replica]) -> bool:
+    """Queue replicas up to what is wanted, or stop the extras: queued ones first, then the
+    newest placed ones."""
+    wanted = wanted_live(deployment)
+    if len(live) < wanted:
+        Replica.objects.bulk_create(
+            [Replica(deployment=deployment) for _ in range(wanted - len(live))]
+        )
+        return True
+    if len(live) > wanted:
+        newest_queued_first = sorted(
+            live, key=lambda r: (r.state == R.QUEUED, r.created_at, r.pk), reverse=True
+        )
+        extras = newest_queued_first
+        for replica in extras[: len(live) - wanted]:
+            replica_end(replica, R.STOPPED, "Scaled down")
+        return True
+    return False
+
+
+# --- placing --------------------------------------------------------------------------------
+
+
+def _failure_backoff(deployment: Deployment) -> str:
+    """Why replacements must wait now (replicas keep failing), or ""."""
+    since = timezone.now() - RECENT_FAILURES
+    recent = deployment.replicas.filter(state=R.FAILED, ended_at__gte=since).order_by("-ended_at")
+    count = recent.count()
+    if count < 2:
+        return ""
+    wait = min(BACKOFF_START * 2 ** (count - 2), BACKOFF_MAX)
+    next_try = recent[0].ended_at + wait
+    if timezone.now() >= next_try:
+        return ""
+    seconds = int((next_try - timezone.now()).total_seconds()) + 1
+    return (
+        f"{count} replicas failed in the last 10 minutes (last: {recent[0].reason or 'no reason'}); "
+        f"trying again in {seconds} s"
+    )
+
+
+def _place_queued(deployment: Deployment, live: list[Replica]) -> tuple[bool, str]:
+    """Place queued replicas, in order, on the machines the policy prefers. Returns whether
+    any was placed, and why the rest wait ("" when none does)."""
+    queued = [r for r in live if r.state == R.QUEUED]
+    if not queued:
+        return False, ""
+    waiting = _failure_backoff(deployment)
+    if waiting:
+        return False, waiting
+    planner = Planner(machine_snapshots(deployment))
+    avoid = {r.instance.machine_id for r in live if r.instance is not None}
+    placed_any = False
+    for replica in queued:
+        outcome = _place_one(deployment, replica, planner, avoid)
+        if outcome is not None:
+            return placed_any, outcome
+        placed_any = True
+    return placed_any, ""
+
+
+def _place_one(deployment: Deployment, replica: Replica, planner: Planner, avoid: set[int]):
+    """Rent the best machine for this replica; None when placed, else why it waits. A machine
+    taken or changed since the offers were read is skipped for the next candidate (the
+    planner has already counted its GPUs as used)."""
+    while True:
+        placement = planner.place(placement_request(deployment, avoid=avoid))
+        if placement is None:
+            return queue_reason(deployment)
+        over_budget = _over_budget(deployment, placement.machine_id)
+        if over_budget:
+            return over_budget
+        try:
+            # A savepoint: a refusal rolls back that rental alone, not the pass.
+            rental = rental_create(
+                team=deployment.team, request=rental_request(deployment, placement.machine_id)
+            )
+        except (OfferUnavailable, NoCapacity, ValidationError) as error:
+            logger.info(
+                "deployment %s: machine %s refused: %s", deployment.pk, placement.machine_id, error
+            )
+            continue
+        except InsufficientCredit as error:
+            return f"not enough credit to place a replica: {error}"
+        replica.instance = rental.instance
+        replica.state = R.PLACED
+        replica.save(update_fields=["instance", "state"])
+        avoid.add(placement.machine_id)
+        return None
+
+
+def budget_committed(deployment: Deployment) -> int:
+    """What the deployment's rentals have spent or still hold: their holds less what was
+    released (a destroyed replica's unused time goes back to the budget)."""
+    holds = Hold.objects.filter(
+        pk__in=Rental.objects.filter(instance__replica__deployment=deployment).values("hold_id")
+    )
+    return holds.aggregate(total=Sum(F("amount") - F("released")))["total"] or 0
+
+
+def _over_budget(deployment: Deployment, machine_id: int) -> str:
+    """Why renting this machine for one more replica would pass the budget, or ""."""
+    if deployment.budget is None:
+        return ""
+    machine = Machine.objects.get(pk=machine_id)
+    cost = rental_quote(
+        machine=machine,
+        gpu_count=deployment.gpus_per_replica,
+        disk_gb=deployment.disk_gb,
+        hours=deployment.duration_hours,
+    ).total
+    committed = budget_committed(deployment)
+    if committed + cost <= deployment.budget:
+        return ""
+    return (
+        f"the budget of {format_usd(deployment.budget)} is reached: its replicas have spent or "
+        f"hold {format_usd(committed)}, and one more needs {format_usd(cost)}"
+    )
+
+
+def rental_request(deployment: Deployment, machine_id: int) -> RentalRequest:
+    return RentalRequest(
+        machine_id=machine_id,
+        gpu_count=deployment.gpus_per_replica,
+        image=deployment.image,
+        hours=deployment.duration_hours,
+        disk_gb=deployment.disk_gb,
+        launch_mode=deployment.launch_mode,
+        env=dict(deployment.env),
+        ports=list(deployment.ports),
+        entrypoint=deployment.entrypoint,
+        args=list(deployment.args),
+    )
+
+
+# --- waking ---------------------------------------------------------------------------------
+
+
+def deployment_wake(deployment_id: int) -> None:
+    """Queue a pass over the deployment once the current transaction commits."""
+    from marketplace import tasks  # the tasks module imports this one
+
+    transaction.on_commit(lambda: tasks.deployment_reconcile.delay(deployment_id))
+
+
+def deployments_waiting_for_capacity() -> list[int]:
+    """Active deployments with queued replicas: capacity that appears may be theirs."""
+    return list(
+        Deployment.objects.filter(state=DeploymentState.ACTIVE, replicas__state=R.QUEUED)
+        .values_list("pk", flat=True)
+        .distinct()
+    )
+
+
+def deployments_on_machine(machine_id: int) -> list[int]:
+    """Active deployments with live replicas on the machine (it went offline: replace them)."""
+    return list(
+        Deployment.objects.filter(
+            state=DeploymentState.ACTIVE,
+            replicas__state__in=LIVE_REPLICA_STATES,
+            replicas__instance__machine_id=machine_id,
+        )
+        .values_list("pk", flat=True)
+        .distinct()
+    )
+
+
+def deployments_reconcile_all() -> int:
+    """The sweep: a pass over every deployment that may have work, each in its own
+    transaction; returns how many changed. Catches whatever an event missed."""
+    candidates = Deployment.objects.filter(state=DeploymentState.ACTIVE).values_list(
+        "pk", flat=True
+    )
+    unsettled = (
+        Deployment.objects.exclude(state=DeploymentState.ACTIVE)
+        .filter(replicas__state__in=LIVE_REPLICA_STATES)
+        .values_list("pk", flat=True)
+    )
+    changed = 0
+    for deployment_id in sorted({*candidates, *unsettled}):
+        try:
+            changed += deployment_reconcile(deployment_id=deployment_id, wait=False)
+        except Exception:  # one broken deployment must not starve the others
+            logger.exception("reconciling deployment %s failed", deployment_id)
+    return changed
