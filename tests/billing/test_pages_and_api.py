@@ -416,7 +416,7 @@ def test_balance_changes_are_pushed_to_the_team(
     with django_capture_on_commit_callbacks(execute=True):
         credit_grant(team_id=team.id, amount=7 * USD, reason="x", idempotency_key="push")
     assert pushed == [(team.id, "balance.changed", {
-        "available": 7 * USD, "held": 0, "earnings": 0,
+        "available": "7.000000", "held": "0.000000", "earnings": "0.000000",
         "available_display": "$7.00", "held_display": "$0.00",
     })]  # fmt: skip
 
