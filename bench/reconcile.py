@@ -1,0 +1,284 @@
+"""Deployment reconciler on PostgreSQL: placing a backlog of queued replicas, then a full
+reconcile pass in the steady state.
+
+Budget (issue 12): 1,000 deployments (10,000 replicas) over 10,000 machines: a full reconcile
+pass ≤ 2 s; a backlog of 10,000 queued replicas placed at ≥ 1,000 committed placements/s, no
+GPU twice.
+
+    DATABASE_URL=postgres://gpumkt:gpumkt@127.0.0.1:5432/gpumkt_bench_reconcile \
+        .venv/bin/python bench/reconcile.py [--scale 0.1]
+
+``--scale`` multiplies every size (machines, deployments, replicas): 1.0 is the issue's
+sizes. It creates its own scratch database (the name must contain "bench"), bulk-inserts
+the machines (listed, online; 1/2/4/8 GPUs of six models), their GPUs and their offers (as
+``offer_refresh`` would compute them), teams with granted credit (``credit_grant``) and
+deployments of 10 replicas each (half spread, half binpack; half pinned to a GPU model; 1, 2
+or 4 GPUs a replica), each with its 10 replicas queued. Then:
+
+1. backlog: ``deployments_reconcile_all()`` places every queued replica through the real
+   reconciler (placement snapshot from the offers, ``rental_create`` with its machine lock,
+   GPU allocation, hold, rental, instance and offer refresh), one transaction per
+   deployment; the rate is committed placements per second of that sweep. Launch work is
+   not queued (no host to launch on; it runs after commit in a worker anyway): the bench
+   counts what would have been queued.
+2. it checks that no GPU has two live allocations, and every offer's free count;
+3. steady state: the instances are marked running (as their launches would have) and
+   ``deployments_reconcile_all()`` runs ``BENCH_PASSES`` (3) times over deployments that
+   are all satisfied, each pass must change nothing.
+
+A pass costs time in proportion to the deployments and replicas, so the pass budget is
+scaled by ``--scale`` (2 s × scale); the placement rate's budget is not scaled (note that
+each deployment's pass reads the matching offers, so a smaller fleet flatters the rate).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "marketplace.settings")
+os.environ.setdefault("DEBUG", "1")
+os.environ.setdefault("CELERY_TASK_ALWAYS_EAGER", "1")
+os.environ.setdefault(
+    "DATABASE_URL", "postgres://gpumkt:gpumkt@127.0.0.1:5432/gpumkt_bench_reconcile"
+)
+
+from bench_common import scratch_database  # noqa: E402
+
+FULL_MACHINES, FULL_DEPLOYMENTS, REPLICAS_PER_DEPLOYMENT = 10_000, 1_000, 10
+PASS_BUDGET_S, RATE_BUDGET = 2.0, 1_000.0
+PASSES = int(os.environ.get("BENCH_PASSES", "3"))
+GPUS = [("NVIDIA GeForce RTX 4090", 24_564, 450_000), ("NVIDIA GeForce RTX 3090", 24_576, 250_000),
+        ("NVIDIA A100-SXM4-80GB", 81_920, 1_600_000), ("NVIDIA H100 80GB HBM3", 81_559, 2_900_000),
+        ("NVIDIA L40S", 46_068, 900_000), ("NVIDIA RTX A6000", 49_140, 600_000)]  # fmt: skip
+REGIONS = ["US", "CA", "EU", "AS"]
+DISK_PER_GPU_GB = 500
+
+
+def populate(rng: random.Random, machines: int, deployments: int) -> None:
+    from django.db import connection, transaction
+
+    from billing.credits import credit_grant
+    from hosts.models import Gpu, Machine
+    from marketplace.models import Deployment, Offer, Replica, Team
+    from marketplace.models.deployments import PlacementPolicy
+    from marketplace.services.offers import offer_score, short_gpu_name
+
+    provider = Team.objects.create(name="bench provider")
+    batch = 5000
+    for start in range(0, machines, batch):
+        with transaction.atomic():
+            specs = []
+            for _ in range(start, min(start + batch, machines)):
+                name, memory, base = rng.choice(GPUS)
+                count = rng.choice([1, 2, 4, 8, 8])
+                price = round(base * rng.uniform(0.7, 1.4) / 10_000) * 10_000
+                specs.append((name, memory, count, price, round(rng.uniform(0.9, 1.0), 4)))
+            rows = Machine.objects.bulk_create(
+                Machine(
+                    team=provider, name=f"m{start + i}", address=f"10.{(start + i) // 65536}.{(start + i) // 256 % 256}.{(start + i) % 256}",
+                    status="online", listed=True, price_per_gpu_hour=price, storage_price_per_gb_month=100_000,
+                    location=rng.choice(REGIONS), cpu_cores=16 * count, ram_mb=64_000 * count,
+                    disk_free_gb=DISK_PER_GPU_GB * count, reliability=reliability, driver_version="550.54.14",
+                    cuda_version="12.4",
+                )
+                for i, (_, _, count, price, reliability) in enumerate(specs)
+            )  # fmt: skip
+            Gpu.objects.bulk_create(
+                Gpu(machine=machine, index=n, uuid=f"GPU-{machine.pk}-{n}", name=name, memory_mib=memory)
+                for machine, (name, memory, count, _, _) in zip(rows, specs, strict=True)
+                for n in range(count)
+            )  # fmt: skip
+            Offer.objects.bulk_create(
+                Offer(
+                    machine=machine, provider_team=provider, rentable=True, gpu_name=short_gpu_name(name),
+                    num_gpus=count, total_gpus=count, min_gpus=1, gpu_ram=round(memory / 1024, 2),
+                    cpu_cores_per_unit=16, cpu_ram_per_unit=round(64_000 / 1024, 2),
+                    disk_per_unit=float(DISK_PER_GPU_GB), price_per_gpu_hour=price, dph_total=price * count,
+                    storage_cost=100_000, reliability=machine.reliability, geolocation=machine.location,
+                    driver_version="550.54.14", cuda_max_good=12.4, verified=False,
+                    score=offer_score(reliability=machine.reliability, gpu_total_ram_gb=memory / 1024 * count,
+                                      dph_total=price * count),
+                )
+                for machine, (name, memory, count, price, _) in zip(rows, specs, strict=True)
+            )  # fmt: skip
+
+    teams = Team.objects.bulk_create(
+        Team(name=f"renter {i}") for i in range(max(1, deployments // 2))
+    )
+    for team in teams:  # plenty: each replica holds at most 4 GPUs × $4/h for an hour
+        credit_grant(team_id=team.pk, amount=10**12, reason="bench", idempotency_key=f"b{team.pk}")
+    created = Deployment.objects.bulk_create(
+        Deployment(
+            team=teams[i % len(teams)], name=f"d{i}", image="busybox:bench", disk_gb=50,
+            gpu_names=[rng.choice(GPUS)[0].removeprefix("NVIDIA ")] if i % 2 else [],
+            gpus_per_replica=rng.choice([1, 1, 1, 2, 4]),
+            policy=PlacementPolicy.SPREAD if i % 4 < 2 else PlacementPolicy.BINPACK,
+            replica_count=REPLICAS_PER_DEPLOYMENT, duration_hours=1.0,
+        )
+        for i in range(deployments)
+    )  # fmt: skip
+    Replica.objects.bulk_create(
+        Replica(deployment=d) for d in created for _ in range(REPLICAS_PER_DEPLOYMENT)
+    )
+    with connection.cursor() as cursor:
+        cursor.execute("VACUUM ANALYZE")
+
+
+class Meter:
+    """Wall time, this process's CPU time and the number of SQL statements of an action: on
+    a shared machine the wall time also shows the waiting, the other two the work."""
+
+    def __init__(self) -> None:
+        self.queries = 0
+
+    def __call__(self, execute, sql, params, many, context):
+        self.queries += 1
+        return execute(sql, params, many, context)
+
+    def run(self, action, profile: bool = False):
+        from django.db import connection
+
+        self.queries = 0
+        cpu, started = time.process_time(), time.perf_counter()
+        with connection.execute_wrapper(self):
+            if profile:
+                import cProfile
+                import pstats
+
+                profiler = cProfile.Profile()
+                result = profiler.runcall(action)
+                pstats.Stats(profiler).sort_stats("cumtime").print_stats(30)
+            else:
+                result = action()
+        return time.perf_counter() - started, time.process_time() - cpu, self.queries, result
+
+
+def one_value(sql: str) -> int:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(sql)
+        return cursor.fetchone()[0]
+
+
+def checks() -> dict[str, int]:
+    """Counts of what must be zero after placing."""
+    return {
+        "GPUs with more than one live allocation": one_value(
+            "SELECT count(*) FROM (SELECT gpu_id FROM scheduler_gpuallocation"
+            " WHERE released_at IS NULL GROUP BY gpu_id HAVING count(*) > 1) AS twice"
+        ),
+        "offers whose free count is not the machine's free GPUs": one_value(
+            "SELECT count(*) FROM marketplace_offer o WHERE o.num_gpus <> (SELECT count(*)"
+            " FROM hosts_gpu g WHERE g.machine_id = o.machine_id AND g.present AND NOT EXISTS"
+            " (SELECT 1 FROM scheduler_gpuallocation a WHERE a.gpu_id = g.id"
+            " AND a.released_at IS NULL))"
+        ),
+        "placed replicas without a live rental": one_value(
+            "SELECT count(*) FROM marketplace_replica r WHERE r.state IN ('placed', 'running')"
+            " AND NOT EXISTS (SELECT 1 FROM marketplace_rental x WHERE x.instance_id ="
+            " r.instance_id AND x.settled_at IS NULL)"
+        ),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--scale", type=float, default=0.1, help="1.0 = the issue's sizes")
+    parser.add_argument("--seed", type=int, default=12)
+    args = parser.parse_args()
+    name = os.environ["DATABASE_URL"].rsplit("/", 1)[-1]
+    if "bench" not in name:
+        sys.exit(f"Refusing to use database {name!r}: the name must contain 'bench'.")
+    machines = max(10, round(FULL_MACHINES * args.scale))
+    deployments = max(1, round(FULL_DEPLOYMENTS * args.scale))
+    replicas = deployments * REPLICAS_PER_DEPLOYMENT
+    pass_budget = PASS_BUDGET_S * deployments / FULL_DEPLOYMENTS
+    failed = False
+    with scratch_database():
+        from django.utils import timezone
+
+        import scheduler.work
+        from marketplace.deployments.reconciler import deployments_reconcile_all
+        from marketplace.models import Replica
+        from marketplace.models.deployments import ReplicaState
+        from scheduler.models import Instance, InstanceState
+
+        launches = []  # no host to launch on: count what would have been queued
+        scheduler.work.work_enqueue = lambda instance_id, state, **kw: launches.append(instance_id)
+
+        print(f"reconcile bench at scale {args.scale:g}: {machines:,} machines, {deployments:,}"
+              f" deployments × {REPLICAS_PER_DEPLOYMENT} replicas = {replicas:,} replicas"
+              f" (scale 1 = {FULL_MACHINES:,} machines, {FULL_DEPLOYMENTS:,} deployments)")  # fmt: skip
+        print(
+            f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs"
+        )
+        started = time.perf_counter()
+        populate(random.Random(args.seed), machines, deployments)
+        print(f"setup: {time.perf_counter() - started:.1f} s")
+
+        # 1. The backlog: every replica queued, one sweep places them.
+        meter = Meter()
+        profile = bool(os.environ.get("BENCH_PROFILE"))
+        elapsed, cpu, queries, changed = meter.run(deployments_reconcile_all, profile)
+        placed = Replica.objects.filter(state=ReplicaState.PLACED).count()
+        queued = Replica.objects.filter(state=ReplicaState.QUEUED).count()
+        rate = placed / elapsed
+        print(f"backlog: {placed:,} of {replicas:,} queued replicas placed in {elapsed:.2f} s"
+              f" ({changed} deployments changed, {queued} still queued, {len(launches):,} launches"
+              f" queued on commit)")  # fmt: skip
+        print(f"  per placement: {elapsed / max(placed, 1) * 1000:.1f} ms wall,"
+              f" {cpu / max(placed, 1) * 1000:.1f} ms Python CPU, {queries / max(placed, 1):.1f}"
+              f" SQL statements")  # fmt: skip
+        ok = rate >= RATE_BUDGET and queued == 0
+        print(f"  {rate:,.0f} committed placements/s   budget ≥ {RATE_BUDGET:,.0f}/s   ratio"
+              f" {rate / RATE_BUDGET:.2f}×  {'within budget' if ok else 'OVER BUDGET'}")  # fmt: skip
+        failed |= not ok
+        wrong = {what: n for what, n in checks().items() if n}
+        fine = "no GPU twice; offers match allocations; every placed replica rented"
+        print(f"  checks: {wrong or fine}")
+        failed |= bool(wrong)
+
+        # 2. Steady state: the launches succeeded; a sweep over satisfied deployments.
+        now = timezone.now()
+        Instance.objects.filter(state=InstanceState.LAUNCHING).update(
+            state=InstanceState.RUNNING, status_message="", work_due_at=None
+        )
+        Replica.objects.filter(state=ReplicaState.PLACED).update(
+            state=ReplicaState.RUNNING, started_at=now
+        )
+        from django.db import connection
+
+        with connection.cursor() as cursor:
+            cursor.execute("VACUUM ANALYZE")
+        walls = []
+        for n in range(PASSES):
+            wall, cpu, queries, changed = meter.run(deployments_reconcile_all, profile and n == 0)
+            walls.append(wall)
+            print(f"full pass {n + 1} (all satisfied): {wall:.2f} s ({cpu:.2f} s Python CPU,"
+                  f" {queries:,} SQL statements = {queries / deployments:.1f} a deployment),"
+                  f" {changed} changed")  # fmt: skip
+            failed |= changed != 0
+        worst = max(walls)
+        ok = worst <= pass_budget
+        print(f"  full pass over {deployments:,} deployments / {replicas:,} replicas: median"
+              f" {statistics.median(walls):.2f} s, worst {worst:.2f} s   budget ≤ {pass_budget:.2f} s"
+              f" (2 s × scale {args.scale:g})   ratio {worst / pass_budget:.2f}×"
+              f"  {'within budget' if ok else 'OVER BUDGET'}")  # fmt: skip
+        failed |= not ok
+    print(f"dropped scratch database {name}")
+    if failed:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
