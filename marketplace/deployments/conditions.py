@@ -3,6 +3,9 @@ the placement snapshot over them, and, when none fits, why in words."""
 
 from __future__ import annotations
 
+import hashlib
+import json
+
 from django.db.models import Max, Min, Q, QuerySet
 
 from billing.usd import format_usd
@@ -80,12 +83,11 @@ def placement_request(deployment: Deployment, *, avoid: set[int]) -> PlacementRe
 
 
 def instance_meets_conditions(deployment: Deployment, instance: Instance) -> bool:
-    """Whether a placed replica still meets its deployment's conditions and spec (after a
-    change): the rental's terms and machine for the conditions, the instance for the spec.
+    """Whether a placed replica still meets its deployment's conditions (after a change): the
+    rental's terms and machine. A replica that does not is replaced at once.
 
     Reliability is a condition of placing only: it moves with every heartbeat, and a dip must
-    not restart running replicas. The ports are not compared (an instance keeps only their
-    host-side allocations)."""
+    not restart running replicas."""
     rental = instance.rental
     machine = instance.machine
     first_gpu = machine.gpus.filter(present=True).order_by("index").first()
@@ -98,7 +100,30 @@ def instance_meets_conditions(deployment: Deployment, instance: Instance) -> boo
             or rental.price_per_gpu_hour <= deployment.max_price_per_gpu_hour
         )
         and (not deployment.regions or machine.location in deployment.regions)
-        and instance.image == deployment.image
+    )
+
+
+# What a replica's container runs: a change to any of these rolls a replica set (a new replica
+# runs before an old one stops) and replaces a job's replicas.
+SPEC_FIELDS = ("image", "launch_mode", "entrypoint", "args", "env", "ports", "disk_gb")
+
+
+def spec_hash(deployment: Deployment) -> str:
+    """A fingerprint of the container spec, recorded on each replica as it is placed."""
+    spec = {name: getattr(deployment, name) for name in SPEC_FIELDS}
+    encoded = json.dumps(spec, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(encoded.encode()).hexdigest()
+
+
+def replica_runs_spec(deployment: Deployment, replica, current_hash: str) -> bool:
+    """Whether a placed replica runs the deployment's current spec. Replicas placed before
+    replicas recorded their spec are compared by their instance (the ports are not: an
+    instance keeps only their host-side allocations)."""
+    if replica.spec_hash:
+        return replica.spec_hash == current_hash
+    instance = replica.instance
+    return (
+        instance.image == deployment.image
         and instance.launch_mode == deployment.launch_mode
         and instance.entrypoint == deployment.entrypoint
         and list(instance.args) == list(deployment.args)

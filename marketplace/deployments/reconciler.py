@@ -2,8 +2,9 @@
 
 A pass compares what the deployment wants with what its replicas' instances show, and acts:
 replicas follow their instances; an ended replica's rental is destroyed (an elastic
-container's data goes when it stops); replicas that no longer match a changed deployment are
-replaced; the number of live replicas is brought to what is wanted (new ones queued, the
+container's data goes when it stops); replicas that no longer meet changed conditions (or a
+job's changed spec) are replaced; a replica set rolls to a changed spec, a new replica running
+before an old one stops (``rolling``); the number of live replicas is brought to what is wanted (new ones queued, the
 newest extras stopped); queued replicas are placed as rentals. Anything can wake a pass (an
 instance's state, a machine's status or listing, the beat sweep); a pass that finds nothing
 to do writes nothing and wakes nothing.
@@ -30,11 +31,14 @@ from billing.errors import InsufficientCredit
 from billing.models import Hold
 from billing.usd import format_usd
 from hosts.models import Machine, MachineStatus
+from marketplace.deployments import rolling
 from marketplace.deployments.conditions import (
     instance_meets_conditions,
     machine_snapshots,
     placement_request,
     queue_reason,
+    replica_runs_spec,
+    spec_hash,
 )
 from marketplace.models import Deployment, Rental, Replica
 from marketplace.models.deployments import (
@@ -96,16 +100,22 @@ def reconcile_locked(deployment: Deployment) -> bool:
             changed |= replica_end(replica, R.STOPPED, f"The deployment is {deployment.state}")
         reason = ""
     else:
-        changed |= _replace_mismatched(deployment, live)
+        current = spec_hash(deployment)
+        changed |= _replace_mismatched(deployment, live, current)
         live = [r for r in live if r.is_live]
-        changed |= _scale(deployment, live)
-        live = list(
-            deployment.replicas.filter(state__in=LIVE_REPLICA_STATES)
-            .select_related("instance")
-            .order_by("created_at", "pk")
-        )
-        placed, reason = _place_queued(deployment, live)
+        old = rolling.old_replicas(deployment, live, current)
+        if old:
+            changed |= _apply(deployment, rolling.plan_roll(live, old, wanted_live(deployment)))
+        else:
+            changed |= _scale(deployment, live)
+        # What ended stops before anything new is placed (a surge of one, not two).
+        changed |= _destroy_ended_rentals(deployment)
+        live = _live(deployment)
+        placed, reason = _place_queued(deployment, live, current)
         changed |= placed
+        if old:
+            rolled, reason = _roll_in_place(deployment, current, reason)
+            changed |= rolled
     changed |= _destroy_ended_rentals(deployment)
     if reason != deployment.queue_reason:
         deployment.queue_reason = reason
@@ -225,18 +235,57 @@ def wanted_live(deployment: Deployment) -> int:
     return max(min(deployment.replica_count, remaining), 0)
 
 
-def _replace_mismatched(deployment: Deployment, live: list[Replica]) -> bool:
-    """Replicas placed before the conditions or spec changed, that no longer meet them, end;
-    ``_scale`` queues their replacements."""
+def _live(deployment: Deployment) -> list[Replica]:
+    return list(
+        deployment.replicas.filter(state__in=LIVE_REPLICA_STATES)
+        .select_related("instance__machine", "instance__rental")
+        .order_by("created_at", "pk")
+    )
+
+
+def _replace_mismatched(deployment: Deployment, live: list[Replica], current: str) -> bool:
+    """Replicas placed before the conditions changed, that no longer meet them, end (and a
+    job's replicas placed before its spec changed); ``_scale`` queues their replacements. A
+    replica set's replicas of an old spec are rolled instead (``rolling``)."""
     changed = False
     for replica in live:
-        if replica.instance is not None and not instance_meets_conditions(
-            deployment, replica.instance
-        ):
+        if replica.instance is None:
+            continue
+        if not instance_meets_conditions(deployment, replica.instance):
             changed |= replica_end(
                 replica, R.STOPPED, "Replaced: it no longer meets the deployment's conditions"
             )
+        elif deployment.is_job and not replica_runs_spec(deployment, replica, current):
+            changed |= replica_end(replica, R.STOPPED, "Replaced: the spec changed")
     return changed
+
+
+def _apply(deployment: Deployment, plan: rolling.RollPlan) -> bool:
+    for replica, reason in plan.stop:
+        replica_end(replica, R.STOPPED, reason)
+    if plan.queue:
+        Replica.objects.bulk_create([Replica(deployment=deployment) for _ in range(plan.queue)])
+    return bool(plan.stop or plan.queue)
+
+
+def _roll_in_place(deployment: Deployment, current: str, reason: str) -> tuple[bool, str]:
+    """A rolling replica set whose new replica found no room beside the old ones: one old
+    replica stops, so the new one takes its place once its GPUs are free. Not while failures
+    back off (a spec that keeps failing must not take the old replicas down with it)."""
+    live = _live(deployment)
+    old = rolling.old_replicas(deployment, live, current)
+    if not old or not reason:
+        return False, reason
+    if _failure_backoff(deployment):
+        return False, f"rolling update waits: {reason}"
+    victim = rolling.in_place_victim(live, old, wanted_live(deployment))
+    if victim is None:
+        return False, f"rolling update waits: {reason}"
+    replica_end(victim, R.STOPPED, rolling.REPLACED_IN_PLACE)
+    return True, (
+        f"rolling update, replacing in place (replica {victim.pk} stopped): no room for a "
+        f"replica of the new spec beside the old ones: {reason}"
+    )
 
 
 def _scale(deployment: Deployment, live: list[Replica]) -> bool:
@@ -280,7 +329,7 @@ def _failure_backoff(deployment: Deployment) -> str:
     )
 
 
-def _place_queued(deployment: Deployment, live: list[Replica]) -> tuple[bool, str]:
+def _place_queued(deployment: Deployment, live: list[Replica], current: str) -> tuple[bool, str]:
     """Place queued replicas, in order, on the machines the policy prefers. Returns whether
     any was placed, and why the rest wait ("" when none does)."""
     queued = [r for r in live if r.state == R.QUEUED]
@@ -293,14 +342,16 @@ def _place_queued(deployment: Deployment, live: list[Replica]) -> tuple[bool, st
     avoid = {r.instance.machine_id for r in live if r.instance is not None}
     placed_any = False
     for replica in queued:
-        outcome = _place_one(deployment, replica, planner, avoid)
+        outcome = _place_one(deployment, replica, planner, avoid, current)
         if outcome is not None:
             return placed_any, outcome
         placed_any = True
     return placed_any, ""
 
 
-def _place_one(deployment: Deployment, replica: Replica, planner: Planner, avoid: set[int]):
+def _place_one(
+    deployment: Deployment, replica: Replica, planner: Planner, avoid: set[int], current: str
+):
     """Rent the best machine for this replica; None when placed, else why it waits. A machine
     taken or changed since the offers were read is skipped for the next candidate (the
     planner has already counted its GPUs as used)."""
@@ -325,7 +376,8 @@ def _place_one(deployment: Deployment, replica: Replica, planner: Planner, avoid
             return f"not enough credit to place a replica: {error}"
         replica.instance = rental.instance
         replica.state = R.PLACED
-        replica.save(update_fields=["instance", "state"])
+        replica.spec_hash = current
+        replica.save(update_fields=["instance", "state", "spec_hash"])
         avoid.add(placement.machine_id)
         return None
 

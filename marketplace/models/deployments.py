@@ -147,6 +147,11 @@ class Replica(models.Model):
     state = models.CharField(
         max_length=16, choices=ReplicaState.choices, default=ReplicaState.QUEUED
     )
+    spec_hash = models.CharField(
+        max_length=64,
+        blank=True,
+        help_text="the container spec its rental runs (conditions.spec_hash); blank while queued",
+    )
     reason = models.CharField(max_length=300, blank=True, help_text="why it ended")
     exit_code = models.SmallIntegerField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)

@@ -8,15 +8,18 @@ import subprocess
 
 import pytest
 from django.db import transaction
+from django.db.models.signals import post_save
 
 from billing.models import Hold
 from hosts import services as host_services
 from hosts.models import Machine
 from hosts.services.events import set_status
+from marketplace.deployments import rolling
+from marketplace.deployments.conditions import spec_hash
 from marketplace.models import Deployment, Replica
 from marketplace.tasks import deployments_reconcile_all
 from scheduler import services as scheduler
-from scheduler.models import Instance
+from scheduler.models import Instance, InstanceEvent
 from scheduler.tasks import machines_reconcile
 from tests.conftest import key_client
 from tests.factories import TeamFactory, UserFactory, add_member
@@ -319,3 +322,107 @@ def test_a_replica_whose_machine_goes_offline_is_replaced_elsewhere(
     # The lost replica's rental ended: nothing is charged for it any more.
     lost = Instance.objects.get(pk=Replica.objects.get(pk=replica["id"]).instance_id)
     assert lost.state in ("destroying", "destroyed")
+
+
+# --- rolling updates ------------------------------------------------------------------------
+
+
+def running_timeline(deployment_id: int) -> list[tuple[int, int]]:
+    """After each instance event of the deployment's replicas, in order: how many of its
+    instances were running, and how many held GPUs (launching or running)."""
+    events = InstanceEvent.objects.filter(instance__replica__deployment_id=deployment_id).order_by(
+        "created_at", "pk"
+    )
+    state: dict[int, str] = {}
+    timeline = []
+    for event in events:
+        state[event.instance_id] = event.to_state
+        running = sum(s == "running" for s in state.values())
+        busy = sum(s in ("launching", "running") for s in state.values())
+        timeline.append((running, busy))
+    return timeline
+
+
+def runs_new_spec(deployment_id: int) -> list[bool]:
+    deployment = Deployment.objects.get(pk=deployment_id)
+    current = spec_hash(deployment)
+    return [
+        r.spec_hash == current and r.instance.env == deployment.env
+        for r in Replica.objects.filter(deployment=deployment, state="running")
+    ]
+
+
+@pytest.mark.system
+@pytest.mark.django_db(transaction=True)
+def test_changing_the_env_rolls_a_new_replica_running_before_an_old_one_stops(
+    funded_team, provider_team, three_hosts
+):
+    for host in three_hosts[:2]:
+        machine_for(host, provider_team)
+    client = key_client(funded_team)
+    created = deploy(client, replicas=2)
+    assert created["running"] == 2
+    first = {r["id"] for r in replicas_of(client, created["id"])}
+
+    patched = client.patch(
+        f"/api/v1/deployments/{created['id']}/", {"env": {"VERSION": "2"}}, format="json"
+    )
+    assert patched.status_code == 200, patched.content
+    done = reconcile_until(
+        client,
+        created["id"],
+        lambda d: d["running"] == 2 and runs_new_spec(d["id"]) == [True, True],
+    )
+    assert (done["queued"], done["queue_reason"]) == (0, "")
+
+    replicas = replicas_of(client, created["id"])
+    old = [r for r in replicas if r["id"] in first]
+    assert {(r["state"], r["reason"]) for r in old} == {("stopped", rolling.REPLACED)}
+    assert len(replicas) == 4  # two new ones, no replica failed or was placed twice
+    timeline = running_timeline(created["id"])
+    from_full = timeline[[running for running, _ in timeline].index(2) :]
+    # Never fewer than 2 running once both ran, and never more than one extra holding GPUs.
+    assert min(running for running, _ in from_full) == 2, timeline
+    assert max(busy for _, busy in timeline) == 3, timeline
+    assert not Instance.objects.filter(replica__state="stopped").exclude(state="destroyed")
+
+
+@pytest.mark.system
+@pytest.mark.django_db(transaction=True)
+def test_without_room_for_a_surge_a_rolling_update_replaces_in_place(
+    funded_team, provider_team, three_hosts
+):
+    machine_for(three_hosts[0], provider_team)  # 2 GPUs: no room for a third replica
+    client = key_client(funded_team)
+    created = deploy(client, replicas=2)
+    assert created["running"] == 2
+    first = {r["id"] for r in replicas_of(client, created["id"])}
+    reasons: list[str] = []
+
+    def record(sender, instance, **kwargs):
+        if instance.pk == created["id"] and instance.queue_reason:
+            reasons.append(instance.queue_reason)
+
+    post_save.connect(record, sender=Deployment, dispatch_uid="rolling-reasons")
+    try:
+        client.patch(
+            f"/api/v1/deployments/{created['id']}/",
+            {"args": ["-c", QUICK_STOP[1].replace("sleep 1", "sleep 2")]},
+            format="json",
+        )
+        reconcile_until(
+            client,
+            created["id"],
+            lambda d: d["running"] == 2 and runs_new_spec(d["id"]) == [True, True],
+        )
+    finally:
+        post_save.disconnect(dispatch_uid="rolling-reasons", sender=Deployment)
+
+    assert reasons and reasons[0].startswith("rolling update, replacing in place (replica ")
+    assert "no room for a replica of the new spec beside the old ones: no RTX 4090" in reasons[0]
+    old = [r for r in replicas_of(client, created["id"]) if r["id"] in first]
+    assert {(r["state"], r["reason"]) for r in old} == {("stopped", rolling.REPLACED_IN_PLACE)}
+    # One at a time: one replica kept running throughout.
+    timeline = running_timeline(created["id"])
+    from_full = timeline[[running for running, _ in timeline].index(2) :]
+    assert min(running for running, _ in from_full) == 1, timeline
