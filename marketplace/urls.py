@@ -14,6 +14,7 @@ from marketplace.api import rentals as rentals_api
 from marketplace.api.errors import api_not_found
 from marketplace.views import accounts as views
 from marketplace.views import billing as billing_views
+from marketplace.views import deployments as deployments_views
 from marketplace.views import hosts as hosts_views
 from marketplace.views import rentals as rentals_views
 
@@ -53,6 +54,7 @@ urlpatterns = [
     path("team/api-keys/<int:pk>/revoke/", views.api_key_revoke, name="api-key-revoke"),
     path("invitations/<str:token>/", views.invitation_accept, name="invitation-accept"),
     path("", include(rentals_views.urlpatterns)),
+    path("", include(deployments_views.urlpatterns)),
     path("", include(hosts_views.urlpatterns)),
     path("", include(billing_views.urlpatterns)),
     path("api/v1/", include(api_v1)),

@@ -322,6 +322,41 @@ def check_deployments(c: Checker) -> None:
     assert after == before
 
 
+def check_console_deployments(c: Checker) -> None:
+    """The console's deployment pages: Acme's members see Acme's deployment; the outsider
+    neither sees it listed nor reaches it (404 for the page, scale, stop and replica stop),
+    and a create with Acme's team id smuggled in makes the outsider's own."""
+    deployment = deployment_create(
+        team=c.acme.team, spec=DeploymentSpec(name="acme-web", image="busybox:latest")
+    )
+    replica = deployment.replicas.get()
+    base = f"/deployments/{deployment.pk}/"
+    for client in c.members():
+        assert f'href="{base}"' in client.get("/deployments/").content.decode()
+        page = client.get(base)
+        assert page.status_code == 200 and f'data-replica="{replica.pk}"' in page.content.decode()
+    outsider = c.outsider()
+    assert "acme-web" not in outsider.get("/deployments/").content.decode()
+    posts = [
+        (f"{base}scale/", {"replicas": "5"}),
+        (f"{base}stop/", {}),
+        (f"{base}replicas/{replica.pk}/stop/", {}),
+    ]
+    before = c.database()
+    with c.capture() as queued:
+        assert outsider.get(base).status_code == 404
+        assert outsider.get(base, HTTP_HX_REQUEST="true").status_code == 404
+        for url, data in posts:
+            assert outsider.post(url, data).status_code == 404, url
+    assert queued == [] and c.database() == before
+    acme_rows = c.team_rows(c.acme.team)
+    outsider.post(
+        "/deployments/", smuggled(c.acme, name="sneak", image="busybox:latest", replicas="0")
+    )
+    assert c.team_rows(c.acme.team) == acme_rows
+    assert Deployment.objects.filter(team=c.theirs.team, name="sneak").exists()
+
+
 MATRIX: dict[str, list[Check]] = {
     # --- console: accounts and teams
     "console-home": [console_page(lambda w: "/")],
@@ -346,6 +381,13 @@ MATRIX: dict[str, list[Check]] = {
         Obj(inst("extend/"), "post", {"hours": "5"}),
         Obj(inst("destroy/"), "post"),
     ],
+    "deployments": [
+        console_page(lambda w: "/deployments/"),
+        Custom(check_console_deployments),
+    ],
+    "deployment-detail": [Custom(check_console_deployments)],
+    "deployment-action": [Custom(check_console_deployments)],
+    "deployment-replica-stop": [Custom(check_console_deployments)],
     "ssh-keys": [
         console_page(lambda w: "/ssh-keys/", lambda w: w.ssh_key.name),
         Obj(lambda w: "/ssh-keys/", "post", {"delete": "{ssh_key}"}),

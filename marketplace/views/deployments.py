@@ -1,0 +1,171 @@
+"""Renter console: deployments (what to run and on which conditions; the reconciler places the
+replicas as rentals). Every write goes through ``marketplace.deployments.services``, and the
+figures shown are the API's (its serializers), so both doors say the same."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import ValidationError
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.urls import path
+from django.views.decorators.http import require_POST
+
+from marketplace.api.deployments import DeploymentSerializer, ReplicaSerializer
+from marketplace.deployments.services import (
+    deployment_create,
+    deployment_stop,
+    deployment_update,
+    replica_stop,
+)
+from marketplace.forms.deployments import DeploymentForm, ScaleForm
+from marketplace.models import Deployment, Role
+from marketplace.models.deployments import (
+    LIVE_REPLICA_STATES,
+    DeploymentMode,
+    DeploymentState,
+    PlacementPolicy,
+)
+from marketplace.tenancy import team_object_or_404, team_objects
+from marketplace.views.console import error_text, require_role
+from scheduler.models import LaunchMode
+
+# What the create form shows before anything is typed (the API's defaults).
+FORM_DEFAULTS = {
+    "mode": DeploymentMode.REPLICASET,
+    "launch_mode": LaunchMode.ENTRYPOINT,
+    "gpus_per_replica": "1",
+    "replicas": "1",
+    "completions": "1",
+    "min_reliability": "0",
+    "policy": PlacementPolicy.SPREAD,
+    "duration_hours": "1",
+}
+
+
+def _refused(error: Exception) -> bool:
+    """Whether ``error`` is the caller's to read (a refusal) rather than a bug."""
+    return isinstance(error, ValidationError) or hasattr(error, "http_status")
+
+
+def _list_page(request: HttpRequest, values, status: int = 200) -> HttpResponse:
+    deployments = team_objects(request.team, Deployment.objects.all())
+    context = {
+        "deployments": DeploymentSerializer(deployments, many=True).data,
+        "values": values,
+        "modes": DeploymentMode.choices,
+        "launch_modes": LaunchMode.choices,
+        "policies": PlacementPolicy.choices,
+        "can_act": request.membership.allows(Role.MEMBER),
+    }
+    return render(request, "marketplace/deployments.html", context, status=status)
+
+
+@login_required
+def deployments(request: HttpRequest) -> HttpResponse:
+    if request.method != "POST":
+        return _list_page(request, FORM_DEFAULTS)
+    require_role(request, Role.MEMBER)
+    try:
+        deployment = deployment_create(team=request.team, spec=DeploymentForm(request.POST).spec())
+    except Exception as error:
+        if not _refused(error):
+            raise
+        messages.error(request, f"Could not create the deployment: {error_text(error)}")
+        return _list_page(request, request.POST, status=400)  # the form as it was typed
+    messages.success(
+        request, f"Deployment {deployment.name} created. Its replicas update here by themselves."
+    )
+    return redirect("deployment-detail", pk=deployment.pk)
+
+
+def _detail_context(request: HttpRequest, deployment: Deployment) -> dict[str, object]:
+    replicas = deployment.replicas.select_related("instance").order_by("created_at", "pk")
+    return {
+        "deployment": DeploymentSerializer(deployment).data,
+        "replicas": ReplicaSerializer(replicas, many=True).data,
+        "active": deployment.state == DeploymentState.ACTIVE,
+        "scalable": deployment.mode != DeploymentMode.CONTAINER,
+        "can_act": request.membership.allows(Role.MEMBER),
+        "live_states": LIVE_REPLICA_STATES,
+    }
+
+
+@login_required
+def deployment_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    deployment = team_object_or_404(request.team, Deployment.objects.all(), pk=pk)
+    context = _detail_context(request, deployment)
+    if request.headers.get("HX-Request"):  # the poll: the live part only
+        return render(request, "marketplace/_deployment_replicas.html", context)
+    return render(request, "marketplace/deployment_detail.html", context)
+
+
+def _scale(request: HttpRequest, deployment: Deployment) -> None:
+    changed = deployment_update(deployment=deployment, changes=ScaleForm(request.POST).changes())
+    messages.success(request, f"Scaled to {changed.replica_count} replicas.")
+
+
+def _stop(request: HttpRequest, deployment: Deployment) -> None:
+    deployment_stop(deployment=deployment)
+    messages.info(
+        request,
+        "Stopped: every replica's rental is destroyed (its data goes) and none is placed again.",
+    )
+
+
+# The deployment page's buttons, by the action in their URL.
+DEPLOYMENT_ACTIONS: dict[str, Callable[[HttpRequest, Deployment], None]] = {
+    "scale": _scale,
+    "stop": _stop,
+}
+
+
+@login_required
+@require_POST
+def deployment_action(request: HttpRequest, pk: int, action: str) -> HttpResponse:
+    require_role(request, Role.MEMBER)
+    handler = DEPLOYMENT_ACTIONS.get(action)
+    if handler is None:
+        raise Http404
+    deployment = team_object_or_404(request.team, Deployment.objects.all(), pk=pk)
+    try:
+        handler(request, deployment)
+    except Exception as error:
+        if not _refused(error):
+            raise
+        messages.error(request, error_text(error))
+    return redirect("deployment-detail", pk=deployment.pk)
+
+
+@login_required
+@require_POST
+def deployment_replica_stop(request: HttpRequest, pk: int, replica_id: int) -> HttpResponse:
+    require_role(request, Role.MEMBER)
+    deployment = team_object_or_404(request.team, Deployment.objects.all(), pk=pk)
+    replica = deployment.replicas.filter(pk=replica_id).first()
+    if replica is None:
+        raise Http404
+    try:
+        replica_stop(replica=replica)
+    except Exception as error:
+        if not _refused(error):
+            raise
+        messages.error(request, error_text(error))
+    else:
+        messages.info(request, f"Replica {replica.pk} stopped; its rental is destroyed.")
+    return redirect("deployment-detail", pk=deployment.pk)
+
+
+urlpatterns = [
+    path("deployments/", deployments, name="deployments"),
+    path("deployments/<int:pk>/", deployment_detail, name="deployment-detail"),
+    path(
+        "deployments/<int:pk>/replicas/<int:replica_id>/stop/",
+        deployment_replica_stop,
+        name="deployment-replica-stop",
+    ),
+    path("deployments/<int:pk>/<str:action>/", deployment_action, name="deployment-action"),
+]
