@@ -9,7 +9,7 @@ import logging
 
 from celery import shared_task
 
-from marketplace.deployments import reconciler
+from marketplace.deployments import reconciler, sweep
 from marketplace.services import clocks, metering, offers, registries, renter_actions, ssh_keys
 from marketplace.services.accounts import invitations_expire as expire
 from scheduler import services as scheduler
@@ -132,4 +132,4 @@ def deployment_reconcile(deployment_id: int) -> bool:
 @shared_task(name="marketplace.tasks.deployments_reconcile_all")
 def deployments_reconcile_all() -> int:
     """The beat sweep: catches whatever an event missed (a lost task, capacity freed quietly)."""
-    return reconciler.deployments_reconcile_all()
+    return sweep.deployments_sweep()
