@@ -1,5 +1,5 @@
 """Reconcilers racing: several passes over the same deployments at once, in threads on their
-own PostgreSQL connections, and a Hypothesis state machine that changes the world at random
+own PostgreSQL connections and in two worker processes, and a Hypothesis state machine that changes the world at random
 (scale, conditions, spec, listing, machines going offline, replicas exiting or failing, hosts
 finishing their work) and races two passes after every step. After each step:
 
@@ -21,9 +21,14 @@ GPUs under the database's constraints, holds in the ledger, the reconciler's row
 from __future__ import annotations
 
 import itertools
+import os
 import random
+import subprocess
+import sys
 import threading
+import time
 from collections import Counter
+from pathlib import Path
 
 import pytest
 from django.db import connection, transaction
@@ -233,6 +238,69 @@ def test_many_threads_reconciling_the_same_deployments_keep_the_invariants(provi
     assert GpuAllocation.objects.filter(released_at=None).count() == 6
 
 
+# --- two worker processes ------------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parents[2]
+PASSES = """
+import os, sys, time, pathlib
+import django
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "marketplace.settings")
+django.setup()
+from marketplace.deployments.reconciler import deployment_reconcile
+go, ids = pathlib.Path(sys.argv[1]), [int(n) for n in sys.argv[2].split(",")]
+go.with_name("ready" + sys.argv[3]).touch()
+while not go.exists():
+    time.sleep(0.005)
+for _ in range(3):
+    for deployment_id in ids[:: int(sys.argv[3])]:
+        deployment_reconcile(deployment_id=deployment_id)
+"""
+
+
+def test_two_worker_processes_reconciling_at_once_keep_the_invariants(provider_team, tmp_path):
+    team = renter()
+    machines = [paper_machine(provider_team, price=500_000, listed=False) for _ in range(2)]
+    ids = [deployment_create(team=team, spec=spec(f"p{i}", replica_count=3)).pk for i in range(3)]
+    for machine in machines:
+        Machine.objects.filter(pk=machine.pk).update(listed=True)
+        offer_refresh(machine_id=machine.pk)
+    db = connection.settings_dict
+    env = {
+        **os.environ,
+        "DATABASE_URL": f"postgres://{db['USER']}:{db['PASSWORD']}@{db['HOST']}:{db['PORT']}/"
+        f"{db['NAME']}",
+        "CELERY_TASK_ALWAYS_EAGER": "0",
+        "PYTHONPATH": str(ROOT),
+    }
+    go = tmp_path / "go"
+    csv = ",".join(map(str, ids))
+    workers = []
+    for step in ("1", "-1"):  # one in order, the other backwards
+        with (tmp_path / f"worker{step}.log").open("w") as log:
+            workers.append(
+                subprocess.Popen(
+                    [sys.executable, "-c", PASSES, str(go), csv, step],
+                    cwd=ROOT,
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )  # fmt: skip
+            )
+    deadline = time.monotonic() + 60
+    while len(list(tmp_path.glob("ready*"))) < 2:  # both have started Django
+        assert time.monotonic() < deadline and all(w.poll() is None for w in workers)
+        time.sleep(0.05)
+    go.touch()
+    for step, worker in zip(("1", "-1"), workers, strict=True):
+        worker.wait(timeout=120)
+        assert worker.returncode == 0, (tmp_path / f"worker{step}.log").read_text()[-3000:]
+    assert_invariants([team], ids)
+    # Nine wanted on four GPUs: all four are used, the rest queue.
+    replicas = Replica.objects.filter(deployment_id__in=ids)
+    assert replicas.filter(state__in=PLACED_REPLICA_STATES).count() == 4
+    assert replicas.filter(state="queued").count() == 5
+
+
 # --- a state machine ------------------------------------------------------------------------
 
 
@@ -346,8 +414,8 @@ def test_random_steps_with_two_racing_reconcilers_keep_the_invariants(provider_t
     run_state_machine_as_test(
         lambda: RacingReconcilers(provider_team, seen),
         settings=settings(
-            max_examples=4,
-            stateful_step_count=10,
+            max_examples=3,
+            stateful_step_count=8,
             deadline=None,
             suppress_health_check=list(HealthCheck),
         ),
