@@ -240,8 +240,8 @@ CELERY_BEAT_SCHEDULE: dict[str, dict] = {
         "task": "marketplace.tasks.offers_refresh",
         "schedule": timedelta(minutes=5),
     },
-    "deployments-reconcile": {
-        "task": "marketplace.tasks.deployments_reconcile_all",
+    "deployments-sweep": {
+        "task": "marketplace.tasks.deployments_sweep",
         "schedule": timedelta(seconds=10),
     },
     **importlib.import_module("hosts.schedule").BEAT_SCHEDULE,

@@ -129,7 +129,7 @@ def deployment_reconcile(deployment_id: int) -> bool:
     return reconciler.deployment_reconcile(deployment_id=deployment_id)
 
 
-@shared_task(name="marketplace.tasks.deployments_reconcile_all")
-def deployments_reconcile_all() -> int:
+@shared_task(name="marketplace.tasks.deployments_sweep")
+def deployments_sweep() -> int:
     """The beat sweep: catches whatever an event missed (a lost task, capacity freed quietly)."""
     return sweep.deployments_sweep()

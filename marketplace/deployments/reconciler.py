@@ -1,4 +1,5 @@
-"""The deployment reconciler: one level-triggered pass over one deployment, and the sweep.
+"""The deployment reconciler: one level-triggered pass over one deployment (the beat sweep that
+finds the deployments needing one is ``sweep.py``).
 
 A pass compares what the deployment wants with what its replicas' instances show, and acts:
 replicas follow their instances; an ended replica's rental is destroyed (an elastic
@@ -456,23 +457,3 @@ def deployments_on_machine(machine_id: int) -> list[int]:
         .values_list("pk", flat=True)
         .distinct()
     )
-
-
-def deployments_reconcile_all() -> int:
-    """The sweep: a pass over every deployment that may have work, each in its own
-    transaction; returns how many changed. Catches whatever an event missed."""
-    candidates = Deployment.objects.filter(state=DeploymentState.ACTIVE).values_list(
-        "pk", flat=True
-    )
-    unsettled = (
-        Deployment.objects.exclude(state=DeploymentState.ACTIVE)
-        .filter(replicas__state__in=LIVE_REPLICA_STATES)
-        .values_list("pk", flat=True)
-    )
-    changed = 0
-    for deployment_id in sorted({*candidates, *unsettled}):
-        try:
-            changed += deployment_reconcile(deployment_id=deployment_id, wait=False)
-        except Exception:  # one broken deployment must not starve the others
-            logger.exception("reconciling deployment %s failed", deployment_id)
-    return changed

@@ -17,7 +17,7 @@ from hosts.services.events import set_status
 from marketplace.deployments import rolling
 from marketplace.deployments.conditions import spec_hash
 from marketplace.models import Deployment, Replica
-from marketplace.tasks import deployments_reconcile_all
+from marketplace.tasks import deployments_sweep
 from scheduler import services as scheduler
 from scheduler.models import Instance, InstanceEvent
 from scheduler.tasks import machines_reconcile
@@ -294,7 +294,7 @@ def test_the_budget_caps_what_is_placed_and_the_sweep_places_capacity_no_event_a
     # tables): the beat's sweep finds both.
     Deployment.objects.filter(pk=created["id"]).update(budget=5_000_000)
     machine_for(three_hosts[1], provider_team)
-    deployments_reconcile_all()
+    deployments_sweep()
     deployment = client.get(f"/api/v1/deployments/{created['id']}/").json()
     assert (deployment["running"], deployment["queued"], deployment["queue_reason"]) == (2, 0, "")
 
