@@ -30,7 +30,7 @@ def names_from_text(text: str) -> list[str]:
 OPTIONAL = (
     "mode", "launch_mode", "gpus_per_replica", "replicas", "completions",
     "max_price_per_gpu_hour", "min_reliability", "policy", "duration_hours", "budget_usd",
-    "disk_gb",
+    "disk_gb", "backoff_limit",
 )  # fmt: skip
 
 
@@ -52,6 +52,7 @@ class DeploymentForm(SerializerForm):
     gpus_per_replica = forms.CharField(required=False)
     replicas = forms.CharField(required=False)
     completions = forms.CharField(required=False)
+    backoff_limit = forms.CharField(required=False)
     # Dollars per GPU-hour and dollars, read by the API's money rule.
     max_price_per_gpu_hour = forms.CharField(required=False)
     regions = TextFormatField(names_from_text)
@@ -77,6 +78,41 @@ class DeploymentChangeSerializer(DeploymentInputSerializer):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, partial=True, **kwargs)
+
+
+# The create form's conditions: what the "N machines match now" count reads as it is typed.
+CONDITIONS = (
+    "gpu_names", "gpus_per_replica", "max_price_per_gpu_hour", "regions", "min_reliability",
+    "disk_gb",
+)  # fmt: skip
+
+
+class ConditionsForm(SerializerForm):
+    """The create form's conditions alone (sent by the live match count), checked by the same
+    serializer rules; a field left empty takes its default."""
+
+    serializer_class = DeploymentChangeSerializer
+
+    gpu_names = TextFormatField(names_from_text)
+    gpus_per_replica = forms.CharField(required=False)
+    max_price_per_gpu_hour = forms.CharField(required=False)
+    regions = TextFormatField(names_from_text)
+    min_reliability = forms.CharField(required=False)
+    disk_gb = forms.CharField(required=False)
+
+    def serializer_data(self) -> dict[str, Any]:
+        return {name: value for name, value in self.cleaned_data.items() if value not in ("", [])}
+
+    def conditions(self) -> dict[str, Any]:
+        """The conditions under the Deployment model's names; defaults for those not given."""
+        self.parsed()
+        defaults = DeploymentInputSerializer()
+        values = {
+            name: defaults.fields[name].get_default()
+            for name in CONDITIONS
+            if name not in self.serializer.validated_data
+        }
+        return {**values, **self.serializer.validated_data}
 
 
 class ScaleForm(SerializerForm):

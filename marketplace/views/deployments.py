@@ -15,19 +15,21 @@ from django.urls import path
 from django.views.decorators.http import require_POST
 
 from marketplace.api.deployments import DeploymentSerializer, ReplicaSerializer
+from marketplace.deployments.conditions import matching_offers
 from marketplace.deployments.services import (
     deployment_create,
     deployment_stop,
     deployment_update,
     replica_stop,
 )
-from marketplace.forms.deployments import DeploymentForm, ScaleForm
+from marketplace.forms.deployments import ConditionsForm, DeploymentForm, ScaleForm
 from marketplace.models import Deployment, Role
 from marketplace.models.deployments import (
     LIVE_REPLICA_STATES,
     DeploymentMode,
     DeploymentState,
     PlacementPolicy,
+    ReplicaState,
 )
 from marketplace.tenancy import team_object_or_404, team_objects
 from marketplace.views.console import error_text, require_role
@@ -40,6 +42,8 @@ FORM_DEFAULTS = {
     "gpus_per_replica": "1",
     "replicas": "1",
     "completions": "1",
+    "backoff_limit": "6",
+    "disk_gb": "50",
     "min_reliability": "0",
     "policy": PlacementPolicy.SPREAD,
     "duration_hours": "1",
@@ -82,12 +86,47 @@ def deployments(request: HttpRequest) -> HttpResponse:
     return redirect("deployment-detail", pk=deployment.pk)
 
 
+@login_required
+def deployments_matching(request: HttpRequest) -> HttpResponse:
+    """The create form's live count: how many machines meet the conditions typed so far (the
+    reconciler's own filter over the offers read model), as a line of text for htmx."""
+    form = ConditionsForm(request.GET)
+    try:
+        conditions = form.conditions()
+    except ValidationError as error:
+        return HttpResponse(f"Check the conditions: {error_text(error)}", content_type="text/plain")
+    count = matching_offers(Deployment(**conditions)).count()
+    text = f"{count} machine{'s' if count != 1 else ''} match{'es' if count == 1 else ''} now"
+    return HttpResponse(text, content_type="text/plain")
+
+
+def _replica_rows(deployment: Deployment) -> list[dict[str, object]]:
+    """The API's replica figures, with the times as datetimes for the page's date format and,
+    for a running replica, how long it has run."""
+    replicas = list(deployment.replicas.select_related("instance").order_by("created_at", "pk"))
+    rows = []
+    for replica, data in zip(replicas, ReplicaSerializer(replicas, many=True).data, strict=True):
+        rows.append(
+            {
+                **data,
+                "started": replica.started_at,
+                "ended": replica.ended_at,
+                "is_live": replica.is_live,
+                "running": replica.state == ReplicaState.RUNNING and replica.started_at,
+            }
+        )
+    return rows
+
+
 def _detail_context(request: HttpRequest, deployment: Deployment) -> dict[str, object]:
-    replicas = deployment.replicas.select_related("instance").order_by("created_at", "pk")
+    replicas = _replica_rows(deployment)
+    active = deployment.state == DeploymentState.ACTIVE
     return {
         "deployment": DeploymentSerializer(deployment).data,
-        "replicas": ReplicaSerializer(replicas, many=True).data,
-        "active": deployment.state == DeploymentState.ACTIVE,
+        "replicas": replicas,
+        "active": active,
+        # Read again while anything may still change: settled, the page stops asking.
+        "polling": active or any(r["is_live"] for r in replicas),
         "scalable": deployment.mode != DeploymentMode.CONTAINER,
         "can_act": request.membership.allows(Role.MEMBER),
         "live_states": LIVE_REPLICA_STATES,
@@ -161,6 +200,7 @@ def deployment_replica_stop(request: HttpRequest, pk: int, replica_id: int) -> H
 
 urlpatterns = [
     path("deployments/", deployments, name="deployments"),
+    path("deployments/matching/", deployments_matching, name="deployments-matching"),
     path("deployments/<int:pk>/", deployment_detail, name="deployment-detail"),
     path(
         "deployments/<int:pk>/replicas/<int:replica_id>/stop/",

@@ -357,6 +357,18 @@ def check_console_deployments(c: Checker) -> None:
     assert Deployment.objects.filter(team=c.theirs.team, name="sneak").exists()
 
 
+def check_console_deployments_matching(c: Checker) -> None:
+    """The create form's live match count reads the public market (the offers every team
+    sees): the same answer to Acme's members and the outsider, and it writes nothing."""
+    url = "/deployments/matching/?gpu_names=RTX+4090&gpus_per_replica=1"
+    clients = [*c.members(), c.outsider()]  # signed in before the database is read
+    before = c.database()
+    with c.capture() as queued:
+        answers = {client.get(url).content.decode() for client in clients}
+    assert answers == {"2 machines match now"}  # Acme's rig and the outsider's
+    assert queued == [] and c.database() == before
+
+
 MATRIX: dict[str, list[Check]] = {
     # --- console: accounts and teams
     "console-home": [console_page(lambda w: "/")],
@@ -385,6 +397,7 @@ MATRIX: dict[str, list[Check]] = {
         console_page(lambda w: "/deployments/"),
         Custom(check_console_deployments),
     ],
+    "deployments-matching": [Custom(check_console_deployments_matching)],
     "deployment-detail": [Custom(check_console_deployments)],
     "deployment-action": [Custom(check_console_deployments)],
     "deployment-replica-stop": [Custom(check_console_deployments)],
