@@ -5,6 +5,7 @@ figures shown are the API's (its serializers), so both doors say the same."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import MISSING, fields
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
@@ -14,9 +15,10 @@ from django.shortcuts import redirect, render
 from django.urls import path
 from django.views.decorators.http import require_POST
 
-from marketplace.api.deployments import DeploymentSerializer, ReplicaSerializer
+from marketplace.api.deployments import RENAMED, DeploymentSerializer, ReplicaSerializer
 from marketplace.deployments.conditions import matching_offers
 from marketplace.deployments.services import (
+    DeploymentSpec,
     deployment_create,
     deployment_stop,
     deployment_update,
@@ -35,19 +37,22 @@ from marketplace.tenancy import team_object_or_404, team_objects
 from marketplace.views.console import error_text, require_role
 from scheduler.models import LaunchMode
 
-# What the create form shows before anything is typed (the API's defaults).
-FORM_DEFAULTS = {
-    "mode": DeploymentMode.REPLICASET,
-    "launch_mode": LaunchMode.ENTRYPOINT,
-    "gpus_per_replica": "1",
-    "replicas": "1",
-    "completions": "1",
-    "backoff_limit": "6",
-    "disk_gb": "50",
-    "min_reliability": "0",
-    "policy": PlacementPolicy.SPREAD,
-    "duration_hours": "1",
-}
+
+def _form_defaults() -> dict[str, str]:
+    """What the create form shows before anything is typed: the spec's own defaults, under
+    the API's field names, as the text a field holds."""
+    api_names = {spec_name: api_name for api_name, spec_name in RENAMED.items()}
+    defaults = {}
+    for spec_field in fields(DeploymentSpec):
+        value = spec_field.default
+        if value is MISSING or value is None:
+            continue
+        text = value if isinstance(value, str) else f"{value:g}"
+        defaults[api_names.get(spec_field.name, spec_field.name)] = text
+    return defaults
+
+
+FORM_DEFAULTS = _form_defaults()
 
 
 def _refused(error: Exception) -> bool:
