@@ -58,6 +58,8 @@ urlpatterns = [
     path("", include(hosts_views.urlpatterns)),
     path("", include(billing_views.urlpatterns)),
     path("api/v1/", include(api_v1)),
+    path("api/v0/", include("marketplace.vast.urls")),
+    path("", include("marketplace.observability.urls")),
     re_path(r"^api(/.*)?$", api_not_found),  # /api/, /api/v2/…: the API's 404, not a page
 ]
 

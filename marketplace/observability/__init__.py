@@ -1,0 +1,2 @@
+"""Seeing inside the running marketplace: health, readiness, metrics and structured logs
+(issue 17)."""
