@@ -1,5 +1,29 @@
-"""Routes of the vast.ai-compatible API, mounted at /api/v0/."""
+"""Routes of the vast.ai-compatible API, mounted at /api/v0/.
+
+The paths are the ones the official ``vastai`` CLI (1.9.1) calls; some come without a trailing
+slash there (``/users/current``), so those take it either way rather than redirect.
+"""
 
 from __future__ import annotations
 
-urlpatterns: list = []
+from django.urls import path, re_path
+
+from marketplace.vast import views
+from marketplace.vast.errors import vast_not_found
+
+urlpatterns = [
+    re_path(r"^users/current/?$", views.CurrentUser.as_view(), name="vast-user"),
+    re_path(r"^users/me/invoices/?$", views.Invoices.as_view(), name="vast-invoices"),
+    path("bundles/", views.Bundles.as_view(), name="vast-bundles"),
+    path("asks/<int:offer_id>/", views.Ask.as_view(), name="vast-ask"),
+    path("instances/<int:pk>/", views.InstanceDetail.as_view(), name="vast-instance"),
+    path(
+        "instances/request_logs/<int:pk>/", views.InstanceLogs.as_view(), name="vast-instance-logs"
+    ),
+    path(
+        "instances/command/<int:pk>/", views.InstanceCommand.as_view(), name="vast-instance-command"
+    ),
+    path("ssh/", views.SshKeys.as_view(), name="vast-ssh-keys"),
+    path("ssh/<int:pk>/", views.SshKeyDetail.as_view(), name="vast-ssh-key"),
+    re_path(r"^.*$", vast_not_found),
+]

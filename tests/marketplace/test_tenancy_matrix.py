@@ -563,6 +563,29 @@ MATRIX: dict[str, list[Check]] = {
             key="machine_reference",
         )
     ],
+    # --- the vast.ai-compatible API (/api/v0/)
+    "vast-user": [Page(lambda w: "/api/v0/users/current", lambda w: [w.team.name])],
+    "vast-invoices": [
+        Listing(lambda w: "/api/v0/users/me/invoices", lambda w: [rental_reference(w)], "reference")
+    ],
+    "vast-instance": [
+        Obj(lambda w: f"/api/v0/instances/{w.instance.pk}/"),
+        Obj(lambda w: f"/api/v0/instances/{w.instance.pk}/", "put", {"state": "stopped"}),
+        Obj(lambda w: f"/api/v0/instances/{w.instance.pk}/", "put", {"state": "running"}),
+        Obj(lambda w: f"/api/v0/instances/{w.instance.pk}/", "delete"),
+    ],
+    "vast-instance-logs": [
+        Obj(lambda w: f"/api/v0/instances/request_logs/{w.instance.pk}/", "put")
+    ],
+    "vast-instance-command": [
+        Obj(
+            lambda w: f"/api/v0/instances/command/{w.instance.pk}/",
+            "put",
+            {"command": "touch /tmp/pwned"},
+        )
+    ],
+    "vast-ssh-keys": [Listing(lambda w: "/api/v0/ssh/", lambda w: [w.ssh_key.pk])],
+    "vast-ssh-key": [Obj(lambda w: f"/api/v0/ssh/{w.ssh_key.pk}/", "delete")],
 }
 
 # Routes with no team object to reach, each with the reason.
@@ -585,11 +608,15 @@ EXEMPT: dict[str, str] = {
     "api-docs": "the API's description; no data",
     "api-root": "DRF's index of endpoints; no data",
     "api-machine-platform-key": "the platform's public SSH key, the same for every team",
+    "vast-bundles": "the public market through the vast.ai API, as api-offers",
+    "vast-ask": "renting another team's listed machine is the product, as rent "
+    "(tests/vast/test_translation.py)",
 }
 # Unnamed routes, by pattern.
 EXEMPT_UNNAMED: dict[str, str] = {
     r"api/v1/^.*$": "the API's JSON 404 for unknown endpoints",
     r"^api(/.*)?$": "the API's JSON 404 outside /api/v1/",
+    r"api/v0/^.*$": "the vast.ai API's JSON 404 for commands it does not offer",
 }
 
 
@@ -677,7 +704,7 @@ def _fill(data: dict | None, w: World) -> dict | None:
 
 def _rows(body) -> list[dict]:
     if isinstance(body, dict):
-        for key in ("results", "lines", "by_machine"):
+        for key in ("results", "lines", "by_machine", "invoices"):
             if key in body:
                 return body[key]
         return [body]

@@ -1,0 +1,350 @@
+"""The vast.ai-compatible endpoints: vast's paths and shapes over the services /api/v1/ uses.
+
+Every view authenticates and authorizes as /api/v1/ does (team API keys, roles, read-only
+keys, renter/provider audiences), reaches objects through the tenancy gateway (another team's
+id answers 404), and answers errors in ``errors.vast_exception_handler``'s shape.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from django.utils import timezone
+from drf_spectacular.utils import extend_schema
+from rest_framework import serializers
+from rest_framework.exceptions import NotFound
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from billing.money import MICRO_PER_DOLLAR
+from billing.selectors import team_balance
+from marketplace import offer_query
+from marketplace.api.permissions import api_team
+from marketplace.api.rentals import MAX_PAGE, RentSerializer, search_offers
+from marketplace.models import ApiKey, Offer, SshKey
+from marketplace.selectors import instance_connection, instance_logs
+from marketplace.services.renter_actions import (
+    rental_destroy_request,
+    rental_exec,
+    rental_start,
+    rental_stop_request,
+)
+from marketplace.services.renting import MIN_RENTAL_HOURS, rental_create
+from marketplace.services.ssh_keys import ssh_key_add
+from marketplace.tenancy import team_objects
+from marketplace.vast import shapes
+from marketplace.vast.errors import Refused, vast_exception_handler
+from scheduler.models import Instance, InstanceState
+
+ANY_JSON = {"type": "object", "additionalProperties": True}
+
+
+class VastView(APIView):
+    """An endpoint of the vast.ai API: our auth and roles, vast's error shape."""
+
+    def get_exception_handler(self):
+        return vast_exception_handler
+
+    @property
+    def team(self):
+        return api_team(self.request)
+
+    def body(self) -> dict[str, Any]:
+        if not isinstance(self.request.data, dict):
+            raise Refused("The request body is a JSON object.")
+        return self.request.data
+
+
+class RenterView(VastView):
+    audience = "renter"
+
+    def instance(self, pk: int) -> Instance:
+        """The team's instance, or vast's 404 (another team's id included)."""
+        found = (
+            team_objects(self.team, Instance.objects.select_related("rental", "machine__offer"))
+            .exclude(state=InstanceState.DESTROYED)
+            .filter(pk=pk)
+            .first()
+        )
+        if found is None:
+            raise NotFound(f"Instance {pk} is not one of your team's instances.")
+        return found
+
+
+# --- account ---------------------------------------------------------------------------------
+
+
+class CurrentUser(VastView):
+    """``vastai show user``: the team the key acts for, and its credit in dollars."""
+
+    @extend_schema(summary="vast.ai: show user", responses={200: ANY_JSON})
+    def get(self, request):
+        team = self.team
+        balance = team_balance(team.pk)
+        creator = request.auth.created_by if isinstance(request.auth, ApiKey) else request.user
+        available = balance.available / MICRO_PER_DOLLAR
+        return Response(
+            {
+                "id": team.pk,
+                "username": team.name,
+                "fullname": team.name,
+                "email": getattr(creator, "email", "") or "",
+                "email_verified": None,
+                "balance": available,
+                "credit": available,
+                "held": balance.held / MICRO_PER_DOLLAR,
+                "can_pay": available > 0,
+                "has_billing": False,
+                "has_payout": False,
+                "billing_creditonly": True,
+            }
+        )
+
+
+# --- offers ----------------------------------------------------------------------------------
+
+
+class Bundles(VastView):
+    """``vastai search offers``: the CLI's parsed query, searched with our query language."""
+
+    read_only_methods = frozenset({"POST"})  # a search with a JSON body
+    throttle_scope = "offer_search"
+
+    @extend_schema(
+        summary="vast.ai: search offers",
+        request={"application/json": ANY_JSON},
+        responses={200: ANY_JSON},
+    )
+    def post(self, request):
+        filters = shapes.offer_filters(self.body())
+        limit = filters.pop("limit", 64)
+        if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= MAX_PAGE:
+            raise Refused(f"--limit is between 1 and {MAX_PAGE}.", field="limit")
+        try:
+            found = search_offers(offer_query.parse_json(filters), limit, 0)
+        except offer_query.QueryError as error:
+            raise serializers.ValidationError({"query": str(error)}) from error
+        return Response({"offers": [shapes.offer_row(offer) for offer in found]})
+
+
+# --- instances -------------------------------------------------------------------------------
+
+
+class Ask(RenterView):
+    """``vastai create instance <offer id>``: rent the offer as it stands (all its free GPUs)."""
+
+    @extend_schema(
+        summary="vast.ai: create instance",
+        request={"application/json": ANY_JSON},
+        responses={200: ANY_JSON},
+    )
+    def put(self, request, offer_id: int):
+        fields = shapes.rental_fields(self.body())
+        offer = Offer.objects.filter(machine_id=offer_id).first()
+        if offer is None:
+            raise Refused(f"There is no offer {offer_id}; search offers for current ids.")
+        params = RentSerializer(
+            data={
+                **fields,
+                "machine_id": offer_id,
+                "num_gpus": max(offer.num_gpus, offer.min_gpus, 1),
+                "duration_hours": rental_hours(offer),
+            }
+        )
+        params.is_valid(raise_exception=True)
+        rental = rental_create(team=self.team, request=params.rental_request())
+        return Response({"success": True, "new_contract": rental.instance_id})
+
+
+def rental_hours(offer: Offer) -> float:
+    """A day, or until the machine's end date when that comes sooner."""
+    hours = shapes.CLI_RENTAL_HOURS
+    if offer.end_date is not None:
+        left = (offer.end_date - timezone.now()).total_seconds() / 3600
+        hours = min(hours, max(round(left - 0.01, 2), MIN_RENTAL_HOURS))
+    return hours
+
+
+class InstanceDetail(RenterView):
+    """``show instance`` (GET), ``stop/start/label instance`` (PUT), ``destroy instance``."""
+
+    @extend_schema(summary="vast.ai: show instance", responses={200: ANY_JSON})
+    def get(self, request, pk: int):
+        instance = self.instance(pk)
+        return Response({"instances": shapes.instance_row(instance, instance_connection(instance))})
+
+    @extend_schema(
+        summary="vast.ai: start, stop or label an instance",
+        request={"application/json": ANY_JSON},
+        responses={200: ANY_JSON},
+    )
+    def put(self, request, pk: int):
+        instance = self.instance(pk)
+        body = self.body()
+        if "label" in body:
+            raise Refused("Instances have no label here yet.", field="label")
+        state = body.get("state")
+        if state == "stopped":
+            rental_stop_request(instance=instance)
+        elif state == "running":
+            rental_start(instance=instance)
+        else:
+            raise Refused('state is "running" (start) or "stopped" (stop).', field="state")
+        return Response({"success": True})
+
+    @extend_schema(summary="vast.ai: destroy instance", responses={200: ANY_JSON})
+    def delete(self, request, pk: int):
+        rental_destroy_request(instance=self.instance(pk))
+        return Response({"success": True})
+
+
+class InstanceLogs(RenterView):
+    """``vastai logs <id>``. vast.ai answers with a URL to poll; the log text comes in ``msg``
+    here, which the CLI prints as it is."""
+
+    read_only_methods = frozenset({"PUT"})  # reads the log; PUT is only the CLI's verb
+
+    @extend_schema(
+        summary="vast.ai: logs", request={"application/json": ANY_JSON}, responses={200: ANY_JSON}
+    )
+    def put(self, request, pk: int):
+        instance = self.instance(pk)
+        tail = self.body().get("tail") or 1000
+        try:
+            tail = min(max(int(tail), 1), 5000)
+        except (TypeError, ValueError):
+            raise Refused("--tail is a whole number of lines.", field="tail") from None
+        if self.body().get("filter") or self.body().get("daemon_logs"):
+            raise Refused("--filter and --daemon-logs are not supported.", field="filter")
+        text, note = instance_logs(instance, tail=tail)
+        return Response({"success": True, "msg": text or note})
+
+
+class InstanceCommand(RenterView):
+    """``vastai execute <id> '<cmd>'``: runs in the renter's own container (``sh -c``, at most
+    30 s). The CLI prints this answer as it comes (it has no result URL to poll)."""
+
+    @extend_schema(
+        summary="vast.ai: execute",
+        request={"application/json": ANY_JSON},
+        responses={200: ANY_JSON},
+    )
+    def put(self, request, pk: int):
+        instance = self.instance(pk)
+        command = self.body().get("command")
+        if not isinstance(command, str) or not command.strip():
+            raise Refused("Give a command to run.", field="command")
+        result = rental_exec(instance=instance, command=command)
+        return Response({"output": result.stdout + result.stderr, "exit_code": result.exit_code})
+
+
+# --- SSH keys --------------------------------------------------------------------------------
+
+
+def ssh_key_row(key: SshKey) -> dict[str, Any]:
+    return {
+        "id": key.pk,
+        "name": key.name,
+        "key": key.public_key,
+        "public_key": key.public_key,
+        "fingerprint": key.fingerprint,
+        "created_at": key.created_at.timestamp(),
+    }
+
+
+class SshKeys(VastView):
+    """``create ssh-key`` (POST) and ``show ssh-keys`` (GET): the team's keys."""
+
+    audience = "renter"
+
+    @extend_schema(summary="vast.ai: show ssh-keys", responses={200: ANY_JSON})
+    def get(self, request):
+        keys = team_objects(self.team, SshKey.objects.order_by("pk"))
+        return Response([ssh_key_row(key) for key in keys])
+
+    @extend_schema(
+        summary="vast.ai: create ssh-key",
+        request={"application/json": ANY_JSON},
+        responses={200: ANY_JSON},
+    )
+    def post(self, request):
+        public_key = self.body().get("ssh_key")
+        if not isinstance(public_key, str):
+            raise Refused("ssh_key is one OpenSSH public key line.", field="ssh_key")
+        parts = public_key.split()
+        name = parts[2] if len(parts) > 2 else "added with vastai"
+        key = ssh_key_add(team=self.team, name=name, public_key=public_key)
+        return Response({"success": True, **ssh_key_row(key)})
+
+
+class SshKeyDetail(VastView):
+    audience = "renter"
+
+    @extend_schema(summary="vast.ai: delete ssh-key", responses={200: ANY_JSON})
+    def delete(self, request, pk: int):
+        key = team_objects(self.team, SshKey.objects.all()).filter(pk=pk).first()
+        if key is None:
+            raise NotFound(f"SSH key {pk} is not one of your team's keys.")
+        key.delete()  # as /api/v1/ssh-keys/ does: a key is only read at a launch
+        return Response({"success": True})
+
+
+# --- money -----------------------------------------------------------------------------------
+
+
+class Invoices(VastView):
+    """``vastai show invoices``: the team's usage charges and credit added, between ``sdate``
+    and ``edate`` (epoch seconds)."""
+
+    @extend_schema(summary="vast.ai: show invoices", responses={200: ANY_JSON})
+    def get(self, request):
+        from billing.models import AccountKind, Entry, TransferKind
+
+        start, end = epoch_param(request, "sdate", 0.0), epoch_param(request, "edate", None)
+        entries = team_objects(self.team, Entry.objects.select_related("transfer")).filter(
+            created_at__gte=datetime.fromtimestamp(start, UTC)
+        )
+        if end is not None:
+            entries = entries.filter(created_at__lte=datetime.fromtimestamp(end, UTC))
+        charges = entries.filter(account_kind=AccountKind.HELD, transfer__kind=TransferKind.CAPTURE)
+        payments = entries.filter(
+            account_kind=AccountKind.AVAILABLE,
+            transfer__kind__in=[TransferKind.TOPUP, TransferKind.GRANT],
+        )
+        rows = [invoice_row(entry, "charge", -entry.amount) for entry in charges.order_by("pk")]
+        rows += [invoice_row(entry, "payment", entry.amount) for entry in payments.order_by("pk")]
+        rows.sort(key=lambda row: row["timestamp"])
+        charged = sum(row["amount"] for row in rows if row["type"] == "charge")
+        return Response({"invoices": rows, "current": {"charges": round(charged, 6)}})
+
+
+def invoice_row(entry, kind: str, micro: int) -> dict[str, Any]:
+    reference = entry.transfer.reference
+    instance_id = None
+    if reference.startswith("rental:"):
+        instance_id = int(reference.split(":", 1)[1]) if reference[7:].isdigit() else None
+    return {
+        "id": entry.pk,
+        "type": kind,
+        "description": entry.transfer.description or reference,
+        "reference": reference,
+        "instance_id": instance_id,
+        "quantity": 1,
+        "rate": micro / MICRO_PER_DOLLAR,
+        "amount": micro / MICRO_PER_DOLLAR,
+        "timestamp": entry.created_at.timestamp(),
+    }
+
+
+def epoch_param(request, name: str, default: float | None) -> float | None:
+    raw = request.query_params.get(name)
+    if raw in (None, ""):
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise Refused(f"{name} is a time in seconds since 1970.", field=name) from None
+    if not 0 <= value < 1e11:
+        raise Refused(f"{name} is a time in seconds since 1970.", field=name)
+    return value

@@ -1,0 +1,225 @@
+"""The vast.ai facade through Django's test client: the shapes the CLI sends, translated onto
+our services, and the edge cases a user meets (a bad query, someone else's id, a read-only
+key, options we cannot honour, shell metacharacters that must stay data).
+
+The CLI itself drives the same endpoints in test_cli_conformance.py; here each body is the one
+the CLI 1.9.1 builds (vastai/api/instances.py build_create_instance_payload, the search body
+of vastai/cli/commands/offers.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from marketplace.models import ApiKey, Rental, SshKey
+from scheduler.models import Instance, InstanceState
+from tests.conftest import key_client
+from tests.factories import TeamFactory, UserFactory, add_member
+from tests.marketplace.conftest import fund
+
+pytestmark = [pytest.mark.django_db]
+
+# What `vastai search offers 'num_gpus>=1'` posts (its default filters included).
+SEARCH = {
+    "verified": {"eq": True},
+    "external": {"eq": False},
+    "rentable": {"eq": True},
+    "num_gpus": {"gte": "1"},
+    "order": [["score", "desc"]],
+    "type": "on-demand",
+    "allocated_storage": 5.0,
+}
+# What `vastai create instance ID --image … --disk 12.5 --env '-p 8080:8080 -e K=V' --args …`
+# puts.
+CREATE = {
+    "client_id": "me",
+    "image": "gpumkt/busybox:latest",
+    "env": {"-p 8080:8080": "1", "K": "V"},
+    "price": None,
+    "disk": 12.5,
+    "label": None,
+    "extra": None,
+    "onstart": "sh",
+    "image_login": None,
+    "python_utf8": False,
+    "lang_utf8": False,
+    "use_jupyter_lab": False,
+    "jupyter_dir": None,
+    "force": False,
+    "cancel_unavail": False,
+    "template_hash_id": None,
+    "user": None,
+    "runtype": "args",
+    "args": ["-c", "echo hi"],
+}
+
+
+def renter(funded_team):
+    return key_client(funded_team)
+
+
+def rent(client, machine, **changes):
+    return client.put(f"/api/v0/asks/{machine.pk}/", {**CREATE, **changes}, format="json")
+
+
+def test_show_user_answers_the_teams_credit_in_dollars(funded_team):
+    body = renter(funded_team).get("/api/v0/users/current").json()
+    assert body["balance"] == 100.0 and body["credit"] == 100.0
+    assert body["username"] == funded_team.name
+
+
+def test_search_translates_the_clis_body_and_units(funded_team, machine):
+    client = renter(funded_team)
+    offers = client.post("/api/v0/bundles/", SEARCH, format="json").json()["offers"]
+    assert [o["id"] for o in offers] == [machine.pk]
+    row = offers[0]
+    assert row["num_gpus"] == 4 and row["gpu_name"] == "RTX 4090"
+    assert row["gpu_ram"] == pytest.approx(23990)  # 23.99 GB in MB: the CLI divides by 1000
+    assert row["dph_total"] == pytest.approx(2.0)  # 4 × $0.50
+    # The CLI multiplies GB by 1000 before sending: 20 GB of GPU RAM matches, 30 does not.
+    found = client.post("/api/v0/bundles/", {**SEARCH, "gpu_ram": {"gte": 20000.0}}, format="json")
+    assert [o["id"] for o in found.json()["offers"]] == [machine.pk]
+    none = client.post("/api/v0/bundles/", {**SEARCH, "gpu_ram": {"gte": 30000.0}}, format="json")
+    assert none.json()["offers"] == []
+
+
+def test_a_bad_query_answers_a_readable_msg(funded_team, machine):
+    response = renter(funded_team).post(
+        "/api/v0/bundles/", {**SEARCH, "gpu_nmae": {"eq": "RTX 4090"}}, format="json"
+    )
+    assert response.status_code == 400
+    body = response.json()
+    assert body["success"] is False
+    assert "unknown field 'gpu_nmae'" in body["msg"]
+    assert body["error"]["code"] == "validation_error"
+
+
+def test_bid_and_reserved_searches_are_refused_not_answered_with_on_demand_offers(funded_team):
+    for kind in ("bid", "reserved"):
+        response = renter(funded_team).post(
+            "/api/v0/bundles/", {**SEARCH, "type": kind}, format="json"
+        )
+        assert response.status_code == 400
+        assert "on-demand" in response.json()["msg"]
+
+
+def test_create_rents_the_offer_with_image_disk_env_ports_and_args(funded_team, machine):
+    response = rent(renter(funded_team), machine)
+    assert response.status_code == 200, response.content
+    instance = Instance.objects.get(pk=response.json()["new_contract"])
+    assert instance.team == funded_team and instance.machine == machine
+    assert instance.image == "gpumkt/busybox:latest"
+    assert instance.disk_gb == 13  # 12.5 GB rounded up, never less than asked
+    assert instance.launch_mode == "entrypoint"
+    assert instance.entrypoint == "sh" and instance.args == ["-c", "echo hi"]
+    assert instance.env == {"K": "V"}
+    assert [p.container_port for p in instance.port_allocations.all()] == [8080]
+    assert instance.gpu_count == 4  # the offer as it stands: all its free GPUs
+
+
+def test_shell_metacharacters_in_args_and_env_are_kept_as_data(funded_team, machine):
+    args = ["-c", "echo $(id); rm -rf / ; `reboot` && true | cat > /x"]
+    env = {"X": "a; rm -rf / $(id) `id` 'q' \"dq\"", "-p 9000:9000": "1"}
+    response = rent(renter(funded_team), machine, args=args, env=env)
+    assert response.status_code == 200, response.content
+    instance = Instance.objects.get(pk=response.json()["new_contract"])
+    # Each stays one argv element / one value, exactly as typed: the launch hands them to
+    # `docker run` as a list (tests/marketplace/test_rentals.py shows the container gets them).
+    assert instance.args == args
+    assert instance.env == {"X": env["X"]}
+
+
+@pytest.mark.parametrize(
+    ("changes", "words"),
+    [
+        ({"label": "my box"}, "--label is not supported"),
+        ({"price": 0.1}, "--bid_price is not supported"),
+        ({"image_login": "-u bob -p x docker.io"}, "--login is not supported"),
+        ({"env": {"-h": "billybob"}}, "'-h' is not supported"),
+        ({"env": {"-p 53:53/udp": "1"}}, "only TCP"),
+        ({"runtype": "ssh_proxy", "args": None, "onstart": "echo hi"}, "--onstart-cmd"),
+        ({"image": ""}, "image"),
+    ],
+)
+def test_options_we_cannot_honour_are_refused_and_nothing_is_rented(
+    funded_team, machine, changes, words
+):
+    response = rent(renter(funded_team), machine, **changes)
+    assert response.status_code == 400, response.content
+    assert words in response.json()["msg"]
+    assert not Rental.objects.exists()
+
+
+def test_another_teams_instance_answers_404_and_is_untouched(funded_team, machine):
+    instance_id = rent(renter(funded_team), machine).json()["new_contract"]
+    other = TeamFactory(name="Other Co")
+    add_member(other, UserFactory(username="other"), role="owner")
+    fund(other)
+    stranger = key_client(other)
+    for method, path, body in [
+        ("get", f"/api/v0/instances/{instance_id}/", None),
+        ("put", f"/api/v0/instances/{instance_id}/", {"state": "stopped"}),
+        ("delete", f"/api/v0/instances/{instance_id}/", {}),
+        ("put", f"/api/v0/instances/request_logs/{instance_id}/", {}),
+        ("put", f"/api/v0/instances/command/{instance_id}/", {"command": "touch /tmp/x"}),
+    ]:
+        response = getattr(stranger, method)(path, body, format="json")
+        assert response.status_code == 404, (method, path, response.content)
+        assert (
+            response.json()["msg"] == f"Instance {instance_id} is not one of your team's instances."
+        )
+    assert Instance.objects.get(pk=instance_id).state == InstanceState.LAUNCHING
+
+
+def test_a_read_only_key_reads_but_cannot_create_or_destroy(funded_team, machine):
+    instance_id = rent(renter(funded_team), machine).json()["new_contract"]
+    reader = key_client(funded_team, access=ApiKey.Access.READ)
+    assert reader.post("/api/v0/bundles/", SEARCH, format="json").status_code == 200
+    assert reader.get(f"/api/v0/instances/{instance_id}/").status_code == 200
+    for response in (
+        rent(reader, machine),
+        reader.delete(f"/api/v0/instances/{instance_id}/", {}, format="json"),
+        reader.put(f"/api/v0/instances/{instance_id}/", {"state": "stopped"}, format="json"),
+        reader.post("/api/v0/ssh/", {"ssh_key": "ssh-ed25519 AAAA x"}, format="json"),
+    ):
+        assert response.status_code == 403
+        assert response.json()["msg"] == "This API key is read-only."
+    assert Rental.objects.count() == 1
+    assert Instance.objects.get(pk=instance_id).state == InstanceState.LAUNCHING
+
+
+def test_show_instance_has_the_fields_the_cli_needs(funded_team, machine):
+    client = renter(funded_team)
+    instance_id = rent(client, machine).json()["new_contract"]
+    row = client.get(f"/api/v0/instances/{instance_id}/?owner=me").json()["instances"]
+    assert row["id"] == instance_id and row["actual_status"] == "loading"
+    assert isinstance(row["start_date"], float)
+    assert row["extra_env"] == [["K", "V"]]
+    assert row["image_uuid"] == "gpumkt/busybox:latest" and row["num_gpus"] == 4
+
+
+def test_ssh_keys_are_the_teams(funded_team):
+    client = renter(funded_team)
+    line = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl me@box"
+    created = client.post("/api/v0/ssh/", {"ssh_key": line}, format="json")
+    assert created.status_code == 200, created.content
+    key = SshKey.objects.get(team=funded_team)
+    assert key.name == "me@box"
+    assert [row["id"] for row in client.get("/api/v0/ssh/").json()] == [key.pk]
+    assert (
+        "already on the team"
+        in client.post("/api/v0/ssh/", {"ssh_key": line}, format="json").json()["msg"]
+    )
+    assert client.delete(f"/api/v0/ssh/{key.pk}/").json() == {"success": True}
+    assert not SshKey.objects.exists()
+
+
+def test_a_command_we_do_not_offer_says_so(funded_team):
+    response = renter(funded_team).put("/api/v0/instances/reboot/1/", {}, format="json")
+    assert response.status_code == 404
+    assert "does not offer PUT /api/v0/instances/reboot/1/" in response.json()["msg"]
+
+
+def test_no_key_answers_401_with_a_msg(client):
+    response = client.get("/api/v0/users/current")
+    assert response.status_code == 401
+    assert response.json()["msg"]
