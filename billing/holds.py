@@ -9,6 +9,7 @@ void returns all. Each hold resolves (release or void) at most once.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from fractions import Fraction
 
 from django.conf import settings
@@ -121,20 +122,107 @@ def hold_create(
         idempotency_key=idempotency_key,
         amount=amount,
     )
+    postings_write([_hold_posting(hold, accounts)])
+    balances_notify([team_id])
+    return hold
+
+
+@dataclass(frozen=True)
+class HoldRequest:
+    """One hold of ``holds_create_many``: the arguments of ``hold_create``."""
+
+    team_id: int
+    provider_team_id: int
+    amount: int
+    reference: str
+    idempotency_key: str
+    description: str = ""
+    machine_reference: str = ""
+
+
+def credit_available_locked(team_ids: Iterable[int]) -> dict[int, int]:
+    """Lock the teams' available and held accounts (creating missing ones) and return each
+    team's available credit: what a batch of holds may take, decided before any is written.
+    The locks are the ones ``hold_create`` takes, so holds made after this in the same
+    transaction never wait."""
+    ids = set(team_ids)
+    accounts = lock_accounts(
+        {(team_id, kind) for team_id in ids for kind in (AccountKind.AVAILABLE, AccountKind.HELD)}
+    )
+    return {team_id: accounts[(team_id, AccountKind.AVAILABLE)].balance for team_id in ids}
+
+
+@transaction.atomic
+def holds_create_many(requests: list[HoldRequest]) -> list[Hold]:
+    """Reserve credit for many rentals at once, all or none: ``hold_create`` for a batch, in a
+    few statements whatever its size (the platform placing a deployment's replicas).
+
+    Raises InsufficientCredit, writing nothing, when any team's holds together pass its
+    available credit. The idempotency keys must be new (a rental's key names its fresh
+    instance); a key used before fails the unique constraint rather than returning the old
+    hold.
+    """
+    if not requests:
+        return []
+    for request in requests:
+        require_amount(request.amount)
+        require_idempotency_key(request.idempotency_key)
+    team_ids = {request.team_id for request in requests}
+    ensure_accounts({(request.provider_team_id, AccountKind.EARNINGS) for request in requests})
+    keys = {
+        (team_id, kind)
+        for team_id in team_ids
+        for kind in (AccountKind.AVAILABLE, AccountKind.HELD)
+    }
+    accounts = lock_accounts(keys)
+    wanted: dict[int, int] = {}
+    for request in requests:
+        wanted[request.team_id] = wanted.get(request.team_id, 0) + request.amount
+    for team_id, amount in sorted(wanted.items()):
+        available = accounts[(team_id, AccountKind.AVAILABLE)].balance
+        if available < amount:
+            raise InsufficientCredit(needed=amount, available=available)
+    now = timezone.now()
+    holds = Hold.objects.bulk_create(
+        [
+            Hold(
+                team_id=request.team_id,
+                provider_team_id=request.provider_team_id,
+                reference=request.reference[:120],
+                machine_reference=request.machine_reference[:120],
+                description=request.description[:300],
+                idempotency_key=request.idempotency_key,
+                amount=request.amount,
+                created_at=now,
+            )
+            for request in requests
+        ]
+    )
+    postings_write([_hold_posting(hold, accounts) for hold in holds])
+    balances_notify(team_ids)
+    return holds
+
+
+def _hold_posting(hold: Hold, accounts: dict[AccountKey, Account]) -> Posting:
+    """available → held for a new hold (its first transfer)."""
     transfer = Transfer(
         kind=TransferKind.HOLD,
         idempotency_key=f"hold:{hold.pk}",
-        team_id=team_id,
+        team_id=hold.team_id,
         reference=hold.reference,
         description=hold.description,
-        amount=amount,
+        amount=hold.amount,
         hold=hold,
         machine_reference=hold.machine_reference,
         created_at=hold.created_at,
     )
-    postings_write([Posting(transfer, [(available, -amount), (accounts[held_key], amount)])])
-    balances_notify([team_id])
-    return hold
+    return Posting(
+        transfer,
+        [
+            (accounts[(hold.team_id, AccountKind.AVAILABLE)], -hold.amount),
+            (accounts[(hold.team_id, AccountKind.HELD)], hold.amount),
+        ],
+    )
 
 
 @transaction.atomic

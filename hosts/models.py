@@ -116,6 +116,9 @@ class Machine(models.Model):
 
     @property
     def gpu_count(self) -> int:
+        counted = getattr(self, "present_gpu_count", None)  # set by a query that counted them
+        if counted is not None:
+            return counted
         if "gpus" in getattr(self, "_prefetched_objects_cache", {}):  # lists prefetch them
             return sum(gpu.present for gpu in self.gpus.all())
         return self.gpus.filter(present=True).count()

@@ -37,15 +37,19 @@ def _send_on_commit(messages: list[tuple[str, dict[str, Any]]], what: str) -> No
 
     def send() -> None:
         layer = get_channel_layer()
-        if layer is None:
-            return
-        for group, message in messages:
-            try:
-                async_to_sync(layer.group_send)(group, message)
-            except Exception:  # a push is best-effort; the page reloads state on reconnect
-                logger.exception("could not publish %s to %s", what, group)
+        if layer is not None:
+            async_to_sync(_send_all)(layer, messages, what)
 
     transaction.on_commit(send)
+
+
+async def _send_all(layer, messages: list[tuple[str, dict[str, Any]]], what: str) -> None:
+    """Every message in one trip to the event loop (a batch of placements sends thousands)."""
+    for group, message in messages:
+        try:
+            await layer.group_send(group, message)
+        except Exception:  # a push is best-effort; the page reloads state on reconnect
+            logger.exception("could not publish %s to %s", what, group)
 
 
 def publish_team_event(team_id: int, event_type: str, data: dict[str, Any]) -> None:
@@ -57,16 +61,23 @@ def publish_instance_event(
     team_id: int, instance_id: int, event_type: str, data: dict[str, Any]
 ) -> None:
     """To the team's consoles (lists, overview) and to the instance's own page."""
-    _send_on_commit(
-        [
-            (team_group(team_id), {"type": "team.event", "event": event_type, "data": data}),
+    publish_instance_events(event_type, [(team_id, instance_id, data)])
+
+
+def publish_instance_events(event_type: str, events: list[tuple[int, int, dict[str, Any]]]) -> None:
+    """Many instances' events of one type, (team id, instance id, data) each, sent together."""
+    messages = []
+    for team_id, instance_id, data in events:
+        messages.append(
+            (team_group(team_id), {"type": "team.event", "event": event_type, "data": data})
+        )
+        messages.append(
             (
                 instance_group(instance_id),
                 {"type": "instance.event", "event": event_type, "data": data},
-            ),
-        ],
-        event_type,
-    )
+            )
+        )
+    _send_on_commit(messages, event_type)
 
 
 def publish_access_lost(user_id: int, team_id: int | None) -> None:

@@ -4,12 +4,13 @@ allocations whenever either changes, so offer search reads one table."""
 from __future__ import annotations
 
 import re
+from collections import defaultdict
+from collections.abc import Iterable
 
-from django.db.models import Count, Exists, OuterRef, Q
 from django.utils import timezone
 
 from billing.money import MICRO_PER_DOLLAR
-from hosts.models import Machine, MachineStatus
+from hosts.models import Gpu, Machine, MachineStatus
 from marketplace.models import Offer
 from scheduler.services import live_gpu_allocations
 
@@ -25,22 +26,56 @@ def offer_score(*, reliability: float, gpu_total_ram_gb: float, dph_total: int) 
     return round(reliability**2 * gpu_total_ram_gb / dollars, 4)
 
 
-def offer_refresh(*, machine_id: int) -> Offer | None:
+def offer_refresh(*, machine_id: int) -> None:
     """Recompute one machine's offer from the machine and its live allocations."""
-    machine = (
-        Machine.objects.filter(pk=machine_id)
-        .annotate(
-            present=Count("gpus", filter=Q(gpus__present=True), distinct=True),
-        )
-        .first()
+    offers_refresh([machine_id])
+
+
+def offers_refresh(machine_ids: Iterable[int]) -> None:
+    """Recompute the offers of many machines in a few statements, whatever their number (a
+    batch of placements touches hundreds): the machines, their present GPUs and which of
+    those are taken, then one upsert."""
+    ids = sorted(set(machine_ids))
+    if not ids:
+        return
+    machines = list(Machine.objects.filter(pk__in=ids))
+    gpus: dict[int, list[tuple[int, int, str, int]]] = defaultdict(list)
+    rows = Gpu.objects.filter(machine_id__in=ids, present=True).values_list(
+        "machine_id", "index", "pk", "name", "memory_mib"
     )
-    if machine is None:
-        return None
-    taken = live_gpu_allocations().filter(gpu=OuterRef("pk"))
-    free = machine.gpus.filter(present=True).exclude(Exists(taken)).count()
-    first_gpu = machine.gpus.filter(present=True).order_by("index").first()
-    total = machine.present or 0
+    for machine_id, index, pk, name, memory_mib in rows:
+        gpus[machine_id].append((index, pk, name, memory_mib))
+    taken = set(
+        live_gpu_allocations().filter(gpu__machine_id__in=ids).values_list("gpu_id", flat=True)
+    )
     now = timezone.now()
+    offers = []
+    for machine in machines:
+        present = sorted(gpus[machine.pk])
+        machine.present_gpu_count = len(present)  # the unit sizes divide by it: no query each
+        free = sum(1 for _, pk, _, _ in present if pk not in taken)
+        offers.append(Offer(machine_id=machine.pk, **_offer_values(machine, present, free, now)))
+    Offer.objects.bulk_create(
+        offers,
+        update_conflicts=True,
+        unique_fields=["machine"],
+        update_fields=list(OFFER_FIELDS),
+    )
+
+
+OFFER_FIELDS = (
+    "provider_team_id", "rentable", "gpu_name", "num_gpus", "total_gpus", "min_gpus", "gpu_ram",
+    "cpu_cores_per_unit", "cpu_ram_per_unit", "disk_per_unit", "price_per_gpu_hour", "dph_total",
+    "storage_cost", "reliability", "end_date", "geolocation", "driver_version", "cuda_max_good",
+    "verified", "score",
+)  # fmt: skip
+
+
+def _offer_values(machine: Machine, present: list, free: int, now) -> dict:
+    """An offer's columns: ``present`` is the machine's present GPUs as (index, pk, name,
+    memory MiB) in index order, ``free`` how many of them no live allocation holds."""
+    first_gpu = present[0] if present else None
+    total = len(present)
     rentable = bool(
         machine.listed
         and machine.status == MachineStatus.ONLINE
@@ -48,12 +83,12 @@ def offer_refresh(*, machine_id: int) -> Offer | None:
         and free >= max(machine.min_gpus, 1)
         and (machine.end_date is None or machine.end_date > now)
     )
-    gpu_ram = (first_gpu.memory_mib / 1024) if first_gpu else 0.0
+    gpu_ram = (first_gpu[3] / 1024) if first_gpu else 0.0
     dph_total = machine.price_per_gpu_hour * free
-    values = {
+    return {
         "provider_team_id": machine.team_id,
         "rentable": rentable,
-        "gpu_name": short_gpu_name(first_gpu.name) if first_gpu else "",
+        "gpu_name": short_gpu_name(first_gpu[2]) if first_gpu else "",
         "num_gpus": free,
         "total_gpus": total,
         "min_gpus": machine.min_gpus,
@@ -76,16 +111,13 @@ def offer_refresh(*, machine_id: int) -> Offer | None:
             dph_total=dph_total,
         ),
     }
-    offer, _ = Offer.objects.update_or_create(machine_id=machine.pk, defaults=values)
-    return offer
 
 
 def offers_refresh_all() -> int:
-    count = 0
-    for machine_id in Machine.objects.values_list("pk", flat=True).iterator():
-        offer_refresh(machine_id=machine_id)
-        count += 1
-    return count
+    ids = list(Machine.objects.order_by("pk").values_list("pk", flat=True))
+    for start in range(0, len(ids), 1000):
+        offers_refresh(ids[start : start + 1000])
+    return len(ids)
 
 
 def _float(text: str | None) -> float:

@@ -5,22 +5,17 @@ from __future__ import annotations
 
 from django.core.exceptions import ValidationError
 
-from hosts.models import Machine
 from hosts.runtime import InvalidContainerSpec, check_registry
 from marketplace.secrets_box import seal, unseal
 from scheduler.models import Instance
 
 
-def registry_check(*, machine_id: int, image: str) -> None:
+def registry_check(*, image: str, allow_private: bool) -> None:
     """Refuse an image from a registry on the machine's own network unless its provider allows
-    one (hosts.runtime.registry_refusal). Before any lock is taken: a name lookup may be slow."""
-    allowed = (
-        Machine.objects.filter(pk=machine_id)
-        .values_list("allow_private_registries", flat=True)
-        .first()
-    )
+    one (``allow_private``: hosts.runtime.registry_refusal). Before any lock is taken: a name
+    lookup may be slow."""
     try:
-        check_registry(image, allow_private=bool(allowed))
+        check_registry(image, allow_private=allow_private)
     except InvalidContainerSpec as error:
         raise ValidationError({error.field: error.reason}) from error
 

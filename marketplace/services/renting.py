@@ -1,15 +1,17 @@
 """Renting and extending: the rental's terms, checked and held for in one transaction.
 
-Renting locks the machine row, checks the terms, allocates GPUs and host ports, places the
-hold, creates the rental and its instance. Any failure (409 GPU taken, 402 short credit, 400
-bad input) rolls all of it back, so nothing is held or written. The launch is queued only when
-the transaction commits.
+Renting locks the machine rows, checks the terms, allocates GPUs and host ports, places the
+holds, creates the rentals and their instances. A failure (409 GPU taken, 402 short credit, 400
+bad input) refuses that order alone and writes nothing for it. The launches are queued only
+when the transaction commits. One renter's rental and the platform's batch of placements take
+the same path (``rentals_create``), so they cannot drift apart.
 """
 
 from __future__ import annotations
 
 import math
 import secrets
+from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -18,19 +20,26 @@ from django.db import transaction
 from django.utils import timezone
 
 from billing import holds
-from hosts.models import Machine, MachineStatus
+from billing.errors import InsufficientCredit
+from hosts.models import Machine, MachineStatus, MaintenanceWindow
 from hosts.selectors import maintenance_overlapping
-from marketplace.events import publish_instance_event
+from marketplace.events import publish_instance_events
 from marketplace.fleet import machine_reference
 from marketplace.models import Rental, Team
 from marketplace.models.rentals import rental_reference
 from marketplace.services.clocks import ENDED_STATES
-from marketplace.services.offers import offer_refresh
-from marketplace.services.pricing import extension_quote, rental_quote
+from marketplace.services.offers import offers_refresh
+from marketplace.services.pricing import Quote, extension_quote, rental_quote
 from marketplace.services.registries import registry_check, registry_login_seal
 from marketplace.validation import validate_launch
 from scheduler.models import Instance, InstanceEvent, InstanceState, LaunchMode
-from scheduler.services import JUPYTER_CONTAINER_PORT, SSH_CONTAINER_PORT, allocation_create
+from scheduler.services import (
+    JUPYTER_CONTAINER_PORT,
+    SSH_CONTAINER_PORT,
+    MachineRoom,
+    NoCapacity,
+    allocations_write,
+)
 from scheduler.work import work_enqueue_on_commit
 
 MAX_RENTAL_HOURS = 24 * 365
@@ -65,89 +74,235 @@ def rental_create(*, team: Team, request: RentalRequest) -> Rental:
     its GPUs were taken meanwhile, InsufficientCredit (402) when credit is short, and
     ValidationError (400, naming the field) for terms the rental breaks.
     """
-    _validate_request(request)
-    registry_check(machine_id=request.machine_id, image=request.image)
+    [outcome] = rentals_create([(team, request)])
+    if isinstance(outcome, Exception):
+        raise outcome
+    return outcome
+
+
+RentalOrder = tuple[Team, RentalRequest]
+
+
+def rentals_create(orders: list[RentalOrder]) -> list[Rental | Exception]:
+    """Rent for many orders at once, each as ``rental_create`` would, in one transaction and a
+    few statements whatever their number (the platform placing a deployment's replicas rents
+    hundreds). Returns, in order, each order's rental or the error that refused it (the
+    exceptions ``rental_create`` raises); a refused order writes nothing, the others are
+    rented. Orders on one machine are served in order from what is free on it.
+    """
+    outcomes: list[Rental | Exception | None] = [None] * len(orders)
+    credentials = _check_orders(orders, outcomes)  # before any lock: a name lookup may be slow
     with transaction.atomic():
-        machine = Machine.objects.select_for_update().filter(pk=request.machine_id).first()
-        if machine is None or not machine.listed or machine.status != MachineStatus.ONLINE:
-            raise OfferUnavailable("This machine is not offered for rent right now.")
+        pending = [i for i, outcome in enumerate(outcomes) if outcome is None]
+        machine_ids = sorted({orders[i][1].machine_id for i in pending})
+        machines = {
+            machine.pk: machine
+            for machine in Machine.objects.select_for_update()
+            .filter(pk__in=machine_ids)
+            .order_by("pk")
+        }
+        room = MachineRoom(list(machines.values()))
         now = timezone.now()
-        ends_at = _validate_terms(machine=machine, request=request, now=now)
-        container_ports = _container_ports(request)
-        instance = Instance.objects.create(
-            team=team,
-            machine=machine,
-            gpu_count=request.gpu_count,
-            image=request.image,
-            launch_mode=request.launch_mode,
-            entrypoint=request.entrypoint,
-            args=list(request.args or []),
-            env=dict(request.env or {}),
-            disk_gb=request.disk_gb,
-            registry_credential=registry_login_seal(
+        windows = _maintenance_windows(machine_ids, now)
+        credit = holds.credit_available_locked({orders[i][0].pk for i in pending})
+        accepted: list[_Accepted] = []
+        for i in pending:
+            team, request = orders[i]
+            try:
+                terms = _accept(request, machines.get(request.machine_id), room, windows, now)
+                if credit[team.pk] < terms.quote.total:
+                    room.give_back(request.machine_id, terms.gpu_ids, terms.ports)
+                    raise InsufficientCredit(needed=terms.quote.total, available=credit[team.pk])
+            except (OfferUnavailable, ValidationError, NoCapacity, InsufficientCredit) as error:
+                outcomes[i] = error
+                continue
+            credit[team.pk] -= terms.quote.total
+            accepted.append(_Accepted(i, team, request, machines[request.machine_id], terms))
+        for i, rental in zip(
+            [a.index for a in accepted], _rentals_write(accepted, credentials, now), strict=True
+        ):
+            outcomes[i] = rental
+    return outcomes  # type: ignore[return-value]  (every order has its outcome now)
+
+
+@dataclass(frozen=True)
+class _Terms:
+    ends_at: datetime
+    gpu_ids: list[int]
+    ports: list[tuple[int, int]]
+    quote: Quote
+
+
+@dataclass(frozen=True)
+class _Accepted:
+    index: int
+    team: Team
+    request: RentalRequest
+    machine: Machine
+    terms: _Terms
+
+
+def _check_orders(orders: list[RentalOrder], outcomes: list) -> dict[int, dict[str, str]]:
+    """What each order asks to run, checked (the outcome of one that fails is its error), and
+    its registry login sealed. Identical specs are checked once."""
+    allow_private = dict(
+        Machine.objects.filter(pk__in={request.machine_id for _, request in orders}).values_list(
+            "pk", "allow_private_registries"
+        )
+    )
+    checked: dict[tuple, ValidationError | None] = {}
+    credentials: dict[int, dict[str, str]] = {}
+    for i, (_, request) in enumerate(orders):
+        key = (
+            request.launch_mode, request.image, repr(request.env), repr(request.ports),
+            request.entrypoint, repr(request.args),
+            bool(allow_private.get(request.machine_id)),
+        )  # fmt: skip
+        if key not in checked:
+            try:
+                _validate_request(request)
+                registry_check(image=request.image, allow_private=key[-1])
+                checked[key] = None
+            except ValidationError as error:
+                checked[key] = error
+        try:
+            if checked[key] is not None:
+                raise checked[key]
+            credentials[i] = registry_login_seal(
                 username=request.registry_username, password=request.registry_password
-            ),
-            jupyter_token=secrets.token_urlsafe(24)
-            if request.launch_mode == LaunchMode.JUPYTER
-            else "",
-            status_message="Waiting for a worker",
-            work_due_at=now,
-        )
-        allocation_create(
-            machine=machine,
-            instance=instance,
-            gpu_count=request.gpu_count,
-            container_ports=container_ports,
-        )
-        quote = rental_quote(
-            machine=machine,
-            gpu_count=request.gpu_count,
-            disk_gb=request.disk_gb,
-            hours=request.hours,
-        )
-        hold = holds.hold_create(
-            team_id=team.pk,
-            provider_team_id=machine.team_id,
-            amount=quote.total,
-            reference=rental_reference(instance.pk),
-            idempotency_key=f"rental:{instance.uuid}:hold",
-            description=f"{request.gpu_count}× GPU on machine {machine.pk} for {request.hours:g} h",
-            machine_reference=machine_reference(machine.pk),
-        )
-        rental = Rental.objects.create(
-            team=team,
-            provider_team_id=machine.team_id,
-            machine=machine,
-            instance=instance,
-            gpu_count=request.gpu_count,
-            price_per_gpu_hour=machine.price_per_gpu_hour,
-            storage_price_per_gb_month=machine.storage_price_per_gb_month,
-            disk_gb=request.disk_gb,
-            starts_at=now,
-            ends_at=ends_at,
-            hold_id=hold.pk,
-            storage_clock_since=now,
-        )
-        InstanceEvent.objects.create(
-            instance=instance,
-            to_state=InstanceState.LAUNCHING,
-            reason="Rented; waiting for a worker",
-        )
-        # The team's other consoles list it at once (sent only if this commits).
-        publish_instance_event(
-            team.pk,
-            instance.pk,
-            "instance.state",
-            {
-                "id": instance.pk,
-                "state": InstanceState.LAUNCHING.value,
-                "from": "",
-                "reason": "Rented",
-            },
-        )
-        offer_refresh(machine_id=machine.pk)
+            )
+        except ValidationError as error:
+            outcomes[i] = error
+    return credentials
+
+
+def _maintenance_windows(machine_ids: list[int], now: datetime) -> dict[int, list]:
+    windows: dict[int, list] = defaultdict(list)
+    rows = MaintenanceWindow.objects.filter(machine_id__in=machine_ids, ends_at__gt=now)
+    for machine_id, starts_at, ends_at in rows.values_list("machine_id", "starts_at", "ends_at"):
+        windows[machine_id].append((starts_at, ends_at))
+    return windows
+
+
+def _accept(
+    request: RentalRequest, machine: Machine | None, room: MachineRoom, windows: dict, now: datetime
+) -> _Terms:
+    """The order's terms on its locked machine, its GPUs and ports taken from ``room``; raises
+    what refuses it."""
+    if machine is None or not machine.listed or machine.status != MachineStatus.ONLINE:
+        raise OfferUnavailable("This machine is not offered for rent right now.")
+    machine.present_gpu_count = room.present[machine.pk]
+    ends_at = _validate_terms(
+        machine=machine, request=request, now=now, windows=windows[machine.pk]
+    )
+    gpu_ids, ports = room.take(machine.pk, request.gpu_count, _container_ports(request))
+    quote = rental_quote(
+        machine=machine, gpu_count=request.gpu_count, disk_gb=request.disk_gb, hours=request.hours
+    )
+    return _Terms(ends_at=ends_at, gpu_ids=gpu_ids, ports=ports, quote=quote)
+
+
+def _rentals_write(
+    accepted: list[_Accepted], credentials: dict[int, dict[str, str]], now: datetime
+) -> list[Rental]:
+    """Instances, allocations, holds, rentals and events of the accepted orders, a statement
+    or two each; launches queued and consoles told on commit."""
+    if not accepted:
+        return []
+    instances = Instance.objects.bulk_create(
+        [_instance_for(a, credentials[a.index], now) for a in accepted]
+    )
+    allocations_write(
+        [
+            (instance, a.terms.gpu_ids, a.terms.ports)
+            for a, instance in zip(accepted, instances, strict=True)
+        ]
+    )
+    hold_rows = holds.holds_create_many(
+        [
+            holds.HoldRequest(
+                team_id=a.team.pk,
+                provider_team_id=a.machine.team_id,
+                amount=a.terms.quote.total,
+                reference=rental_reference(instance.pk),
+                idempotency_key=f"rental:{instance.uuid}:hold",
+                description=f"{a.request.gpu_count}× GPU on machine {a.machine.pk} for {a.request.hours:g} h",
+                machine_reference=machine_reference(a.machine.pk),
+            )
+            for a, instance in zip(accepted, instances, strict=True)
+        ]
+    )
+    rentals = Rental.objects.bulk_create(
+        [
+            Rental(
+                team=a.team,
+                provider_team_id=a.machine.team_id,
+                machine=a.machine,
+                instance=instance,
+                gpu_count=a.request.gpu_count,
+                price_per_gpu_hour=a.machine.price_per_gpu_hour,
+                storage_price_per_gb_month=a.machine.storage_price_per_gb_month,
+                disk_gb=a.request.disk_gb,
+                starts_at=now,
+                ends_at=a.terms.ends_at,
+                hold_id=hold.pk,
+                storage_clock_since=now,
+            )
+            for a, instance, hold in zip(accepted, instances, hold_rows, strict=True)
+        ]
+    )
+    InstanceEvent.objects.bulk_create(
+        [
+            InstanceEvent(
+                instance=instance,
+                to_state=InstanceState.LAUNCHING,
+                reason="Rented; waiting for a worker",
+            )
+            for instance in instances
+        ]
+    )
+    # The team's other consoles list them at once (sent only if this commits).
+    publish_instance_events(
+        "instance.state",
+        [
+            (
+                instance.team_id,
+                instance.pk,
+                {
+                    "id": instance.pk,
+                    "state": InstanceState.LAUNCHING.value,
+                    "from": "",
+                    "reason": "Rented",
+                },
+            )
+            for instance in instances
+        ],
+    )
+    offers_refresh({a.machine.pk for a in accepted})
+    for instance in instances:
         work_enqueue_on_commit(instance.pk, InstanceState.LAUNCHING)
-    return rental
+    return rentals
+
+
+def _instance_for(accepted: _Accepted, credential: dict[str, str], now: datetime) -> Instance:
+    request = accepted.request
+    return Instance(
+        team=accepted.team,
+        machine=accepted.machine,
+        gpu_count=request.gpu_count,
+        image=request.image,
+        launch_mode=request.launch_mode,
+        entrypoint=request.entrypoint,
+        args=list(request.args or []),
+        env=dict(request.env or {}),
+        disk_gb=request.disk_gb,
+        registry_credential=credential,
+        jupyter_token=secrets.token_urlsafe(24)
+        if request.launch_mode == LaunchMode.JUPYTER
+        else "",
+        status_message="Waiting for a worker",
+        work_due_at=now,
+    )
 
 
 def _validate_request(request: RentalRequest) -> None:
@@ -165,9 +320,13 @@ def _validate_request(request: RentalRequest) -> None:
     )
 
 
-def _validate_terms(*, machine: Machine, request: RentalRequest, now: datetime) -> datetime:
+def _validate_terms(
+    *, machine: Machine, request: RentalRequest, now: datetime, windows: list
+) -> datetime:
+    """The rental's end, or ValidationError naming each term it breaks. ``windows`` are the
+    machine's maintenance windows (start, end) that end after ``now``."""
     errors: dict[str, str] = {}
-    present = machine.gpus.filter(present=True).count()
+    present = machine.gpu_count
     if request.gpu_count < max(machine.min_gpus, 1):
         errors["num_gpus"] = f"This machine rents at least {machine.min_gpus} GPU(s) at a time."
     elif request.gpu_count > present:
@@ -186,9 +345,8 @@ def _validate_terms(*, machine: Machine, request: RentalRequest, now: datetime) 
             f"The machine is offered until {machine.end_date:%Y-%m-%d %H:%M} UTC; "
             "choose a shorter duration."
         )
-    if (
-        "duration_hours" not in errors
-        and machine.maintenance_windows.filter(starts_at__lt=ends_at, ends_at__gt=now).exists()
+    if "duration_hours" not in errors and any(
+        starts_at < ends_at and window_end > now for starts_at, window_end in windows
     ):
         errors["duration_hours"] = "The rental would overlap a maintenance window of this machine."
     max_disk = int(machine.unit_disk_gb * max(request.gpu_count, 1))

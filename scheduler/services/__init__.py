@@ -8,9 +8,9 @@ Callers import from here; the names below are the scheduler's public services.
 from __future__ import annotations
 
 from scheduler.services.allocations import (
-    allocation_create,
+    MachineRoom,
     allocation_release_all,
-    free_gpus,
+    allocations_write,
     gpu_allocation_reclaim,
     gpu_allocation_release,
     instance_gpu_uuids,
@@ -55,10 +55,10 @@ __all__ = [
     "NoCapacity",
     "SchedulerError",
     "WorkOutcome",
-    "allocation_create",
+    "MachineRoom",
     "allocation_release_all",
+    "allocations_write",
     "container_spec_for",
-    "free_gpus",
     "gpu_allocation_reclaim",
     "gpu_allocation_release",
     "instance_destroy",
