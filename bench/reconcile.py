@@ -52,6 +52,8 @@ os.environ.setdefault("CELERY_TASK_ALWAYS_EAGER", "1")
 os.environ.setdefault(
     "DATABASE_URL", "postgres://gpumkt:gpumkt@127.0.0.1:5432/gpumkt_bench_reconcile"
 )
+# The consoles are told of every placement through Redis, as in production (the test Redis).
+os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6391/15")
 
 from bench_common import scratch_database  # noqa: E402
 
@@ -158,7 +160,11 @@ class Meter:
 
                 profiler = cProfile.Profile()
                 result = profiler.runcall(action)
-                pstats.Stats(profiler).sort_stats("cumtime").print_stats(30)
+                # BENCH_PROFILE=1 prints the top 30; any other value is a regex of the lines.
+                only = os.environ["BENCH_PROFILE"]
+                order = os.environ.get("BENCH_PROFILE_SORT", "cumtime")
+                stats = pstats.Stats(profiler).sort_stats(order)
+                stats.print_stats(30) if only == "1" else stats.print_stats(only, 40)
             else:
                 result = action()
         return time.perf_counter() - started, time.process_time() - cpu, self.queries, result

@@ -142,10 +142,9 @@ def balances_notify(team_ids: Iterable[int | None]) -> None:
         return
 
     def send() -> None:
-        for team_id in ids:
-            for receiver, result in balance_changed.send_robust(sender=Account, team_id=team_id):
-                if isinstance(result, Exception):
-                    logger.error("balance_changed receiver %r failed: %r", receiver, result)
+        for receiver, result in balance_changed.send_robust(sender=Account, team_ids=ids):
+            if isinstance(result, Exception):
+                logger.error("balance_changed receiver %r failed: %r", receiver, result)
 
     transaction.on_commit(send)
 

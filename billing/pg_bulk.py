@@ -78,7 +78,7 @@ class NewTransfer:
 def bigint_array(values: Iterable[int]) -> str:
     """A bigint[] parameter in PostgreSQL's array text, ``{1,2,3}`` (cast with ::bigint[]).
     psycopg would dump a list item by item in Python."""
-    return "{" + ",".join(map(str, values)) + "}"
+    return "{" + ",".join("NULL" if value is None else str(value) for value in values) + "}"
 
 
 def team_ids_in(team_ids: set[int]):
@@ -176,22 +176,23 @@ def _copy_rows(table: str, columns: list[tuple[str, str]], rows: Iterable[tuple]
 
 def bulk_set(model, fields: list[str], objects: list) -> None:
     """UPDATE many rows' columns in one statement: ``unnest`` of arrays on PostgreSQL when
-    every column is a BigIntegerField; ``bulk_update`` otherwise; a plain UPDATE for one row.
-    ``objects`` are model instances or anything with ``pk`` and the fields."""
+    every column is a big integer (a foreign key to one too) or text; ``bulk_update``
+    otherwise; a plain UPDATE for one row. ``objects`` are model instances or anything with
+    ``pk`` and the fields (a foreign key by its ``…_id`` name)."""
     if not objects:
         return
+    model_fields = [model._meta.get_field(name) for name in fields]
+    names = [f.attname for f in model_fields]
     if len(objects) == 1:
         obj = objects[0]
-        model._base_manager.filter(pk=obj.pk).update(**{f: getattr(obj, f) for f in fields})
+        model._base_manager.filter(pk=obj.pk).update(**{n: getattr(obj, n) for n in names})
         return
-    model_fields = [model._meta.get_field(name) for name in fields]
-    if connection.vendor != "postgresql" or any(
-        f.get_internal_type() != "BigIntegerField" for f in model_fields
-    ):
+    types = [_array_type(f) for f in model_fields]
+    if connection.vendor != "postgresql" or None in types:
         instances = [
             obj
             if isinstance(obj, model)
-            else model(pk=obj.pk, **{f: getattr(obj, f) for f in fields})
+            else model(pk=obj.pk, **{n: getattr(obj, n) for n in names})
             for obj in objects
         ]
         model._base_manager.bulk_update(instances, fields, batch_size=500)
@@ -200,20 +201,37 @@ def bulk_set(model, fields: list[str], objects: list) -> None:
     table = quote(model._meta.db_table)
     columns = [quote(f.column) for f in model_fields]
     sets = ", ".join(f"{column} = v.{column}" for column in columns)
-    arrays = ", ".join(["%s::bigint[]"] * (len(columns) + 1))
-    names = ", ".join([quote("id"), *columns])
+    arrays = ", ".join(["%s::bigint[]", *(f"%s::{t}" for t in types)])
+    aliases = ", ".join([quote("id"), *columns])
     # The second id condition lets PostgreSQL fetch the rows through the primary key; with the
     # join alone it hashes a scan of the whole table, every batch.
     sql = (
-        f"UPDATE {table} SET {sets} FROM unnest({arrays}) AS v({names})"  # noqa: S608
+        f"UPDATE {table} SET {sets} FROM unnest({arrays}) AS v({aliases})"  # noqa: S608
         f" WHERE {table}.id = v.id AND {table}.id = ANY(%s::bigint[])"
     )
     ids = bigint_array(obj.pk for obj in objects)
-    columns_values = [bigint_array(getattr(obj, name) for obj in objects) for name in fields]
+    columns_values = [
+        bigint_array(getattr(obj, name) for obj in objects)
+        if array_type == "bigint[]"
+        else [getattr(obj, name) for obj in objects]
+        for name, array_type in zip(names, types, strict=True)
+    ]
     params = [ids, *columns_values, ids]
     connection.ensure_connection()
     with psycopg.Cursor(connection.connection) as cursor:
         cursor.execute(sql, params)
+
+
+def _array_type(field) -> str | None:
+    """The PostgreSQL array type ``bulk_set`` sends a column's values as, if it can."""
+    kind = field.get_internal_type()
+    if kind in ("ForeignKey", "OneToOneField"):
+        kind = field.target_field.get_internal_type()
+    if kind in ("BigIntegerField", "BigAutoField"):
+        return "bigint[]"
+    if kind in ("CharField", "TextField"):
+        return "text[]"
+    return None
 
 
 def lock_open_holds(hold_ids: list[int]) -> list[tuple]:

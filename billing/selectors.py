@@ -51,6 +51,24 @@ def team_earnings_balance(team_id: int) -> int:
     )
 
 
+def teams_balances(team_ids: list[int]) -> dict[int, tuple[Balance, int]]:
+    """Each team's balance and earnings, in one query for any number of teams."""
+    found: dict[int, dict[str, int]] = {team_id: {} for team_id in team_ids}
+    rows = Account.objects.filter(
+        team_id__in=team_ids,
+        kind__in=[AccountKind.AVAILABLE, AccountKind.HELD, AccountKind.EARNINGS],
+    ).values_list("team_id", "kind", "balance")
+    for team_id, kind, balance in rows:
+        found[team_id][kind] = balance
+    return {
+        team_id: (
+            Balance(kinds.get(AccountKind.AVAILABLE, 0), kinds.get(AccountKind.HELD, 0)),
+            kinds.get(AccountKind.EARNINGS, 0),
+        )
+        for team_id, kinds in found.items()
+    }
+
+
 def team_low_balance(team_id: int, needed: int) -> bool:
     """True when the team's available credit would not cover ``needed`` (e.g. the next
     extension of a running rental)."""

@@ -53,8 +53,16 @@ async def _send_all(layer, messages: list[tuple[str, dict[str, Any]]], what: str
 
 
 def publish_team_event(team_id: int, event_type: str, data: dict[str, Any]) -> None:
-    message = {"type": "team.event", "event": event_type, "data": data}
-    _send_on_commit([(team_group(team_id), message)], event_type)
+    publish_team_events(event_type, [(team_id, data)])
+
+
+def publish_team_events(event_type: str, events: list[tuple[int, dict[str, Any]]]) -> None:
+    """Many teams' events of one type, (team id, data) each, sent together."""
+    messages = [
+        (team_group(team_id), {"type": "team.event", "event": event_type, "data": data})
+        for team_id, data in events
+    ]
+    _send_on_commit(messages, event_type)
 
 
 def publish_instance_event(
@@ -64,19 +72,20 @@ def publish_instance_event(
     publish_instance_events(event_type, [(team_id, instance_id, data)])
 
 
-def publish_instance_events(event_type: str, events: list[tuple[int, int, dict[str, Any]]]) -> None:
-    """Many instances' events of one type, (team id, instance id, data) each, sent together."""
+def publish_instance_events(
+    event_type: str, events: list[tuple[int, int, dict[str, Any]]], *, new: bool = False
+) -> None:
+    """Many instances' events of one type, (team id, instance id, data) each, sent together.
+    ``new``: the instances are being created in this transaction, so no page of theirs can be
+    open yet; the teams' consoles alone are told."""
     messages = []
     for team_id, instance_id, data in events:
         messages.append(
             (team_group(team_id), {"type": "team.event", "event": event_type, "data": data})
         )
-        messages.append(
-            (
-                instance_group(instance_id),
-                {"type": "instance.event", "event": event_type, "data": data},
-            )
-        )
+        if not new:
+            message = {"type": "instance.event", "event": event_type, "data": data}
+            messages.append((instance_group(instance_id), message))
     _send_on_commit(messages, event_type)
 
 

@@ -33,6 +33,8 @@ class MachineSnapshot:
     price_per_gpu_hour: int
     reliability: float
     region: str = ""
+    min_gpus: int = 1  # the machine rents at least this many GPUs at a time
+    disk_per_gpu_gb: float = float("inf")
 
 
 CHEAPEST, BINPACK, SPREAD = "cheapest", "binpack", "spread"
@@ -43,11 +45,13 @@ POLICIES = (CHEAPEST, BINPACK, SPREAD)
 class PlacementRequest:
     gpu_count: int
     gpu_name: str | None = None
+    gpu_names: frozenset[str] | None = None  # any of these models (with or beside gpu_name)
     max_price_per_gpu_hour: int | None = None
     min_reliability: float = 0.0
     regions: frozenset[str] | None = None
     policy: str = CHEAPEST
     avoid_machine_ids: frozenset[int] = frozenset()
+    min_disk_per_gpu_gb: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -109,7 +113,7 @@ class Planner:
     def _best(self, request: PlacementRequest, avoid: frozenset[int]):
         """(sort key, free count) of the machine the policy prefers, or None."""
         best, best_rank = None, None
-        names = [request.gpu_name] if request.gpu_name else self._names
+        names = self._names_for(request)
         for free in range(request.gpu_count, 65):
             for name in names:
                 bucket = self._buckets.get((name, free))
@@ -129,6 +133,12 @@ class Planner:
                 return best  # no bucket with more free GPUs ranks before this one
         return best
 
+    def _names_for(self, request: PlacementRequest):
+        if not (request.gpu_name or request.gpu_names):
+            return self._names
+        wanted = {*(request.gpu_names or ()), *([request.gpu_name] if request.gpu_name else [])}
+        return sorted(wanted & self._names)
+
     def _first_fit(self, bucket, request: PlacementRequest, avoid: frozenset[int]):
         for price, negative_reliability, machine_id in bucket:
             if (
@@ -142,8 +152,21 @@ class Planner:
                 continue
             if machine_id in avoid:
                 continue
+            info = self._info[machine_id]
+            if info.min_gpus > request.gpu_count:
+                continue
+            if info.disk_per_gpu_gb < request.min_disk_per_gpu_gb:
+                continue
             return (price, negative_reliability, machine_id)
         return None
+
+    def forget(self, machine_id: int) -> None:
+        """Place nothing more on the machine (it refused a rental: taken, gone offline)."""
+        machine = self._info.get(machine_id)
+        free = len(self._free.get(machine_id, ()))
+        if machine is not None and free:
+            self._remove(machine, free)
+            self._free[machine_id] = []
 
     def release(self, machine_id: int, gpu_ids: tuple[int, ...]) -> None:
         machine = self._info[machine_id]

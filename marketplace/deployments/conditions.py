@@ -14,7 +14,7 @@ from marketplace.models import Deployment, Offer
 from marketplace.models.deployments import PlacementPolicy
 from marketplace.services.offers import short_gpu_name
 from scheduler.models import Instance
-from scheduler.placement import BINPACK, SPREAD, MachineSnapshot, PlacementRequest
+from scheduler.placement import BINPACK, SPREAD, PlacementRequest
 
 
 def gpu_model(name: str) -> str:
@@ -53,32 +53,21 @@ def matching_offers(deployment: Deployment) -> QuerySet[Offer]:
     return offers
 
 
-def machine_snapshots(deployment: Deployment) -> list[MachineSnapshot]:
-    """The placement engine's view of the matching machines. Renting picks the GPUs itself,
-    so the free GPUs need only be counted, not named."""
-    rows = matching_offers(deployment).values_list(
-        "machine_id", "gpu_name", "num_gpus", "price_per_gpu_hour", "reliability", "geolocation"
-    )
-    return [
-        MachineSnapshot(
-            machine_id=machine_id,
-            gpu_name=gpu_name.upper(),
-            free_gpu_ids=tuple(range(free)),
-            price_per_gpu_hour=price,
-            reliability=reliability,
-            region=region,
-        )
-        for machine_id, gpu_name, free, price, reliability, region in rows
-    ]
-
-
 def placement_request(deployment: Deployment, *, avoid: set[int]) -> PlacementRequest:
-    """The snapshots are already filtered by the conditions; what is left is the size and the
-    policy."""
-    if deployment.policy == PlacementPolicy.BINPACK:
-        return PlacementRequest(gpu_count=deployment.gpus_per_replica, policy=BINPACK)
+    """A replica's request to the placement engine: its size, every condition (a snapshot of
+    the whole fleet is shared by many deployments' passes) and the policy; ``avoid`` is where
+    the deployment's replicas already are (spread places elsewhere while it can)."""
     return PlacementRequest(
-        gpu_count=deployment.gpus_per_replica, policy=SPREAD, avoid_machine_ids=frozenset(avoid)
+        gpu_count=deployment.gpus_per_replica,
+        gpu_names=frozenset(gpu_model(name) for name in deployment.gpu_names) or None,
+        max_price_per_gpu_hour=deployment.max_price_per_gpu_hour,
+        min_reliability=deployment.min_reliability,
+        regions=frozenset(deployment.regions) or None,
+        policy=BINPACK if deployment.policy == PlacementPolicy.BINPACK else SPREAD,
+        avoid_machine_ids=frozenset(avoid)
+        if deployment.policy == PlacementPolicy.SPREAD
+        else frozenset(),
+        min_disk_per_gpu_gb=deployment.disk_gb / deployment.gpus_per_replica,
     )
 
 

@@ -21,39 +21,31 @@ the next pass starts from what was committed.
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 
-from django.core.exceptions import ValidationError
 from django.db import transaction
-from django.db.models import Count, F, Sum
+from django.db.models import Count
 from django.utils import timezone
 
-from billing.errors import InsufficientCredit
-from billing.models import Hold
-from billing.usd import format_usd
-from hosts.models import Machine, MachineStatus
+from hosts.models import MachineStatus
 from marketplace.deployments import rolling
 from marketplace.deployments.conditions import (
     instance_meets_conditions,
-    machine_snapshots,
-    placement_request,
-    queue_reason,
     replica_runs_spec,
     spec_hash,
 )
-from marketplace.models import Deployment, Rental, Replica
+from marketplace.deployments.placing import Fleet, Placing, place_queued
+from marketplace.models import Deployment, Replica
 from marketplace.models.deployments import (
     LIVE_REPLICA_STATES,
     DeploymentMode,
     DeploymentState,
     ReplicaState,
 )
-from marketplace.services.pricing import rental_quote
 from marketplace.services.renter_actions import rental_destroy_request
-from marketplace.services.renting import OfferUnavailable, RentalRequest, rental_create
 from scheduler.models import Instance, InstanceState
-from scheduler.placement import Planner
-from scheduler.services import NoCapacity
 
 logger = logging.getLogger(__name__)
 
@@ -72,9 +64,9 @@ BACKOFF_MAX = timedelta(minutes=5)
 def deployment_reconcile(*, deployment_id: int, wait: bool = True) -> bool:
     """One pass over the deployment; True when it changed anything.
 
-    ``wait=False`` (the sweep) skips a deployment another worker is reconciling right now:
-    that pass sees the same state. Events wait for the lock, since the pass under way may
-    have read the deployment before the event's change.
+    ``wait=False`` skips a deployment another worker is reconciling right now: that pass sees
+    the same state. Events wait for the lock, since the pass under way may have read the
+    deployment before the event's change.
     """
     with transaction.atomic():
         locked = Deployment.objects.select_for_update(skip_locked=not wait, of=("self",))
@@ -84,45 +76,142 @@ def deployment_reconcile(*, deployment_id: int, wait: bool = True) -> bool:
         return reconcile_locked(deployment)
 
 
+def deployments_reconcile(deployment_ids: list[int], *, fleet: Fleet) -> int:
+    """Passes over many deployments in one transaction, their queued replicas placed together
+    over ``fleet`` (the sweep's); returns how many changed. Deployments another worker is
+    reconciling now are skipped."""
+    with transaction.atomic():
+        deployments = list(
+            Deployment.objects.select_for_update(skip_locked=True, of=("self",))
+            .select_related("team")
+            .filter(pk__in=deployment_ids)
+            .order_by("pk")
+        )
+        return sum(reconcile_many_locked(deployments, fleet=fleet))
+
+
 def reconcile_locked(deployment: Deployment) -> bool:
     """The pass itself; the caller holds the deployment's row lock in a transaction."""
-    replicas = list(
-        deployment.replicas.filter(state__in=LIVE_REPLICA_STATES)
-        .select_related("instance__machine", "instance__rental")
-        .order_by("created_at", "pk")
-    )
-    changed = False
+    [changed] = reconcile_many_locked([deployment], fleet=None)
+    return changed
+
+
+def reconcile_many_locked(deployments: list[Deployment], *, fleet: Fleet | None) -> list[bool]:
+    """Passes over locked deployments: each observes and decides what it wants, then all
+    their queued replicas are placed at once (over ``fleet``, or the offers matching a lone
+    deployment's conditions), then each finishes. Returns whether each changed anything."""
+    reads = _Reads.of(deployments)
+    passes = [_observe_and_want(deployment, reads) for deployment in deployments]
+    placings = [p.placing for p in passes if p.placing is not None]
+    if placings:
+        place_queued(placings, fleet or Fleet.matching(placings[0].deployment))
+    return [_finish(p) for p in passes]
+
+
+@dataclass(eq=False)
+class _Pass:
+    deployment: Deployment
+    changed: bool = False
+    current: str = ""
+    rolling: bool = False
+    placing: Placing | None = None
+    reason: str = ""
+
+
+@dataclass
+class _Reads:
+    """What passes over many deployments read together before any of them changes anything,
+    a query each: their live replicas, which of them have ended replicas whose rentals are
+    still up, and their recent failures (newest first). A pass that changes something reads
+    its own again."""
+
+    live: dict[int, list[Replica]]
+    leftovers: set[int]
+    failures: dict[int, list[tuple[datetime, str]]]
+
+    @classmethod
+    def of(cls, deployments: list[Deployment]) -> _Reads:
+        by_pk = {deployment.pk: deployment for deployment in deployments}
+        live: dict[int, list[Replica]] = defaultdict(list)
+        for replica in _live_replicas().filter(deployment_id__in=by_pk):
+            replica.deployment = by_pk[replica.deployment_id]
+            live[replica.deployment_id].append(replica)
+        leftovers = set(
+            _leftover_instances()
+            .filter(replica__deployment_id__in=by_pk)
+            .values_list("replica__deployment_id", flat=True)
+        )
+        failures: dict[int, list[tuple[datetime, str]]] = defaultdict(list)
+        rows = _recent_failures().filter(deployment_id__in=by_pk)
+        for deployment_id, ended_at, reason in rows.values_list(
+            "deployment_id", "ended_at", "reason"
+        ):
+            failures[deployment_id].append((ended_at, reason))
+        return cls(live=live, leftovers=leftovers, failures=failures)
+
+
+def _observe_and_want(deployment: Deployment, reads: _Reads) -> _Pass:
+    """A pass up to placing: replicas follow their instances, a job settles, mismatched
+    replicas end, the count is brought to what is wanted (or a roll takes its step), ended
+    replicas' rentals are destroyed; what is left queued is to be placed."""
+    this = _Pass(deployment)
+    replicas = reads.live[deployment.pk]
     for replica in replicas:
-        changed |= replica_follow_instance(replica)
-    changed |= _settle_job(deployment)
+        this.changed |= replica_follow_instance(replica)
+    this.changed |= _settle_job(deployment)
     live = [r for r in replicas if r.is_live]
     if deployment.state != DeploymentState.ACTIVE:
         for replica in live:
-            changed |= replica_end(replica, R.STOPPED, f"The deployment is {deployment.state}")
-        reason = ""
+            this.changed |= replica_end(replica, R.STOPPED, f"The deployment is {deployment.state}")
+        return this
+    this.current = spec_hash(deployment)
+    changed = _replace_mismatched(deployment, live, this.current)
+    live = [r for r in live if r.is_live]
+    old = rolling.old_replicas(deployment, live, this.current)
+    this.rolling = bool(old)
+    if old:
+        changed |= _apply(deployment, rolling.plan_roll(live, old, wanted_live(deployment)))
     else:
-        current = spec_hash(deployment)
-        changed |= _replace_mismatched(deployment, live, current)
-        live = [r for r in live if r.is_live]
-        old = rolling.old_replicas(deployment, live, current)
-        if old:
-            changed |= _apply(deployment, rolling.plan_roll(live, old, wanted_live(deployment)))
-        else:
-            changed |= _scale(deployment, live)
-        # What ended stops before anything new is placed (a surge of one, not two).
+        changed |= _scale(deployment, live)
+    # What ended stops before anything new is placed (a surge of one, not two).
+    if this.changed or changed or deployment.pk in reads.leftovers:
         changed |= _destroy_ended_rentals(deployment)
+    if changed:
         live = _live(deployment)
-        placed, reason = _place_queued(deployment, live, current)
-        changed |= placed
-        if old:
-            rolled, reason = _roll_in_place(deployment, current, reason)
-            changed |= rolled
-    changed |= _destroy_ended_rentals(deployment)
-    if reason != deployment.queue_reason:
-        deployment.queue_reason = reason
+    queued = [r for r in live if r.state == R.QUEUED]
+    if queued:
+        failures = reads.failures[deployment.pk]
+        if this.changed:  # a replica may have failed just now
+            failures = list(
+                _recent_failures().filter(deployment=deployment).values_list("ended_at", "reason")
+            )
+        this.reason = _failure_backoff(failures)
+    this.changed |= changed
+    if queued and not this.reason:
+        avoid = {r.instance.machine_id for r in live if r.instance is not None}
+        this.placing = Placing(deployment, queued, avoid=avoid, spec=this.current)
+    return this
+
+
+def _finish(this: _Pass) -> bool:
+    """The rest of a pass after placing: a roll that found no room replaces in place, ended
+    replicas' rentals are destroyed, and the deployment says why replicas wait."""
+    deployment = this.deployment
+    if this.placing is not None:
+        this.changed |= this.placing.placed > 0
+        this.reason = this.placing.reason
+    ended_now = deployment.state != DeploymentState.ACTIVE
+    if this.rolling:
+        rolled, this.reason = _roll_in_place(deployment, this.current, this.reason)
+        this.changed |= rolled
+        ended_now |= rolled
+    if ended_now:
+        this.changed |= _destroy_ended_rentals(deployment)
+    if this.reason != deployment.queue_reason:
+        deployment.queue_reason = this.reason
         deployment.save(update_fields=["queue_reason", "updated_at"])
-        changed = True
-    return changed
+        this.changed = True
+    return this.changed
 
 
 # --- observing ------------------------------------------------------------------------------
@@ -184,20 +273,22 @@ def replica_end(replica: Replica, state: str, reason: str) -> bool:
 def _destroy_ended_rentals(deployment: Deployment) -> bool:
     """Every ended replica's rental is destroyed, so its money and GPUs stop. A query, not a
     list of what this pass ended: it also finishes what a killed worker left."""
-    leftovers = (
-        Instance.objects.filter(
-            replica__deployment=deployment, replica__state__in=ENDED_REPLICA_STATES
-        )
-        .exclude(state__in=GONE_INSTANCE_STATES)
-        .select_related("replica")
-    )
     changed = False
-    for instance in leftovers:
+    for instance in _leftover_instances().filter(replica__deployment=deployment):
         rental_destroy_request(
             instance=instance, reason=f"Replica {instance.replica.state}: {instance.replica.reason}"
         )
         changed = True
     return changed
+
+
+def _leftover_instances():
+    """Instances of ended replicas not yet being destroyed."""
+    return (
+        Instance.objects.filter(replica__state__in=ENDED_REPLICA_STATES)
+        .exclude(state__in=GONE_INSTANCE_STATES)
+        .select_related("replica")
+    )
 
 
 # --- wanting --------------------------------------------------------------------------------
@@ -237,10 +328,14 @@ def wanted_live(deployment: Deployment) -> int:
 
 
 def _live(deployment: Deployment) -> list[Replica]:
-    return list(
-        deployment.replicas.filter(state__in=LIVE_REPLICA_STATES)
+    return list(_live_replicas().filter(deployment=deployment))
+
+
+def _live_replicas():
+    return (
+        Replica.objects.filter(state__in=LIVE_REPLICA_STATES)
         .select_related("instance__machine", "instance__rental")
-        .order_by("created_at", "pk")
+        .order_by("deployment_id", "created_at", "pk")
     )
 
 
@@ -277,7 +372,8 @@ def _roll_in_place(deployment: Deployment, current: str, reason: str) -> tuple[b
     old = rolling.old_replicas(deployment, live, current)
     if not old or not reason:
         return False, reason
-    if _failure_backoff(deployment):
+    failures = _recent_failures().filter(deployment=deployment).values_list("ended_at", "reason")
+    if _failure_backoff(list(failures)):
         return False, f"rolling update waits: {reason}"
     victim = rolling.in_place_victim(live, old, wanted_live(deployment))
     if victim is None:
@@ -312,118 +408,28 @@ def _scale(deployment: Deployment, live: list[Replica]) -> bool:
 # --- placing --------------------------------------------------------------------------------
 
 
-def _failure_backoff(deployment: Deployment) -> str:
-    """Why replacements must wait now (replicas keep failing), or ""."""
+def _recent_failures():
+    """Replicas that failed in the last RECENT_FAILURES, newest first."""
     since = timezone.now() - RECENT_FAILURES
-    recent = deployment.replicas.filter(state=R.FAILED, ended_at__gte=since).order_by("-ended_at")
-    count = recent.count()
+    return Replica.objects.filter(state=R.FAILED, ended_at__gte=since).order_by("-ended_at")
+
+
+def _failure_backoff(failures: list[tuple[datetime, str]]) -> str:
+    """Why replacements must wait now, given the deployment's recent failures (ended at,
+    reason; newest first), or ""."""
+    count = len(failures)
     if count < 2:
         return ""
+    last_ended, last_reason = failures[0]
     wait = min(BACKOFF_START * 2 ** (count - 2), BACKOFF_MAX)
-    next_try = recent[0].ended_at + wait
-    if timezone.now() >= next_try:
+    next_try = last_ended + wait
+    now = timezone.now()
+    if now >= next_try:
         return ""
-    seconds = int((next_try - timezone.now()).total_seconds()) + 1
+    seconds = int((next_try - now).total_seconds()) + 1
     return (
-        f"{count} replicas failed in the last 10 minutes (last: {recent[0].reason or 'no reason'}); "
+        f"{count} replicas failed in the last 10 minutes (last: {last_reason or 'no reason'}); "
         f"trying again in {seconds} s"
-    )
-
-
-def _place_queued(deployment: Deployment, live: list[Replica], current: str) -> tuple[bool, str]:
-    """Place queued replicas, in order, on the machines the policy prefers. Returns whether
-    any was placed, and why the rest wait ("" when none does)."""
-    queued = [r for r in live if r.state == R.QUEUED]
-    if not queued:
-        return False, ""
-    waiting = _failure_backoff(deployment)
-    if waiting:
-        return False, waiting
-    planner = Planner(machine_snapshots(deployment))
-    avoid = {r.instance.machine_id for r in live if r.instance is not None}
-    placed_any = False
-    for replica in queued:
-        outcome = _place_one(deployment, replica, planner, avoid, current)
-        if outcome is not None:
-            return placed_any, outcome
-        placed_any = True
-    return placed_any, ""
-
-
-def _place_one(
-    deployment: Deployment, replica: Replica, planner: Planner, avoid: set[int], current: str
-):
-    """Rent the best machine for this replica; None when placed, else why it waits. A machine
-    taken or changed since the offers were read is skipped for the next candidate (the
-    planner has already counted its GPUs as used)."""
-    while True:
-        placement = planner.place(placement_request(deployment, avoid=avoid))
-        if placement is None:
-            return queue_reason(deployment)
-        over_budget = _over_budget(deployment, placement.machine_id)
-        if over_budget:
-            return over_budget
-        try:
-            # A savepoint: a refusal rolls back that rental alone, not the pass.
-            rental = rental_create(
-                team=deployment.team, request=rental_request(deployment, placement.machine_id)
-            )
-        except (OfferUnavailable, NoCapacity, ValidationError) as error:
-            logger.info(
-                "deployment %s: machine %s refused: %s", deployment.pk, placement.machine_id, error
-            )
-            continue
-        except InsufficientCredit as error:
-            return f"not enough credit to place a replica: {error}"
-        replica.instance = rental.instance
-        replica.state = R.PLACED
-        replica.spec_hash = current
-        replica.save(update_fields=["instance", "state", "spec_hash"])
-        avoid.add(placement.machine_id)
-        return None
-
-
-def budget_committed(deployment: Deployment) -> int:
-    """What the deployment's rentals have spent or still hold: their holds less what was
-    released (a destroyed replica's unused time goes back to the budget)."""
-    holds = Hold.objects.filter(
-        pk__in=Rental.objects.filter(instance__replica__deployment=deployment).values("hold_id")
-    )
-    return holds.aggregate(total=Sum(F("amount") - F("released")))["total"] or 0
-
-
-def _over_budget(deployment: Deployment, machine_id: int) -> str:
-    """Why renting this machine for one more replica would pass the budget, or ""."""
-    if deployment.budget is None:
-        return ""
-    machine = Machine.objects.get(pk=machine_id)
-    cost = rental_quote(
-        machine=machine,
-        gpu_count=deployment.gpus_per_replica,
-        disk_gb=deployment.disk_gb,
-        hours=deployment.duration_hours,
-    ).total
-    committed = budget_committed(deployment)
-    if committed + cost <= deployment.budget:
-        return ""
-    return (
-        f"the budget of {format_usd(deployment.budget)} is reached: its replicas have spent or "
-        f"hold {format_usd(committed)}, and one more needs {format_usd(cost)}"
-    )
-
-
-def rental_request(deployment: Deployment, machine_id: int) -> RentalRequest:
-    return RentalRequest(
-        machine_id=machine_id,
-        gpu_count=deployment.gpus_per_replica,
-        image=deployment.image,
-        hours=deployment.duration_hours,
-        disk_gb=deployment.disk_gb,
-        launch_mode=deployment.launch_mode,
-        env=dict(deployment.env),
-        ports=list(deployment.ports),
-        entrypoint=deployment.entrypoint,
-        args=list(deployment.args),
     )
 
 

@@ -25,7 +25,12 @@ from django.db.models import Count, F, Q
 from django.db.models.functions import Greatest, Least
 
 from hosts.models import MachineStatus
-from marketplace.deployments.reconciler import ENDED_REPLICA_STATES, deployment_reconcile
+from marketplace.deployments.placing import Fleet
+from marketplace.deployments.reconciler import (
+    ENDED_REPLICA_STATES,
+    deployment_reconcile,
+    deployments_reconcile,
+)
 from marketplace.models import Deployment, Replica
 from marketplace.models.deployments import (
     LIVE_REPLICA_STATES,
@@ -44,13 +49,35 @@ def deployments_unsettled() -> set[int]:
 
 
 def deployments_sweep() -> int:
-    """A pass over every unsettled deployment, each in its own transaction; returns how many
-    changed. A deployment another worker is reconciling now is skipped: that pass sees it."""
+    """Passes over every unsettled deployment, ``CHUNK`` deployments to a transaction, their
+    queued replicas placed together over one snapshot of the fleet; returns how many changed.
+    A deployment another worker is reconciling now is skipped: that pass sees it. A chunk that
+    fails is passed over again one deployment at a time, so one broken deployment does not
+    starve the others."""
     changed = 0
-    for deployment_id in sorted(deployments_unsettled()):
+    fleet = Fleet.whole()  # read only if some replica is to be placed
+    unsettled = sorted(deployments_unsettled())
+    for start in range(0, len(unsettled), CHUNK):
+        chunk = unsettled[start : start + CHUNK]
+        try:
+            changed += deployments_reconcile(chunk, fleet=fleet)
+        except Exception:
+            logger.exception("reconciling deployments %s to %s failed", chunk[0], chunk[-1])
+            changed += _one_by_one(chunk)
+    return changed
+
+
+# Deployments to a transaction in a sweep: enough that placing a backlog rents hundreds of
+# replicas per statement, few enough that a chunk's locks are held for well under a second.
+CHUNK = 50
+
+
+def _one_by_one(deployment_ids: list[int]) -> int:
+    changed = 0
+    for deployment_id in deployment_ids:
         try:
             changed += deployment_reconcile(deployment_id=deployment_id, wait=False)
-        except Exception:  # one broken deployment must not starve the others
+        except Exception:
             logger.exception("reconciling deployment %s failed", deployment_id)
     return changed
 

@@ -5,25 +5,24 @@ from __future__ import annotations
 from django.dispatch import receiver
 
 from billing.money import format_usd
-from billing.selectors import team_balance, team_earnings_balance
+from billing.selectors import teams_balances
 from billing.signals import balance_changed
 from billing.usd import micro_to_decimal_str as dollars
-from marketplace.events import publish_team_event
+from marketplace.events import publish_team_events
 
 
 @receiver(balance_changed, dispatch_uid="marketplace.push_balance_changed")
-def push_balance_changed(sender, team_id: int, **kwargs) -> None:
-    """Consoles of the team show the new balance without a reload. Amounts are dollar decimal
-    strings, as everywhere in the API; ``…_display`` is the console's rounded text."""
-    balance = team_balance(team_id)
-    publish_team_event(
-        team_id,
-        "balance.changed",
-        {
+def push_balance_changed(sender, team_ids: list[int], **kwargs) -> None:
+    """Consoles of the teams show their new balances without a reload. Amounts are dollar
+    decimal strings, as everywhere in the API; ``…_display`` is the console's rounded text."""
+    events = []
+    for team_id, (balance, earnings) in teams_balances(team_ids).items():
+        data = {
             "available": dollars(balance.available),
             "held": dollars(balance.held),
-            "earnings": dollars(team_earnings_balance(team_id)),
+            "earnings": dollars(earnings),
             "available_display": format_usd(balance.available),
             "held_display": format_usd(balance.held),
-        },
-    )
+        }
+        events.append((team_id, data))
+    publish_team_events("balance.changed", events)

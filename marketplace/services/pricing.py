@@ -29,11 +29,29 @@ class Quote:
 
 
 def rental_quote(*, machine: Machine, gpu_count: int, disk_gb: int, hours: float) -> Quote:
+    return quote_at(
+        price_per_gpu_hour=machine.price_per_gpu_hour,
+        storage_price_per_gb_month=machine.storage_price_per_gb_month,
+        gpu_count=gpu_count,
+        disk_gb=disk_gb,
+        hours=hours,
+    )
+
+
+def quote_at(
+    *,
+    price_per_gpu_hour: int,
+    storage_price_per_gb_month: int,
+    gpu_count: int,
+    disk_gb: int,
+    hours: float,
+) -> Quote:
+    """What renting at these prices holds (a machine's, or an offer's as a snapshot read it)."""
     seconds = round(hours * 3600)
     return Quote(
-        gpu=usage_owed(rate_per_hour=machine.price_per_gpu_hour * gpu_count, seconds=seconds),
+        gpu=usage_owed(rate_per_hour=price_per_gpu_hour * gpu_count, seconds=seconds),
         storage=storage_owed(
-            price_per_gb_month=machine.storage_price_per_gb_month, disk_gb=disk_gb, seconds=seconds
+            price_per_gb_month=storage_price_per_gb_month, disk_gb=disk_gb, seconds=seconds
         ),
     )
 

@@ -277,6 +277,7 @@ def _rentals_write(
             )
             for instance in instances
         ],
+        new=True,
     )
     offers_refresh({a.machine.pk for a in accepted})
     for instance in instances:

@@ -278,8 +278,8 @@ def test_balance_changed_sent_on_commit(renter_team, django_capture_on_commit_ca
 
     seen = []
 
-    def receiver(sender, team_id, **kwargs):
-        seen.append(team_id)
+    def receiver(sender, team_ids, **kwargs):
+        seen.extend(team_ids)
 
     balance_changed.connect(receiver)
     try:
