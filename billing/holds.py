@@ -46,7 +46,7 @@ from billing.models import (
     UsageKind,
 )
 from billing.money import format_usd, percent_of
-from billing.pg_bulk import bulk_set
+from billing.pg_bulk import bulk_set, insert_models
 
 USAGE_KINDS = frozenset(UsageKind.values)
 
@@ -183,21 +183,20 @@ def holds_create_many(requests: list[HoldRequest]) -> list[Hold]:
         if available < amount:
             raise InsufficientCredit(needed=amount, available=available)
     now = timezone.now()
-    holds = Hold.objects.bulk_create(
-        [
-            Hold(
-                team_id=request.team_id,
-                provider_team_id=request.provider_team_id,
-                reference=request.reference[:120],
-                machine_reference=request.machine_reference[:120],
-                description=request.description[:300],
-                idempotency_key=request.idempotency_key,
-                amount=request.amount,
-                created_at=now,
-            )
-            for request in requests
-        ]
-    )
+    holds = [
+        Hold(
+            team_id=request.team_id,
+            provider_team_id=request.provider_team_id,
+            reference=request.reference[:120],
+            machine_reference=request.machine_reference[:120],
+            description=request.description[:300],
+            idempotency_key=request.idempotency_key,
+            amount=request.amount,
+            created_at=now,
+        )
+        for request in requests
+    ]
+    insert_models(Hold, holds)
     postings_write([_hold_posting(hold, accounts) for hold in holds])
     balances_notify(team_ids)
     return holds

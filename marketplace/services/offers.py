@@ -26,19 +26,24 @@ def offer_score(*, reliability: float, gpu_total_ram_gb: float, dph_total: int) 
     return round(reliability**2 * gpu_total_ram_gb / dollars, 4)
 
 
-def offer_refresh(*, machine_id: int) -> None:
+def offer_refresh(*, machine_id: int) -> Offer | None:
     """Recompute one machine's offer from the machine and its live allocations."""
-    offers_refresh([machine_id])
+    offers = offers_refresh([machine_id])
+    return offers[0] if offers else None
 
 
-def offers_refresh(machine_ids: Iterable[int]) -> None:
+def offers_refresh(
+    machine_ids: Iterable[int], *, machines: list[Machine] | None = None
+) -> list[Offer]:
     """Recompute the offers of many machines in a few statements, whatever their number (a
-    batch of placements touches hundreds): the machines, their present GPUs and which of
-    those are taken, then one upsert."""
+    batch of placements touches hundreds): the machines (``machines`` when the caller has
+    them, read in this transaction), their present GPUs and which of those are taken, then
+    one upsert."""
     ids = sorted(set(machine_ids))
     if not ids:
-        return
-    machines = list(Machine.objects.filter(pk__in=ids))
+        return []
+    if machines is None:
+        machines = list(Machine.objects.filter(pk__in=ids))
     gpus: dict[int, list[tuple[int, int, str, int]]] = defaultdict(list)
     rows = Gpu.objects.filter(machine_id__in=ids, present=True).values_list(
         "machine_id", "index", "pk", "name", "memory_mib"
@@ -55,7 +60,7 @@ def offers_refresh(machine_ids: Iterable[int]) -> None:
         machine.present_gpu_count = len(present)  # the unit sizes divide by it: no query each
         free = sum(1 for _, pk, _, _ in present if pk not in taken)
         offers.append(Offer(machine_id=machine.pk, **_offer_values(machine, present, free, now)))
-    Offer.objects.bulk_create(
+    return Offer.objects.bulk_create(
         offers,
         update_conflicts=True,
         unique_fields=["machine"],

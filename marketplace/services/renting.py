@@ -21,6 +21,7 @@ from django.utils import timezone
 
 from billing import holds
 from billing.errors import InsufficientCredit
+from billing.pg_bulk import insert_models
 from hosts.models import Machine, MachineStatus, MaintenanceWindow
 from hosts.selectors import maintenance_overlapping
 from marketplace.events import publish_instance_events
@@ -209,9 +210,8 @@ def _rentals_write(
     or two each; launches queued and consoles told on commit."""
     if not accepted:
         return []
-    instances = Instance.objects.bulk_create(
-        [_instance_for(a, credentials[a.index], now) for a in accepted]
-    )
+    instances = [_instance_for(a, credentials[a.index], now) for a in accepted]
+    insert_models(Instance, instances)
     allocations_write(
         [
             (instance, a.terms.gpu_ids, a.terms.ports)
@@ -232,26 +232,26 @@ def _rentals_write(
             for a, instance in zip(accepted, instances, strict=True)
         ]
     )
-    rentals = Rental.objects.bulk_create(
-        [
-            Rental(
-                team=a.team,
-                provider_team_id=a.machine.team_id,
-                machine=a.machine,
-                instance=instance,
-                gpu_count=a.request.gpu_count,
-                price_per_gpu_hour=a.machine.price_per_gpu_hour,
-                storage_price_per_gb_month=a.machine.storage_price_per_gb_month,
-                disk_gb=a.request.disk_gb,
-                starts_at=now,
-                ends_at=a.terms.ends_at,
-                hold_id=hold.pk,
-                storage_clock_since=now,
-            )
-            for a, instance, hold in zip(accepted, instances, hold_rows, strict=True)
-        ]
-    )
-    InstanceEvent.objects.bulk_create(
+    rentals = [
+        Rental(
+            team=a.team,
+            provider_team_id=a.machine.team_id,
+            machine=a.machine,
+            instance=instance,
+            gpu_count=a.request.gpu_count,
+            price_per_gpu_hour=a.machine.price_per_gpu_hour,
+            storage_price_per_gb_month=a.machine.storage_price_per_gb_month,
+            disk_gb=a.request.disk_gb,
+            starts_at=now,
+            ends_at=a.terms.ends_at,
+            hold_id=hold.pk,
+            storage_clock_since=now,
+        )
+        for a, instance, hold in zip(accepted, instances, hold_rows, strict=True)
+    ]
+    insert_models(Rental, rentals)
+    insert_models(
+        InstanceEvent,
         [
             InstanceEvent(
                 instance=instance,
@@ -259,7 +259,7 @@ def _rentals_write(
                 reason="Rented; waiting for a worker",
             )
             for instance in instances
-        ]
+        ],
     )
     # The team's other consoles list them at once (sent only if this commits).
     publish_instance_events(
@@ -279,7 +279,8 @@ def _rentals_write(
         ],
         new=True,
     )
-    offers_refresh({a.machine.pk for a in accepted})
+    rented = {a.machine.pk: a.machine for a in accepted}
+    offers_refresh(rented, machines=list(rented.values()))
     for instance in instances:
         work_enqueue_on_commit(instance.pk, InstanceState.LAUNCHING)
     return rentals

@@ -406,19 +406,33 @@ def test_demo_step_grants_the_renter_500_once():
     assert team_balance(team_id).available == 500 * USD
 
 
-def test_balance_changes_are_pushed_to_the_team(
-    team, django_capture_on_commit_callbacks, monkeypatch
-):
-    from marketplace.receivers import billing as receivers
+def test_balance_changes_are_pushed_to_the_team(team, django_capture_on_commit_callbacks):
+    """Through the real channel layer: a socket of the team's group receives the new balance
+    once the grant commits."""
+    import asyncio
 
-    pushed = []
-    monkeypatch.setattr(receivers, "publish_team_event", lambda *args: pushed.append(args))
-    with django_capture_on_commit_callbacks(execute=True):
-        credit_grant(team_id=team.id, amount=7 * USD, reason="x", idempotency_key="push")
-    assert pushed == [(team.id, "balance.changed", {
+    from asgiref.sync import async_to_sync
+    from channels.layers import get_channel_layer
+
+    from marketplace.events import team_group
+
+    layer = get_channel_layer()
+    channel = async_to_sync(layer.new_channel)()
+    async_to_sync(layer.group_add)(team_group(team.id), channel)
+
+    async def next_message():
+        return await asyncio.wait_for(layer.receive(channel), timeout=5)
+
+    try:
+        with django_capture_on_commit_callbacks(execute=True):
+            credit_grant(team_id=team.id, amount=7 * USD, reason="x", idempotency_key="push")
+        message = async_to_sync(next_message)()
+    finally:
+        async_to_sync(layer.group_discard)(team_group(team.id), channel)
+    assert message == {"type": "team.event", "event": "balance.changed", "data": {
         "available": "7.000000", "held": "0.000000", "earnings": "0.000000",
         "available_display": "$7.00", "held_display": "$0.00",
-    })]  # fmt: skip
+    }}  # fmt: skip
 
 
 # --- combined captures (the metering sweep charges GPU time and storage at once) ---------------
