@@ -466,8 +466,11 @@ class Pool:
         for attempt in (1, 2):
             connection = self.connection(machine)
             budget = self._session(slot.commands, machine, timeout)
+            started = time.perf_counter()
             try:
-                return connection.run(argv, timeout=timeout)
+                result = connection.run(argv, timeout=timeout)
+                _command_logged(machine, argv, result.exit_code, started, idempotent=idempotent)
+                return result
             except CommandTimeout:
                 raise
             except CommandNotStarted:
@@ -539,6 +542,28 @@ class Pool:
 
 
 pool = Pool()
+
+
+def _command_logged(
+    machine: Machine, argv: list[str], exit_code: int, started: float, *, idempotent: bool
+) -> None:
+    """One line per command, naming only its program and subcommand: the rest of an argv may
+    hold a renter's env values or a registry login. Reads that heartbeats and probes repeat
+    all day (idempotent ones) are DEBUG; the rest INFO. The context bound by the task (request,
+    task, team and instance ids) goes with it."""
+    logger.log(
+        logging.DEBUG if idempotent else logging.INFO,
+        "ssh command %s on machine %s: exit %s",
+        " ".join(argv[:2]),
+        machine.pk,
+        exit_code,
+        extra={
+            "machine_id": machine.pk,
+            "command": " ".join(argv[:2]),
+            "exit_code": exit_code,
+            "duration_ms": round((time.perf_counter() - started) * 1000, 1),
+        },
+    )
 
 
 def run(

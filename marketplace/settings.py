@@ -9,6 +9,7 @@ settings refuse to start without a real secret key and turn on every HTTPS prote
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 import secrets
 from datetime import timedelta
@@ -70,6 +71,7 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",
     "channels",
     "axes",
+    "django_structlog",
     "marketplace",
     "scheduler",
     "hosts",
@@ -77,6 +79,9 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # First and last: django-prometheus times the whole chain and counts each answer by the
+    # URL pattern's name (never the raw path, which would make a series per id).
+    "django_prometheus.middleware.PrometheusBeforeMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -84,10 +89,15 @@ MIDDLEWARE = [
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "marketplace.tenancy.ActiveTeamMiddleware",
+    # A request id (and the user and team) on every log line of the request, and on the
+    # tasks it queues (marketplace/observability/logs.py).
+    "django_structlog.middlewares.RequestMiddleware",
+    "marketplace.observability.logs.TeamContextMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
-    # Last, as django-axes asks: it turns a locked-out log-in into the lockout page.
+    # Last but one, as django-axes asks: it turns a locked-out log-in into the lockout page.
     "axes.middleware.AxesMiddleware",
+    "django_prometheus.middleware.PrometheusAfterMiddleware",
 ]
 
 ROOT_URLCONF = "marketplace.urls"
@@ -323,15 +333,47 @@ SECURE_REFERRER_POLICY = "same-origin"
 SESSION_COOKIE_HTTPONLY = True
 X_FRAME_OPTIONS = "DENY"
 
+# --- Logs, health and metrics (marketplace/observability/) ----------------------------------
+# Structured logs through structlog: one JSON object a line (``json``) or aligned key=value
+# text for people (``console``, the default with DEBUG). See marketplace/observability/logs.py.
+LOG_FORMAT = os.environ.get("LOG_FORMAT", "console" if DEBUG else "json")
+if LOG_FORMAT not in {"json", "console"}:
+    raise ImproperlyConfigured("LOG_FORMAT must be json or console.")
+LOGGING_CONFIG = "marketplace.observability.logs.configure_logging"
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "formatters": {
+        "json": {"()": "marketplace.observability.logs.json_formatter"},
+        "console": {"()": "marketplace.observability.logs.console_formatter"},
+    },
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT}},
     "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
     # WeasyPrint logs each layout step of every PDF invoice at INFO.
     "loggers": {"paramiko": {"level": "WARNING"}, "weasyprint": {"level": "WARNING"}},
 }
+# Tasks queued during a request carry its request id to the worker (the worker side is the
+# boot step in marketplace/celery.py).
+DJANGO_STRUCTLOG_CELERY_ENABLED = True
+# "request_started" only when debugging: "request_finished" says the same and more.
+DJANGO_STRUCTLOG_STATUS_START_LOG_LEVEL = logging.DEBUG
+# An id the proxy in front already gave the request (X-Request-ID) is kept only behind our
+# own proxy; otherwise a client could choose the id of its lines.
+DJANGO_STRUCTLOG_TRUST_UPSTREAM_REQUEST_ID = env_bool("BEHIND_PROXY", False)
+
+# /metrics answers a scraper that sends ``Authorization: Bearer <METRICS_TOKEN>``, or a staff
+# user's session; anyone else gets 404. Empty: staff sessions only.
+METRICS_TOKEN = os.environ.get("METRICS_TOKEN", "")
+# The ledger check behind the ``gpumkt_ledger_consistent`` gauge runs at most this often.
+METRICS_LEDGER_CHECK_SECONDS = int(os.environ.get("METRICS_LEDGER_CHECK_SECONDS", "60"))
+# Workers serve their task metrics on this port (one exporter per worker node; see
+# marketplace/observability/task_metrics.py). Empty: no exporter.
+WORKER_METRICS_PORT = os.environ.get("WORKER_METRICS_PORT", "")
+# Probes and scrapers talk plain HTTP to each process directly (the service manager, the
+# Prometheus server on the private network), so these paths are not redirected to HTTPS.
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$", r"^metrics$"]
+# Readiness checks give each dependency this long to answer.
+READINESS_TIMEOUT_SECONDS = float(os.environ.get("READINESS_TIMEOUT_SECONDS", "1"))
 
 # --- Billing settings ---
 # Share of every usage charge that goes to the platform (percent; decimals allowed, e.g. 12.5).

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 
+import structlog
 from celery import shared_task
 
 from marketplace.deployments import reconciler, sweep
@@ -38,40 +39,54 @@ def _then(task, instance_id: int, outcome: scheduler.WorkOutcome, state: str) ->
     return outcome.state
 
 
+def _rental_context(instance_id: int, team_id: int | None):
+    """Log lines of the task, and of the SSH commands it runs, name the rental and its team
+    (marketplace/observability/logs.py); unbound again after it, as an eager run shares the
+    request's context."""
+    return structlog.contextvars.bound_contextvars(instance_id=instance_id, team_id=team_id)
+
+
 @shared_task(name="marketplace.tasks.rental_launch", bind=True)
 def rental_launch(self, instance_id: int) -> str:
     instance = Instance.objects.filter(pk=instance_id).first()
     if instance is None:
         return "gone"
-    try:
-        credentials = registries.registry_credentials(instance)
-    except registries.RegistryLoginUnreadable as error:
-        outcome = scheduler.instance_launch_fail(
-            instance_id=instance_id, reason=f"Launch refused: {error}"
+    with _rental_context(instance_id, instance.team_id):
+        try:
+            credentials = registries.registry_credentials(instance)
+        except registries.RegistryLoginUnreadable as error:
+            outcome = scheduler.instance_launch_fail(
+                instance_id=instance_id, reason=f"Launch refused: {error}"
+            )
+            return _then(self, instance_id, outcome, InstanceState.LAUNCHING)
+        logger.info("launching instance %s on machine %s", instance_id, instance.machine_id)
+        outcome = scheduler.instance_launch(
+            instance_id=instance_id,
+            ssh_keys=ssh_keys.team_ssh_public_keys(instance.team_id),
+            registry_credentials=credentials,
         )
+        logger.info("launch of instance %s: %s", instance_id, outcome.state)
         return _then(self, instance_id, outcome, InstanceState.LAUNCHING)
-    outcome = scheduler.instance_launch(
-        instance_id=instance_id,
-        ssh_keys=ssh_keys.team_ssh_public_keys(instance.team_id),
-        registry_credentials=credentials,
-    )
-    return _then(self, instance_id, outcome, InstanceState.LAUNCHING)
 
 
 @shared_task(name="marketplace.tasks.rental_stop", bind=True)
 def rental_stop(self, instance_id: int) -> str:
-    if not Instance.objects.filter(pk=instance_id).exists():
+    team_id = Instance.objects.filter(pk=instance_id).values_list("team_id", flat=True).first()
+    if team_id is None:
         return "gone"
-    outcome = scheduler.instance_stop(instance_id=instance_id)
-    return _then(self, instance_id, outcome, InstanceState.STOPPING)
+    with _rental_context(instance_id, team_id):
+        outcome = scheduler.instance_stop(instance_id=instance_id)
+        return _then(self, instance_id, outcome, InstanceState.STOPPING)
 
 
 @shared_task(name="marketplace.tasks.rental_destroy", bind=True)
 def rental_destroy(self, instance_id: int) -> str:
-    if not Instance.objects.filter(pk=instance_id).exists():
+    team_id = Instance.objects.filter(pk=instance_id).values_list("team_id", flat=True).first()
+    if team_id is None:
         return "gone"
-    outcome = scheduler.instance_destroy(instance_id=instance_id)
-    return _then(self, instance_id, outcome, InstanceState.DESTROYING)
+    with _rental_context(instance_id, team_id):
+        outcome = scheduler.instance_destroy(instance_id=instance_id)
+        return _then(self, instance_id, outcome, InstanceState.DESTROYING)
 
 
 def _queue(task):

@@ -2,4 +2,13 @@
 
 from __future__ import annotations
 
-urlpatterns: list = []
+from django.urls import path
+
+from marketplace.observability import metrics, probes, views
+
+urlpatterns = [
+    path("healthz", probes.healthz, name="healthz"),
+    path("readyz", probes.readyz, name="readyz"),
+    path("metrics", metrics.metrics, name="metrics"),
+    path("operator/", views.operator, name="operator"),
+]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 from hosts.runtime import (
     EXIT_DOCKER_ERROR,
     CommandFailed,
@@ -19,6 +21,8 @@ from scheduler.services.containers import existing_container, remove_quietly
 from scheduler.services.errors import LaunchInterrupted
 from scheduler.services.leased_work import WorkOutcome, leased, waiting_for_host
 from scheduler.services.transitions import instance_report_progress, instance_transition, state_of
+
+logger = logging.getLogger(__name__)
 
 # A launch whose host does not answer is tried this many times (about half an hour with the
 # backoff in scheduler.work) before it fails and the rental ends.
@@ -51,6 +55,7 @@ def instance_launch_fail(*, instance_id: int, reason: str) -> WorkOutcome:
 
 
 def _launch_failed(instance_id: int, reason: str) -> WorkOutcome:
+    logger.warning("launch of instance %s failed: %s", instance_id, reason)
     moved = instance_transition(
         instance_id=instance_id,
         to_state=InstanceState.FAILED,
