@@ -87,24 +87,16 @@ def publish_instance_event(
     team_id: int, instance_id: int, event_type: str, data: dict[str, Any]
 ) -> None:
     """To the team's consoles (lists, overview) and to the instance's own page."""
-    publish_instance_events(event_type, [(team_id, instance_id, data)])
-
-
-def publish_instance_events(
-    event_type: str, events: list[tuple[int, int, dict[str, Any]]], *, new: bool = False
-) -> None:
-    """Many instances' events of one type, (team id, instance id, data) each, sent together.
-    ``new``: the instances are being created in this transaction, so no page of theirs can be
-    open yet; the teams' consoles alone are told."""
-    messages = []
-    for team_id, instance_id, data in events:
-        messages.append(
-            (team_group(team_id), {"type": "team.event", "event": event_type, "data": data})
-        )
-        if not new:
-            message = {"type": "instance.event", "event": event_type, "data": data}
-            messages.append((instance_group(instance_id), message))
-    _send_on_commit(messages, event_type)
+    _send_on_commit(
+        [
+            (team_group(team_id), {"type": "team.event", "event": event_type, "data": data}),
+            (
+                instance_group(instance_id),
+                {"type": "instance.event", "event": event_type, "data": data},
+            ),
+        ],
+        event_type,
+    )
 
 
 def publish_access_lost(user_id: int, team_id: int | None) -> None:

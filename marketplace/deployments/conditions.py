@@ -79,8 +79,7 @@ def instance_meets_conditions(deployment: Deployment, instance: Instance) -> boo
     not restart running replicas."""
     rental = instance.rental
     machine = instance.machine
-    first_gpu = machine.gpus.filter(present=True).order_by("index").first()
-    model = gpu_model(first_gpu.name) if first_gpu else ""
+    model = _machine_model(machine)
     return (
         instance.gpu_count == deployment.gpus_per_replica
         and (not deployment.gpu_names or model in {gpu_model(n) for n in deployment.gpu_names})
@@ -90,6 +89,19 @@ def instance_meets_conditions(deployment: Deployment, instance: Instance) -> boo
         )
         and (not deployment.regions or machine.location in deployment.regions)
     )
+
+
+def _machine_model(machine) -> str:
+    """The machine's GPU model: its offer's, when the offer was read with it (the
+    reconciler's reads join it), else its first present GPU's."""
+    try:
+        offer = machine.offer
+    except Offer.DoesNotExist:
+        offer = None
+    if offer is not None and offer.gpu_name:
+        return gpu_model(offer.gpu_name)
+    first_gpu = machine.gpus.filter(present=True).order_by("index").first()
+    return gpu_model(first_gpu.name) if first_gpu else ""
 
 
 # What a replica's container runs: a change to any of these rolls a replica set (a new replica

@@ -334,7 +334,7 @@ def _live(deployment: Deployment) -> list[Replica]:
 def _live_replicas():
     return (
         Replica.objects.filter(state__in=LIVE_REPLICA_STATES)
-        .select_related("instance__machine", "instance__rental")
+        .select_related("instance__machine__offer", "instance__rental")
         .order_by("deployment_id", "created_at", "pk")
     )
 

@@ -24,7 +24,7 @@ from billing.errors import InsufficientCredit
 from billing.pg_bulk import insert_models
 from hosts.models import Machine, MachineStatus, MaintenanceWindow
 from hosts.selectors import maintenance_overlapping
-from marketplace.events import publish_instance_events
+from marketplace.events import publish_team_events
 from marketplace.fleet import machine_reference
 from marketplace.models import Rental, Team
 from marketplace.models.rentals import rental_reference
@@ -261,29 +261,27 @@ def _rentals_write(
             for instance in instances
         ],
     )
-    # The team's other consoles list them at once (sent only if this commits).
-    publish_instance_events(
-        "instance.state",
-        [
-            (
-                instance.team_id,
-                instance.pk,
-                {
-                    "id": instance.pk,
-                    "state": InstanceState.LAUNCHING.value,
-                    "from": "",
-                    "reason": "Rented",
-                },
-            )
-            for instance in instances
-        ],
-        new=True,
-    )
+    _tell_consoles(instances)
     rented = {a.machine.pk: a.machine for a in accepted}
     offers_refresh(rented, machines=list(rented.values()))
     for instance in instances:
         work_enqueue_on_commit(instance.pk, InstanceState.LAUNCHING)
     return rentals
+
+
+def _tell_consoles(instances: list[Instance]) -> None:
+    """The teams' consoles list the new instances at once (sent only if this commits): one
+    event per team, which refreshes its lists once however many replicas a batch placed;
+    ``id`` for one instance, ``ids`` for several."""
+    by_team: dict[int, list[int]] = defaultdict(list)
+    for instance in instances:
+        by_team[instance.team_id].append(instance.pk)
+    events = []
+    for team_id, ids in by_team.items():
+        data = {"state": InstanceState.LAUNCHING.value, "from": "", "reason": "Rented"}
+        data.update({"id": ids[0]} if len(ids) == 1 else {"ids": ids})
+        events.append((team_id, data))
+    publish_team_events("instance.state", events)
 
 
 def _instance_for(accepted: _Accepted, credential: dict[str, str], now: datetime) -> Instance:
