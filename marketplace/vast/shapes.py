@@ -311,3 +311,165 @@ def runtype_of(mode: str) -> str:
     return {LaunchMode.ENTRYPOINT: "args", LaunchMode.SSH: "ssh", LaunchMode.JUPYTER: "jupyter"}[
         LaunchMode(mode)
     ]
+
+
+# --- hosting ---------------------------------------------------------------------------------
+
+
+def machine_row(machine) -> dict[str, Any]:
+    """A machine as ``show machines`` reads it."""
+    offer = getattr(machine, "offer", None)
+    free = offer.num_gpus if offer else 0
+    total = machine.gpu_count
+    return {
+        "id": machine.pk,
+        "hostname": machine.name,
+        "num_gpus": total,
+        "gpu_name": offer.gpu_name if offer else "",
+        "disk_space": machine.disk_free_gb,
+        "driver_version": machine.driver_version or "",
+        "reliability2": float(machine.reliability),
+        "verification": "verified" if machine.verified else "unverified",
+        "public_ipaddr": machine.address,
+        "geolocation": machine.location,
+        "num_reports": 0,
+        "status": machine.status,
+        "listed": machine.listed,
+        "listed_gpu_cost": machine.price_per_gpu_hour / MICRO_PER_DOLLAR,
+        "listed_storage_cost": machine.storage_price_per_gb_month / MICRO_PER_DOLLAR,
+        "min_chunk": machine.min_gpus,
+        "end_date": machine.end_date.timestamp() if machine.end_date else None,
+        "min_bid_price": None,
+        "credit_discount_max": None,
+        "listed_inet_up_cost": None,
+        "listed_inet_down_cost": None,
+        "gpu_occupancy": f"{total - free}/{total}" if machine.listed else "unlisted",
+    }
+
+
+# ``list machine`` options we have no room for, by the CLI's flag.
+UNSUPPORTED_LISTING_OPTIONS = {
+    "price_inetu": ("-u/--price_inetu", "bandwidth is not charged here"),
+    "price_inetd": ("-d/--price_inetd", "bandwidth is not charged here"),
+    "price_min_bid": ("-b/--price_min_bid", "interruptible (bid) rentals are not offered yet"),
+    "credit_discount_max": ("-r/--discount_rate", "there are no prepay discounts here"),
+    "duration": ("-l/--duration", "give an end date (-e) instead"),
+    "vol_size": ("-v/--vol_size", "volume offers are not made through v0"),
+    "vol_price": ("-z/--vol_price", "volume offers are not made through v0"),
+}
+
+
+def listing_terms(body: dict[str, Any], machine) -> dict[str, Any]:
+    """``list machine``'s body → ``machine_set_terms``' arguments; what it leaves out stays as
+    the machine has it."""
+    from billing.errors import InvalidAmount
+    from billing.money import parse_usd
+
+    for key, (flag, why) in UNSUPPORTED_LISTING_OPTIONS.items():
+        if body.get(key) is not None:
+            raise Refused(f"{flag} is not supported: {why}.", field=flag.split("/")[-1])
+
+    def dollars(key: str, flag: str, current: int) -> int:
+        value = body.get(key)
+        if value is None:
+            return current
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not math.isfinite(value)
+        ):
+            raise Refused(f"{flag}: a price in dollars, like 0.45.", field=flag)
+        try:
+            return parse_usd(f"{value:.6f}", field=flag)
+        except InvalidAmount as error:
+            raise Refused(f"{flag}: {error}", field=flag) from None
+
+    min_gpus = body.get("min_chunk")
+    if min_gpus is None:
+        min_gpus = machine.min_gpus
+    if isinstance(min_gpus, bool) or not isinstance(min_gpus, int):
+        raise Refused("-m/--min_chunk: a whole number of GPUs.", field="min_chunk")
+    return {
+        "price_per_gpu_hour": dollars("price_gpu", "--price_gpu", machine.price_per_gpu_hour),
+        "storage_price_per_gb_month": dollars(
+            "price_disk", "--price_disk", machine.storage_price_per_gb_month
+        ),
+        "min_gpus": min_gpus,
+        "end_date": epoch_moment(body.get("end_date"), "--end_date", machine.end_date),
+        "location": machine.location,
+    }
+
+
+def epoch_moment(value: Any, flag: str, current=None):
+    """Seconds since 1970 (the CLI converts dates to them) → an aware datetime."""
+    from datetime import UTC, datetime
+
+    if value is None:
+        return current
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise Refused(f"{flag}: a date (the CLI sends seconds since 1970).", field=flag)
+    if not 0 < value < 32503680000:  # before the year 3000
+        raise Refused(f"{flag}: a date between 1970 and 3000.", field=flag)
+    return datetime.fromtimestamp(value, UTC)
+
+
+def maintenance_window(body: dict[str, Any]):
+    """``schedule maint``'s start (epoch seconds) and duration (hours) → start and end."""
+    from datetime import timedelta
+
+    starts_at = epoch_moment(body.get("sdate"), "--sdate")
+    if starts_at is None:
+        raise Refused("--sdate: give the start (seconds since 1970).", field="sdate")
+    hours = body.get("duration")
+    if isinstance(hours, bool) or not isinstance(hours, int | float) or not math.isfinite(hours):
+        raise Refused("--duration: the window's length in hours.", field="duration")
+    if not 0 < hours <= 24 * 365:
+        raise Refused("--duration: more than 0 and at most a year of hours.", field="duration")
+    return starts_at, starts_at + timedelta(hours=hours)
+
+
+def earnings_row(key: str, rows: list) -> dict[str, Any]:
+    return {
+        "key": key,
+        "gross": sum(row.gross for row in rows) / MICRO_PER_DOLLAR,
+        "fee": sum(row.fee for row in rows) / MICRO_PER_DOLLAR,
+        "net": sum(row.net for row in rows) / MICRO_PER_DOLLAR,
+    }
+
+
+# --- the instance list -----------------------------------------------------------------------
+
+OUR_STATUS = {vast: ours for ours, vast in VAST_STATUS.items()}
+
+
+def instance_filters(select_filters: Any) -> dict[str, Any]:
+    """``show instances --status running loading`` → a filter on our states. The CLI's other
+    filters (labels, verification, GPU model) are refused: instances have no label here, and
+    the rest is not kept per instance."""
+    if select_filters in (None, {}):
+        return {}
+    if not isinstance(select_filters, dict):
+        raise Refused("select_filters is an object.", field="select_filters")
+    unknown = sorted(set(select_filters) - {"actual_status"})
+    if unknown:
+        raise Refused(
+            f"show instances filters by --status only here, not by {', '.join(unknown)}.",
+            field="select_filters",
+        )
+    wanted = select_filters["actual_status"]
+    statuses = wanted.get("in") if isinstance(wanted, dict) else None
+    if not isinstance(statuses, list) or not all(isinstance(s, str) for s in statuses):
+        raise Refused('--status: a list of statuses, like {"in": ["running"]}.', field="status")
+    return {"state__in": [OUR_STATUS.get(s, s) for s in statuses]}
+
+
+def instance_order_descending(order_by: Any) -> bool:
+    """The CLI's order (``[{"col": "id", "dir": "asc"}]``): by id only, either way."""
+    if order_by in (None, []):
+        return False
+    if not isinstance(order_by, list) or not all(isinstance(o, dict) for o in order_by):
+        raise Refused('order_by is a list like [{"col": "id", "dir": "asc"}].', field="order_by")
+    first = order_by[0]
+    if first.get("col") != "id" or first.get("dir", "asc") not in ("asc", "desc"):
+        raise Refused("show instances sorts by id only here.", field="order_by")
+    return first.get("dir") == "desc"

@@ -10,12 +10,15 @@ from django.urls import path, re_path
 
 from marketplace.vast import views
 from marketplace.vast.errors import vast_not_found
+from marketplace.vast.schema import schema_view
 
 urlpatterns = [
+    path("schema/", schema_view, name="vast-schema"),
     re_path(r"^users/current/?$", views.CurrentUser.as_view(), name="vast-user"),
     re_path(r"^users/me/invoices/?$", views.Invoices.as_view(), name="vast-invoices"),
     path("bundles/", views.Bundles.as_view(), name="vast-bundles"),
     path("asks/<int:offer_id>/", views.Ask.as_view(), name="vast-ask"),
+    path("instances/", views.InstanceList.as_view(), name="vast-instances"),
     path("instances/<int:pk>/", views.InstanceDetail.as_view(), name="vast-instance"),
     path(
         "instances/request_logs/<int:pk>/", views.InstanceLogs.as_view(), name="vast-instance-logs"
@@ -25,5 +28,16 @@ urlpatterns = [
     ),
     path("ssh/", views.SshKeys.as_view(), name="vast-ssh-keys"),
     path("ssh/<int:pk>/", views.SshKeyDetail.as_view(), name="vast-ssh-key"),
+    re_path(r"^machines/?$", views.Machines.as_view(), name="vast-machines"),
+    path("machines/create_asks/", views.CreateAsks.as_view(), name="vast-machine-list"),
+    path("machines/<int:pk>/asks/", views.MachineAsks.as_view(), name="vast-machine-unlist"),
+    path(
+        "machines/<int:pk>/dnotify/",
+        views.MachineMaintenance.as_view(),
+        name="vast-machine-maintenance",
+    ),
+    re_path(
+        r"^users/me/machine-earnings/?$", views.MachineEarnings.as_view(), name="vast-earnings"
+    ),
     re_path(r"^.*$", vast_not_found),
 ]

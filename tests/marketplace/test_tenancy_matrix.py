@@ -369,6 +369,19 @@ def check_console_deployments_matching(c: Checker) -> None:
     assert queued == [] and c.database() == before
 
 
+def check_vast_list_machine(c: Checker) -> None:
+    """``vastai list machine <Acme's machine>`` by the outsider (the id rides in the body):
+    404, and neither the terms nor the listing change."""
+    body = {"machine": c.acme.machine.pk, "price_gpu": 0.01, "min_chunk": 1}
+    for client in c.outsider_api_clients():
+        before = c.database()
+        with c.capture() as queued:
+            response = _send(client, "put", "/api/v0/machines/create_asks/", body)
+        assert response.status_code == 404, response.content
+        assert response.json()["error"]["code"] == "not_found"
+        assert queued == [] and c.database() == before
+
+
 MATRIX: dict[str, list[Check]] = {
     # --- console: accounts and teams
     "console-home": [console_page(lambda w: "/")],
@@ -568,6 +581,7 @@ MATRIX: dict[str, list[Check]] = {
     "vast-invoices": [
         Listing(lambda w: "/api/v0/users/me/invoices", lambda w: [rental_reference(w)], "reference")
     ],
+    "vast-instances": [Listing(lambda w: "/api/v0/instances/?owner=me", lambda w: [w.instance.pk])],
     "vast-instance": [
         Obj(lambda w: f"/api/v0/instances/{w.instance.pk}/"),
         Obj(lambda w: f"/api/v0/instances/{w.instance.pk}/", "put", {"state": "stopped"}),
@@ -586,6 +600,23 @@ MATRIX: dict[str, list[Check]] = {
     ],
     "vast-ssh-keys": [Listing(lambda w: "/api/v0/ssh/", lambda w: [w.ssh_key.pk])],
     "vast-ssh-key": [Obj(lambda w: f"/api/v0/ssh/{w.ssh_key.pk}/", "delete")],
+    "vast-machines": [Listing(lambda w: "/api/v0/machines?owner=me", lambda w: [w.machine.pk])],
+    "vast-machine-list": [Custom(check_vast_list_machine)],
+    "vast-machine-unlist": [Obj(lambda w: f"/api/v0/machines/{w.machine.pk}/asks/", "delete")],
+    "vast-machine-maintenance": [
+        Obj(
+            lambda w: f"/api/v0/machines/{w.machine.pk}/dnotify/",
+            "put",
+            {"sdate": 2_000_000_000, "duration": 1},
+        )
+    ],
+    "vast-earnings": [
+        Listing(
+            lambda w: "/api/v0/users/me/machine-earnings",
+            lambda w: [machine_reference(w)],
+            key="key",
+        )
+    ],
 }
 
 # Routes with no team object to reach, each with the reason.
@@ -608,6 +639,7 @@ EXEMPT: dict[str, str] = {
     "api-docs": "the API's description; no data",
     "api-root": "DRF's index of endpoints; no data",
     "api-machine-platform-key": "the platform's public SSH key, the same for every team",
+    "vast-schema": "the vast.ai API's description; no data",
     "vast-bundles": "the public market through the vast.ai API, as api-offers",
     "vast-ask": "renting another team's listed machine is the product, as rent "
     "(tests/vast/test_translation.py)",
@@ -704,7 +736,15 @@ def _fill(data: dict | None, w: World) -> dict | None:
 
 def _rows(body) -> list[dict]:
     if isinstance(body, dict):
-        for key in ("results", "lines", "by_machine", "invoices"):
+        for key in (
+            "results",
+            "lines",
+            "by_machine",
+            "invoices",
+            "machines",
+            "per_machine",
+            "instances",
+        ):
             if key in body:
                 return body[key]
         return [body]

@@ -8,6 +8,8 @@ of vastai/cli/commands/offers.py)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from marketplace.models import ApiKey, Rental, SshKey
@@ -223,3 +225,170 @@ def test_no_key_answers_401_with_a_msg(client):
     response = client.get("/api/v0/users/current")
     assert response.status_code == 401
     assert response.json()["msg"]
+
+
+# --- hosting ---------------------------------------------------------------------------------
+
+
+def provider(provider_team):
+    return key_client(provider_team, audience=ApiKey.Audience.PROVIDER)
+
+
+LIST = {  # what `vastai list machine ID -g 0.75 -s 0.2 -e <epoch> -m 2` puts
+    "price_gpu": 0.75,
+    "price_disk": 0.2,
+    "price_inetu": None,
+    "price_inetd": None,
+    "price_min_bid": None,
+    "min_chunk": 2,
+    "credit_discount_max": None,
+    "duration": None,
+    "vol_size": None,
+    "vol_price": None,
+}
+
+
+def test_list_machine_sets_the_terms_and_lists(provider_team, machine):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    ends = (timezone.now() + timedelta(days=30)).replace(microsecond=0)
+    body = {**LIST, "machine": machine.pk, "end_date": ends.timestamp()}
+    machine.listed = False
+    machine.save(update_fields=["listed"])
+    response = provider(provider_team).put("/api/v0/machines/create_asks/", body, format="json")
+    assert response.json() == {"success": True, "extended": 0}
+    machine.refresh_from_db()
+    assert machine.listed and machine.end_date == ends and machine.min_gpus == 2
+    assert (machine.price_per_gpu_hour, machine.storage_price_per_gb_month) == (750_000, 200_000)
+
+
+@pytest.mark.parametrize(
+    ("changes", "words"),
+    [
+        ({"price_min_bid": 0.1}, "-b/--price_min_bid is not supported"),
+        ({"price_gpu": -1}, "--price_gpu: The amount must not be negative."),
+        ({"price_gpu": "lots"}, "--price_gpu: a price in dollars"),
+        ({"min_chunk": 9}, "min_gpus: Between 1 and the machine's 4 GPU(s)."),
+        ({"end_date": 1.0}, "end_date: The end date must be in the future."),
+    ],
+)
+def test_bad_listing_terms_change_nothing(provider_team, machine, changes, words):
+    before = (machine.price_per_gpu_hour, machine.min_gpus, machine.end_date, machine.listed)
+    body = {**LIST, "machine": machine.pk, "end_date": None, **changes}
+    response = provider(provider_team).put("/api/v0/machines/create_asks/", body, format="json")
+    assert response.status_code == 400, response.content
+    assert words in response.json()["msg"]
+    machine.refresh_from_db()
+    assert (
+        machine.price_per_gpu_hour,
+        machine.min_gpus,
+        machine.end_date,
+        machine.listed,
+    ) == before
+
+
+def test_another_teams_machine_answers_404(funded_team, machine):
+    client = renter(funded_team)
+    body = {**LIST, "machine": machine.pk, "end_date": None}
+    for response in (
+        client.put("/api/v0/machines/create_asks/", body, format="json"),
+        client.delete(f"/api/v0/machines/{machine.pk}/asks/"),
+        client.put(f"/api/v0/machines/{machine.pk}/dnotify/", {"sdate": 2e9, "duration": 1}),
+    ):
+        assert response.status_code == 404
+        assert response.json()["msg"] == f"Machine {machine.pk} is not one of your team's machines."
+    machine.refresh_from_db()
+    assert machine.listed and machine.price_per_gpu_hour == 500_000
+    assert not machine.maintenance_windows.exists()
+    assert renter(funded_team).get("/api/v0/machines?owner=me").json() == {"machines": []}
+
+
+def test_a_read_only_provider_key_cannot_unlist(provider_team, machine):
+    reader = key_client(provider_team, access=ApiKey.Access.READ)
+    assert [m["id"] for m in reader.get("/api/v0/machines").json()["machines"]] == [machine.pk]
+    response = reader.delete(f"/api/v0/machines/{machine.pk}/asks/")
+    assert response.status_code == 403
+    machine.refresh_from_db()
+    assert machine.listed
+
+
+def test_schedule_maint_records_a_window(provider_team, machine):
+    import time
+
+    starts = float(int(time.time()) + 86400)
+    response = provider(provider_team).put(
+        f"/api/v0/machines/{machine.pk}/dnotify/",
+        {"client_id": "me", "sdate": starts, "duration": 1.5, "maintenance_category": "power"},
+        format="json",
+    )
+    assert response.json()["success"] is True
+    window = machine.maintenance_windows.get()
+    assert window.starts_at.timestamp() == starts
+    assert (window.ends_at - window.starts_at).total_seconds() == 5400
+    bad = provider(provider_team).put(
+        f"/api/v0/machines/{machine.pk}/dnotify/",
+        {"sdate": starts, "duration": "nan"},
+        format="json",
+    )
+    assert bad.status_code == 400 and "--duration" in bad.json()["msg"]
+
+
+def test_the_v0_schema_describes_vasts_paths_and_v1s_leaves_them_out(funded_team):
+    client = renter(funded_team)
+    v0 = client.get("/api/v0/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json").json()
+    assert v0["servers"] == [{"url": "/api/v0"}]
+    assert {"/bundles/", "/asks/{offer_id}/", "/instances/{id}/", "/machines/create_asks/"} <= set(
+        v0["paths"]
+    )
+    v1 = client.get("/api/v1/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json").json()
+    assert not [path for path in v1["paths"] if path.startswith("/api/v0/")]
+    assert "/api/v1/offers/" in v1["paths"]
+
+
+def test_the_instance_list_pages_as_the_cli_asks(funded_team, machine, sim_host_factory):
+    from tests.marketplace.conftest import machine_for
+
+    client = renter(funded_team)
+    first = rent(client, machine).json()["new_contract"]
+    second_machine = machine_for(sim_host_factory(gpus=1), machine.team)
+    second = rent(client, second_machine).json()["new_contract"]
+    query = (
+        '?select_filters={"actual_status": {"in": ["loading"]}}'
+        '&order_by=[{"col": "id", "dir": "asc"}]&limit=1'
+    )
+    page = client.get("/api/v0/instances/" + query).json()
+    assert [row["id"] for row in page["instances"]] == [first]
+    assert page["total_instances"] == 2 and page["next_token"] == str(first)
+    rest = client.get(f"/api/v0/instances/{query}&after_token={page['next_token']}").json()
+    assert [row["id"] for row in rest["instances"]] == [second] and rest["next_token"] is None
+    running = client.get('/api/v0/instances/?select_filters={"actual_status": {"in": ["running"]}}')
+    assert running.json()["instances"] == []
+    labelled = client.get('/api/v0/instances/?select_filters={"label": {"in": ["x"]}}')
+    assert labelled.status_code == 400 and "--status only" in labelled.json()["msg"]
+    other = TeamFactory(name="Other Co")
+    add_member(other, UserFactory(username="other"), role="owner")
+    assert key_client(other).get("/api/v0/instances/?owner=me").json()["instances"] == []
+
+
+def test_for_vastai_cli_sends_the_clis_list_here_and_the_rest_to_v1(funded_team, machine):
+    """The wrapper offered to marketplace/urls.py for GET /api/v1/instances/."""
+    from rest_framework.test import APIRequestFactory
+
+    from marketplace.api.rentals import InstanceViewSet
+    from marketplace.services.accounts import api_key_create
+    from marketplace.vast.views import for_vastai_cli
+
+    instance_id = rent(renter(funded_team), machine).json()["new_contract"]
+    membership = funded_team.memberships.get(role="owner")
+    secret = api_key_create(membership=membership, name="k", access="write", audience="all").secret
+    view = for_vastai_cli(InstanceViewSet.as_view({"get": "list", "post": "create"}))
+    factory = APIRequestFactory()
+    auth = {"HTTP_AUTHORIZATION": f"Bearer {secret}"}
+    cli = view(factory.get("/api/v1/instances/", {"select_filters": "{}", "limit": 25}, **auth))
+    cli.render()
+    assert [row["id"] for row in json.loads(cli.content)["instances"]] == [instance_id]
+    ours = view(factory.get("/api/v1/instances/", **auth))
+    ours.render()
+    assert [row["id"] for row in json.loads(ours.content)["results"]] == [instance_id]
