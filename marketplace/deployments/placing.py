@@ -102,6 +102,7 @@ class Placing:
     spec: str  # the spec hash its new replicas run
     placed: int = 0
     reason: str = ""
+    no_room: bool = False  # the planner found no machine for one of them
     committed: int | None = field(default=None, repr=False)  # budget spent or held so far
 
 
@@ -119,15 +120,16 @@ def place_queued(placings: list[Placing], fleet: Fleet) -> None:
     policy prefers; rented in one batch per round."""
     for _ in range(ROUNDS):
         planned = [p for placing in placings for p in _plan(placing, fleet)]
-        if not planned:
-            return
-        retry = _rent(planned, fleet)
-        if not retry:
-            return
+        retry = _rent(planned, fleet) if planned else set()
         for placing in placings:
             placing.queued = [r for r in placing.queued if r.pk in retry]
+        if not retry:
+            break
     for placing in placings:
-        if placing.queued and not placing.reason:
+        if placing.no_room:
+            # Worded now that the offers show what this batch rented.
+            placing.reason = queue_reason(placing.deployment)
+        elif placing.queued and not placing.reason:
             placing.reason = "the machines chosen refused (taken meanwhile); trying again"
 
 
@@ -138,7 +140,7 @@ def _plan(placing: Placing, fleet: Fleet) -> list[_Planned]:
     for replica in placing.queued:
         placement = fleet.planner.place(placement_request(deployment, avoid=placing.avoid))
         if placement is None:
-            placing.reason = queue_reason(deployment)
+            placing.no_room = True
             break
         cost = fleet.replica_cost(deployment, placement.machine_id)
         over = _over_budget(placing, cost)
