@@ -48,15 +48,18 @@ def deployments_unsettled() -> set[int]:
     return {*_with_replicas_out_of_step(), *_with_counts_out_of_step()}
 
 
-def deployments_sweep() -> int:
-    """Passes over every unsettled deployment, ``CHUNK`` deployments to a transaction, their
-    queued replicas placed together over one snapshot of the fleet; returns how many changed.
-    A deployment another worker is reconciling now is skipped: that pass sees it. A chunk that
-    fails is passed over again one deployment at a time, so one broken deployment does not
-    starve the others."""
+def deployments_sweep(*, every: bool = False) -> int:
+    """Passes over every unsettled deployment (``every``: over every deployment, settled or
+    not), ``CHUNK`` deployments to a transaction, their queued replicas placed together over
+    one snapshot of the fleet; returns how many changed. A deployment another worker is
+    reconciling now is skipped: that pass sees it. A chunk that fails is passed over again
+    one deployment at a time, so one broken deployment does not starve the others."""
     changed = 0
     fleet = Fleet.whole()  # read only if some replica is to be placed
-    unsettled = sorted(deployments_unsettled())
+    if every:
+        unsettled = list(Deployment.objects.order_by("pk").values_list("pk", flat=True))
+    else:
+        unsettled = sorted(deployments_unsettled())
     for start in range(0, len(unsettled), CHUNK):
         chunk = unsettled[start : start + CHUNK]
         try:
