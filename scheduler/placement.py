@@ -73,6 +73,7 @@ class Planner:
         # (gpu_name, free_count) -> sorted list of (price, -reliability, machine_id)
         self._buckets: dict[tuple[str, int], list[tuple[int, float, int]]] = defaultdict(list)
         self._names: set[str] = set()
+        self._most_free = 0  # no bucket holds machines with more free GPUs than this
         for machine in machines:
             self._info[machine.machine_id] = machine
             self._free[machine.machine_id] = sorted(machine.free_gpu_ids)
@@ -84,6 +85,7 @@ class Planner:
 
     def _insert(self, machine: MachineSnapshot) -> None:
         free = len(self._free[machine.machine_id])
+        self._most_free = max(self._most_free, free)
         if free:
             bisect.insort(self._buckets[(machine.gpu_name, free)], self._key(machine))
 
@@ -114,7 +116,7 @@ class Planner:
         """(sort key, free count) of the machine the policy prefers, or None."""
         best, best_rank = None, None
         names = self._names_for(request)
-        for free in range(request.gpu_count, 65):
+        for free in range(request.gpu_count, self._most_free + 1):
             for name in names:
                 bucket = self._buckets.get((name, free))
                 if not bucket:
