@@ -392,3 +392,27 @@ def test_for_vastai_cli_sends_the_clis_list_here_and_the_rest_to_v1(funded_team,
     ours = view(factory.get("/api/v1/instances/", **auth))
     ours.render()
     assert [row["id"] for row in json.loads(ours.content)["results"]] == [instance_id]
+
+
+@pytest.mark.parametrize(
+    ("runtype", "mode"),
+    [
+        ("ssh", "ssh"),  # the CLI's default, no flag
+        ("ssh_proxy", "ssh"),  # --ssh
+        ("ssh_direc ssh_proxy", "ssh"),  # --ssh --direct
+        ("jupyter_proxy ssh_proxy", "jupyter"),  # --jupyter
+        ("jupyter_direc ssh_direc ssh_proxy", "jupyter"),  # --jupyter --direct
+    ],
+)
+def test_the_clis_launch_flags_choose_our_launch_mode(funded_team, machine, runtype, mode):
+    response = rent(renter(funded_team), machine, runtype=runtype, args=None, onstart=None)
+    assert response.status_code == 200, response.content
+    instance = Instance.objects.get(pk=response.json()["new_contract"])
+    assert instance.launch_mode == mode and instance.args == [] and instance.entrypoint == ""
+
+
+def test_an_unknown_launch_type_is_refused(funded_team, machine):
+    response = rent(renter(funded_team), machine, runtype="vm")
+    assert response.status_code == 400
+    assert response.json()["msg"] == "Unknown launch type 'vm'."
+    assert not Rental.objects.exists()
