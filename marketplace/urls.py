@@ -12,6 +12,7 @@ from marketplace.api import deployments as deployments_api
 from marketplace.api import hosts as hosts_api
 from marketplace.api import rentals as rentals_api
 from marketplace.api.errors import api_not_found
+from marketplace.vast.views import for_vastai_cli
 from marketplace.views import accounts as views
 from marketplace.views import billing as billing_views
 from marketplace.views import deployments as deployments_views
@@ -27,6 +28,13 @@ router.register("ssh-keys", rentals_api.SshKeyViewSet, basename="api-sshkey")
 router.register("deployments", deployments_api.DeploymentViewSet, basename="api-deployment")
 
 api_v1 = [
+    # The vastai CLI (1.9.1) lists instances at this v1 path: its request goes to the vast
+    # facade's list, every other to ours (marketplace/vast/views.py:for_vastai_cli).
+    path(
+        "instances/",
+        for_vastai_cli(rentals_api.InstanceViewSet.as_view({"get": "list", "post": "create"})),
+        name="api-instance-list",
+    ),
     path("me/", accounts_api.me, name="api-me"),
     path("offers/", rentals_api.offers, name="api-offers"),
     path("offers/<int:machine_id>/quote/", rentals_api.offer_quote, name="api-offer-quote"),

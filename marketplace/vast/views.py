@@ -530,8 +530,11 @@ def for_vastai_cli(v1_list_view):
             return cli_view(request, *args, **kwargs)
         return v1_list_view(request, *args, **kwargs)
 
-    dispatch.csrf_exempt = getattr(v1_list_view, "csrf_exempt", False)
-    dispatch.cls = getattr(v1_list_view, "cls", None)
+    # What DRF's as_view() marks its view with, so the schema and the route checks read this
+    # route as the v1 viewset it is to every client but the CLI.
+    for name in ("csrf_exempt", "cls", "initkwargs", "actions"):
+        if hasattr(v1_list_view, name):
+            setattr(dispatch, name, getattr(v1_list_view, name))
     return dispatch
 
 

@@ -639,6 +639,11 @@ EXEMPT: dict[str, str] = {
     "api-docs": "the API's description; no data",
     "api-root": "DRF's index of endpoints; no data",
     "api-machine-platform-key": "the platform's public SSH key, the same for every team",
+    "healthz": "probe; answers alive and reads nothing",
+    "readyz": "probe; names which dependency is down, no team data",
+    "metrics": "operators only (METRICS_TOKEN bearer or staff session); 404 to everyone else "
+    "(tests/observability)",
+    "operator": "staff only, site-wide operator view; 404 to everyone else (tests/observability)",
     "vast-schema": "the vast.ai API's description; no data",
     "vast-bundles": "the public market through the vast.ai API, as api-offers",
     "vast-ask": "renting another team's listed machine is the product, as rent "
