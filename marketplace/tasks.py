@@ -144,6 +144,12 @@ def deployment_reconcile(deployment_id: int) -> bool:
     return reconciler.deployment_reconcile(deployment_id=deployment_id)
 
 
+@shared_task(name="marketplace.tasks.deployments_place_waiting")
+def deployments_place_waiting(deployment_ids: list[int]) -> int:
+    """Passes over deployments with queued replicas, all at once, when capacity appeared."""
+    return sweep.deployments_pass(sorted(deployment_ids))
+
+
 @shared_task(name="marketplace.tasks.deployments_sweep")
 def deployments_sweep() -> int:
     """The beat sweep: catches whatever an event missed (a lost task, capacity freed quietly)."""

@@ -443,6 +443,17 @@ def deployment_wake(deployment_id: int) -> None:
     transaction.on_commit(lambda: tasks.deployment_reconcile.delay(deployment_id))
 
 
+def deployments_wake_waiting(deployment_ids: set[int]) -> None:
+    """Queue one pass over all these deployments with queued replicas (capacity appeared),
+    once the current transaction commits: one task and one snapshot of the fleet for them
+    all, however many wait. One that another worker is reconciling is skipped: that pass, or
+    the next sweep, sees the capacity."""
+    from marketplace import tasks  # the tasks module imports this one
+
+    ids = sorted(deployment_ids)
+    transaction.on_commit(lambda: tasks.deployments_place_waiting.delay(ids))
+
+
 def deployments_waiting_for_capacity() -> list[int]:
     """Active deployments with queued replicas: capacity that appears may be theirs."""
     return list(

@@ -50,18 +50,23 @@ def deployments_unsettled() -> set[int]:
 
 def deployments_sweep(*, every: bool = False) -> int:
     """Passes over every unsettled deployment (``every``: over every deployment, settled or
-    not), ``CHUNK`` deployments to a transaction, their queued replicas placed together over
-    one snapshot of the fleet; returns how many changed. A deployment another worker is
-    reconciling now is skipped: that pass sees it. A chunk that fails is passed over again
-    one deployment at a time, so one broken deployment does not starve the others."""
+    not); returns how many changed."""
+    if every:
+        return deployments_pass(
+            list(Deployment.objects.order_by("pk").values_list("pk", flat=True))
+        )
+    return deployments_pass(sorted(deployments_unsettled()))
+
+
+def deployments_pass(deployment_ids: list[int]) -> int:
+    """Passes over these deployments, ``CHUNK`` to a transaction, their queued replicas placed
+    together over one snapshot of the fleet; returns how many changed. A deployment another
+    worker is reconciling now is skipped: that pass sees it. A chunk that fails is passed over
+    again one deployment at a time, so one broken deployment does not starve the others."""
     changed = 0
     fleet = Fleet.whole()  # read only if some replica is to be placed
-    if every:
-        unsettled = list(Deployment.objects.order_by("pk").values_list("pk", flat=True))
-    else:
-        unsettled = sorted(deployments_unsettled())
-    for start in range(0, len(unsettled), CHUNK):
-        chunk = unsettled[start : start + CHUNK]
+    for start in range(0, len(deployment_ids), CHUNK):
+        chunk = deployment_ids[start : start + CHUNK]
         try:
             changed += deployments_reconcile(chunk, fleet=fleet)
         except Exception:
@@ -70,8 +75,8 @@ def deployments_sweep(*, every: bool = False) -> int:
     return changed
 
 
-# Deployments to a transaction in a sweep: enough that placing a backlog rents hundreds of
-# replicas per statement, few enough that a chunk's locks are held for well under a second.
+# Deployments to a transaction: enough that placing a backlog rents hundreds of replicas per
+# statement, few enough that a chunk's locks are held for well under a second.
 CHUNK = 50
 
 
