@@ -21,7 +21,7 @@ from billing import selectors, topups
 from billing.errors import InvalidAmount
 from billing.models import Account, ChargeUsage, Entry, Hold, TopUp, TransferKind
 from marketplace.api.base import TeamScopedViewSet
-from marketplace.api.fields import DOLLARS_SCHEMA, DollarsField, dollars
+from marketplace.api.fields import DOLLARS_SCHEMA, DollarsField, UtcDateTimeFilter, dollars
 
 USD = "Dollars."
 
@@ -100,8 +100,8 @@ class EntrySerializer(serializers.ModelSerializer):
 class EntryFilter(django_filters.FilterSet):
     kind = django_filters.ChoiceFilter(field_name="transfer__kind", choices=TransferKind.choices)
     reference = django_filters.CharFilter(field_name="transfer__reference", lookup_expr="icontains")
-    created_after = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="gte")
-    created_before = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="lt")
+    created_after = UtcDateTimeFilter(field_name="created_at", lookup_expr="gte")
+    created_before = UtcDateTimeFilter(field_name="created_at", lookup_expr="lt")
 
     class Meta:
         model = Entry

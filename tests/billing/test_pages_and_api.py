@@ -286,6 +286,20 @@ def test_api_balance_ledger_holds_invoices(team, owner, books):
     assert len(invoice["lines"]) == 4 and invoice["total"] == "9.500000"
 
 
+def test_ledger_time_filters_take_any_offset_and_name_a_time_off_the_calendar(team, books):
+    api = key_client(team)
+    # An offset PostgreSQL itself refuses (beyond ±15:59) is compared in UTC.
+    far = api.get("/api/v1/billing/ledger/", {"created_before": "8329-03-13T08:33:10-21:39"})
+    assert far.status_code == 200, far.content
+    assert far.json()["count"] == api.get("/api/v1/billing/ledger/").json()["count"] > 0
+    none_yet = api.get("/api/v1/billing/ledger/", {"created_before": "2000-01-01T00:00:00-21:39"})
+    assert none_yet.status_code == 200 and none_yet.json()["count"] == 0
+    # Before the year 1 in UTC: refused, naming the filter.
+    off = api.get("/api/v1/billing/ledger/", {"created_after": "0001-01-01T00:30:00+05:00"})
+    assert off.status_code == 400
+    assert "created_after" in off.content.decode()
+
+
 def test_api_outsider_gets_404_on_ids_and_empty_lists(team, owner, outsider, books):
     from marketplace.models import Membership
 
