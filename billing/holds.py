@@ -46,7 +46,7 @@ from billing.models import (
     UsageKind,
 )
 from billing.money import format_usd, percent_of
-from billing.pg_bulk import bulk_set, insert_models
+from billing.pg_bulk import NewTransfer, bulk_set, insert_models
 
 USAGE_KINDS = frozenset(UsageKind.values)
 
@@ -204,14 +204,14 @@ def holds_create_many(requests: list[HoldRequest]) -> list[Hold]:
 
 def _hold_posting(hold: Hold, accounts: dict[AccountKey, Account]) -> Posting:
     """available → held for a new hold (its first transfer)."""
-    transfer = Transfer(
+    transfer = NewTransfer(
         kind=TransferKind.HOLD,
         idempotency_key=f"hold:{hold.pk}",
         team_id=hold.team_id,
         reference=hold.reference,
         description=hold.description,
         amount=hold.amount,
-        hold=hold,
+        hold_id=hold.pk,
         machine_reference=hold.machine_reference,
         created_at=hold.created_at,
     )
