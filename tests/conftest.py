@@ -8,11 +8,18 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 from rest_framework.test import APIClient
 
 from marketplace.models import ApiKey, Role, Team
 from marketplace.services.accounts import api_key_create
 from tests.factories import TeamFactory, UserFactory, add_member
+
+# Hypothesis's timing checks (a deadline per example, "input generation is slow") measure the
+# machine, not the code: on a 2-core machine running the suite in parallel a draw can stall
+# for a second. The properties are still checked on every example.
+settings.register_profile("suite", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("suite")
 
 PASSWORD = "pw-for-tests-123"
 
