@@ -42,3 +42,15 @@ def validate_launch(
         errors["args"] = "Arguments may not contain NUL characters."
     if errors:
         raise ValidationError(errors)
+
+
+LABEL_MAX = 100
+
+
+def label_check(label: str) -> None:
+    """An instance's label is the renter's own text, shown back to them: at most LABEL_MAX
+    printable characters (no line breaks or control characters to garble a list)."""
+    if len(label) > LABEL_MAX:
+        raise ValidationError({"label": f"At most {LABEL_MAX} characters."})
+    if not label.isprintable():
+        raise ValidationError({"label": "Printable characters only (no line breaks or tabs)."})

@@ -78,6 +78,9 @@ class Instance(models.Model):
     # The container's exit status, read when it is seen exited (null until then, and for
     # containers that vanished or were stopped by us): jobs count an exit 0 as done.
     exit_code = models.SmallIntegerField(null=True, blank=True)
+    label = models.CharField(
+        max_length=100, blank=True, default="", help_text="The renter's own name for it."
+    )
     jupyter_token = models.CharField(max_length=64, blank=True)
     registry_credential = models.JSONField(
         default=dict, blank=True, help_text="Encrypted private-registry login, if any."

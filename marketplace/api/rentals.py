@@ -26,6 +26,7 @@ from marketplace.models import Offer, Rental, SshKey
 from marketplace.selectors import instance_connection, instance_logs
 from marketplace.services.pricing import rental_quote
 from marketplace.services.renter_actions import (
+    instance_label,
     rental_destroy_request,
     rental_exec,
     rental_start,
@@ -361,6 +362,9 @@ class RentSerializer(serializers.Serializer):
         max_length=4096, allow_blank=True, default="", write_only=True, trim_whitespace=False,
         help_text="Stored encrypted; used only to pull the image.",
     )  # fmt: skip
+    label = serializers.CharField(
+        max_length=100, allow_blank=True, default="", help_text="Your own name for the instance."
+    )
 
     def rental_request(self) -> RentalRequest:
         data = self.validated_data
@@ -377,7 +381,12 @@ class RentSerializer(serializers.Serializer):
             args=data["args"],
             registry_username=data["registry_username"],
             registry_password=data["registry_password"],
+            label=data["label"],
         )
+
+
+class LabelSerializer(serializers.Serializer):
+    label = serializers.CharField(max_length=100, allow_blank=True)
 
 
 class InstanceSerializer(serializers.ModelSerializer):
@@ -391,7 +400,7 @@ class InstanceSerializer(serializers.ModelSerializer):
     class Meta:
         model = Instance
         fields = [
-            "id", "uuid", "state", "status_message", "progress", "machine_id", "rental_id",
+            "id", "uuid", "label", "state", "status_message", "progress", "machine_id", "rental_id",
             "gpu_count", "gpus", "image", "launch_mode", "env", "disk_gb", "dph_total",
             "created_at", "state_changed_at", "ends_at", "connection",
         ]  # fmt: skip
@@ -475,6 +484,16 @@ class InstanceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScop
         """Running again at once, or launching again (by a worker) if it had no container."""
         instance = self.get_object()
         rental_start(instance=instance)
+        return Response(self._as_now(instance))
+
+    @extend_schema(request=LabelSerializer, responses={200: InstanceSerializer})
+    @action(detail=True, methods=["post"])
+    def label(self, request, pk=None):
+        """Name the instance ("" removes the name); nothing on its host changes."""
+        instance = self.get_object()
+        params = LabelSerializer(data=request.data)
+        params.is_valid(raise_exception=True)
+        instance_label(instance=instance, label=params.validated_data["label"])
         return Response(self._as_now(instance))
 
     @extend_schema(request=ExtendSerializer, responses={200: InstanceSerializer})

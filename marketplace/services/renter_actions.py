@@ -11,6 +11,7 @@ from django.utils import timezone
 
 from hosts.runtime import CommandResult, DockerHost
 from marketplace.db import release_database_connection
+from marketplace.validation import label_check
 from scheduler.models import Instance, InstanceState
 from scheduler.services import (
     InvalidTransition,
@@ -72,3 +73,12 @@ def rental_exec(*, instance: Instance, command: str) -> CommandResult:
     host = DockerHost(instance.machine)
     release_database_connection()
     return host.exec(instance.container_id, ["sh", "-c", command], timeout=EXEC_TIMEOUT)
+
+
+def instance_label(*, instance: Instance, label: str) -> Instance:
+    """Name the instance (the renter's own text; "" removes it). Nothing on the host changes."""
+    label = label.strip()
+    label_check(label)
+    Instance.objects.filter(pk=instance.pk).update(label=label)
+    instance.label = label
+    return instance

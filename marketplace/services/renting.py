@@ -32,7 +32,7 @@ from marketplace.services.clocks import ENDED_STATES
 from marketplace.services.offers import offers_refresh
 from marketplace.services.pricing import Quote, extension_quote, rental_quote
 from marketplace.services.registries import registry_check, registry_login_seal
-from marketplace.validation import validate_launch
+from marketplace.validation import label_check, validate_launch
 from scheduler.models import Instance, InstanceEvent, InstanceState, LaunchMode
 from scheduler.services import (
     JUPYTER_CONTAINER_PORT,
@@ -66,6 +66,7 @@ class RentalRequest:
     args: list[str] | None = None
     registry_username: str = ""
     registry_password: str = ""
+    label: str = ""
 
 
 def rental_create(*, team: Team, request: RentalRequest) -> Rental:
@@ -156,7 +157,7 @@ def _check_orders(orders: list[RentalOrder], outcomes: list) -> dict[int, dict[s
     for i, (_, request) in enumerate(orders):
         key = (
             request.launch_mode, request.image, repr(request.env), repr(request.ports),
-            request.entrypoint, repr(request.args),
+            request.entrypoint, repr(request.args), request.label,
             bool(allow_private.get(request.machine_id)),
         )  # fmt: skip
         if key not in checked:
@@ -302,6 +303,7 @@ def _instance_for(accepted: _Accepted, credential: dict[str, str], now: datetime
         else "",
         status_message="Waiting for a worker",
         work_due_at=now,
+        label=request.label,
     )
 
 
@@ -309,6 +311,7 @@ def _validate_request(request: RentalRequest) -> None:
     """What the renter asks to run, checked here whoever calls (API, console, a script), so
     nothing invalid is ever allocated, held or stored (hosts.runtime checks the final spec
     again before any command is built)."""
+    label_check(request.label)
     if request.launch_mode not in LaunchMode.values:
         raise ValidationError({"launch_mode": f"Choose one of {', '.join(LaunchMode.values)}."})
     validate_launch(

@@ -153,7 +153,6 @@ RUNTYPE_MODES = {
 # are refused rather than dropped.
 UNSUPPORTED_CREATE_OPTIONS = {
     "price": ("--bid_price", "interruptible (bid) rentals are not offered yet"),
-    "label": ("--label", "instances have no label here yet"),
     "image_login": ("--login", "private registry logins go through /api/v1/instances/"),
     "template_hash_id": ("--template_hash", "there are no templates here"),
     "user": ("--user", "containers run as the image's user"),
@@ -187,6 +186,8 @@ def rental_fields(body: dict[str, Any]) -> dict[str, Any]:
         "env": env,
         "ports": ports,
     }
+    if body.get("label"):
+        fields["label"] = body["label"]
     onstart = body.get("onstart") or ""
     if mode == LaunchMode.ENTRYPOINT:
         # vast.ai's args launch: --onstart-cmd (or --entrypoint) replaces the image's
@@ -293,7 +294,7 @@ def instance_row(instance: Instance, connection: dict[str, Any]) -> dict[str, An
         "image_runtype": runtype_of(instance.launch_mode),
         "onstart": instance.entrypoint,
         "extra_env": [[key, value] for key, value in (instance.env or {}).items()],
-        "label": None,
+        "label": instance.label or None,
         "geolocation": machine.location,
         "reliability2": float(machine.reliability),
         "inet_up": None,
@@ -444,8 +445,7 @@ OUR_STATUS = {vast: ours for ours, vast in VAST_STATUS.items()}
 
 def instance_filters(select_filters: Any) -> dict[str, Any]:
     """``show instances --status running loading`` → a filter on our states. The CLI's other
-    filters (labels, verification, GPU model) are refused: instances have no label here, and
-    the rest is not kept per instance."""
+    filters (labels, verification, GPU model) are refused: this list filters by state only."""
     if select_filters in (None, {}):
         return {}
     if not isinstance(select_filters, dict):

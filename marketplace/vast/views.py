@@ -29,6 +29,7 @@ from marketplace.api.rentals import MAX_PAGE, RentSerializer, search_offers
 from marketplace.models import ApiKey, Offer, SshKey
 from marketplace.selectors import instance_connection, instance_logs
 from marketplace.services.renter_actions import (
+    instance_label,
     rental_destroy_request,
     rental_exec,
     rental_start,
@@ -190,7 +191,11 @@ class InstanceDetail(RenterView):
         instance = self.instance(pk)
         body = self.body()
         if "label" in body:
-            raise Refused("Instances have no label here yet.", field="label")
+            label = body["label"]
+            if not isinstance(label, str):
+                raise Refused("label is text.", field="label")
+            instance_label(instance=instance, label=label)
+            return Response({"success": True})
         state = body.get("state")
         if state == "stopped":
             rental_stop_request(instance=instance)

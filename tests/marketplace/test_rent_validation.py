@@ -36,6 +36,8 @@ def nothing_written() -> bool:
         ("entrypoint", "--privileged"),
         ("env", {"NVIDIA_VISIBLE_DEVICES": "all"}),
         ("ports", [0]),
+        ("label", "two\nlines"),
+        ("label", "x" * 101),
     ],
 )
 def test_the_renting_service_refuses_bad_specs_naming_the_field(funded_team, machine, field, value):
@@ -125,3 +127,20 @@ def test_the_console_and_the_api_refuse_a_launch_mode_in_the_same_words(
         "launch_mode": ["Choose one of entrypoint, ssh, jupyter."]
     }
     assert nothing_written()
+
+
+def test_an_instance_is_named_through_the_api_and_a_bad_name_is_refused(funded_team, machine):
+    from tests.conftest import key_client
+
+    request = RentalRequest(
+        machine_id=machine.pk, gpu_count=1, image="gpumkt/busybox:latest", hours=1, label="first"
+    )
+    rental = rental_create(team=funded_team, request=request)
+    api = key_client(funded_team)
+    url = f"/api/v1/instances/{rental.instance_id}/"
+    assert api.get(url).json()["label"] == "first"
+    named = api.post(url + "label/", {"label": "  second  "}, format="json")
+    assert named.status_code == 200 and named.json()["label"] == "second"
+    bad = api.post(url + "label/", {"label": "a\tb"}, format="json")
+    assert bad.status_code == 400 and "label" in bad.json()["error"]["fields"]
+    assert api.get(url).json()["label"] == "second"

@@ -496,6 +496,7 @@ MATRIX: dict[str, list[Check]] = {
     "api-instance-stop": [Obj(api_inst("stop/"), "post")],
     "api-instance-start": [Obj(api_inst("start/"), "post")],
     "api-instance-extend": [Obj(api_inst("extend/"), "post", {"hours": 5})],
+    "api-instance-label": [Obj(api_inst("label/"), "post", {"label": "theirs now"})],
     "api-instance-logs": [Obj(api_inst("logs/"))],
     "api-instance-exec-command": [Obj(api_inst("exec/"), "post", {"command": "id"})],
     "api-sshkey-list": [

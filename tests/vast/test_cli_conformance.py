@@ -179,7 +179,8 @@ def create(cli, table, machine) -> int:
     run = cli(
         "create", "instance", str(machine.pk), "--image", "gpumkt/busybox:latest",
         "--disk", "12", "--env", "-p 8080:8080 -e MARKER=from-vastai",
-        "--onstart-cmd", "sh", "--args", "-c", "echo hello-$MARKER; exec sleep 600",
+        "--label", "first-run", "--onstart-cmd", "sh", "--args", "-c",
+        "echo hello-$MARKER; exec sleep 600",
     )  # fmt: skip
     found = re.search(r"'new_contract': (\d+)", run.stdout)
     instance = Instance.objects.filter(pk=int(found.group(1))).first() if found else None
@@ -187,21 +188,21 @@ def create(cli, table, machine) -> int:
         instance is not None
         and instance.image == "gpumkt/busybox:latest"
         and instance.disk_gb == 12
+        and instance.label == "first-run"
         and instance.env == {"MARKER": "from-vastai"}
         and instance.args == ["-c", "echo hello-$MARKER; exec sleep 600"]
         and [p.container_port for p in instance.port_allocations.all()] == [8080]
         and wait_for_state(instance.pk, InstanceState.RUNNING) == InstanceState.RUNNING
     )
     table.works(
-        "create instance <offer> --image … --disk … --env '-p … -e K=V' "
+        "create instance <offer> --image … --disk … --env '-p … -e K=V' --label … "
         "--onstart-cmd <entrypoint> --args …",
         "rents the offer's free GPUs for a day (extend with /api/v1/); the container runs the "
-        "image with that disk, env, published port, and the entrypoint and args as argv",
+        "image with that disk, env, published port, and the entrypoint and args as argv; "
+        "the instance has the label",
         ok,
         run.output,
     )
-    refused = cli("create", "instance", str(machine.pk), "--image", "x", "--label", "mine")
-    table.refused("create instance --label", refused, "--label is not supported")
     return instance.pk if instance else 0
 
 
@@ -255,10 +256,14 @@ def instance_life(cli, table, instance_id: int, team) -> None:
         cli("reboot", "instance", str(instance_id)),
         "does not offer PUT /api/v0/instances/reboot/",
     )
-    table.refused(
+    labelled = cli("label", "instance", str(instance_id), "trainer #2; $(id)")
+    raw = cli("show", "instance", str(instance_id), raw=True)
+    table.works(
         "label instance <id> <label>",
-        cli("label", "instance", str(instance_id), "mine"),
-        "no label here",
+        "names the instance, kept as typed (show instance --raw shows it)",
+        Instance.objects.get(pk=instance_id).label == "trainer #2; $(id)"
+        and '"label": "trainer #2; $(id)"' in raw.stdout,
+        labelled.output + raw.output,
     )
     other = TeamFactory(name="Other Co")
     add_member(other, UserFactory(username="other"), Role.OWNER)

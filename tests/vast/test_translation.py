@@ -133,7 +133,7 @@ def test_shell_metacharacters_in_args_and_env_are_kept_as_data(funded_team, mach
 @pytest.mark.parametrize(
     ("changes", "words"),
     [
-        ({"label": "my box"}, "--label is not supported"),
+        ({"label": "two\nlines"}, "Printable characters only"),
         ({"price": 0.1}, "--bid_price is not supported"),
         ({"image_login": "-u bob -p x docker.io"}, "--login is not supported"),
         ({"env": {"-h": "billybob"}}, "'-h' is not supported"),
@@ -149,6 +149,24 @@ def test_options_we_cannot_honour_are_refused_and_nothing_is_rented(
     assert response.status_code == 400, response.content
     assert words in response.json()["msg"]
     assert not Rental.objects.exists()
+
+
+def test_a_label_is_kept_at_rent_and_changed_by_put(funded_team, machine):
+    client = renter(funded_team)
+    response = rent(client, machine, label="trainer")
+    assert response.status_code == 200, response.content
+    instance_id = response.json()["new_contract"]
+    assert Instance.objects.get(pk=instance_id).label == "trainer"
+    changed = client.put(f"/api/v0/instances/{instance_id}/", {"label": "eval"}, format="json")
+    assert changed.status_code == 200 and changed.json()["success"] is True
+    shown = client.get(f"/api/v0/instances/{instance_id}/").json()["instances"]
+    assert shown["label"] == "eval"
+    assert (
+        key_client(funded_team).get(f"/api/v1/instances/{instance_id}/").json()["label"] == "eval"
+    )
+    too_long = client.put(f"/api/v0/instances/{instance_id}/", {"label": "x" * 101}, format="json")
+    assert too_long.status_code == 400 and "At most 100 characters" in too_long.json()["msg"]
+    assert Instance.objects.get(pk=instance_id).label == "eval"
 
 
 def test_another_teams_instance_answers_404_and_is_untouched(funded_team, machine):
