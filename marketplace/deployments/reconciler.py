@@ -182,9 +182,7 @@ def _observe_and_want(deployment: Deployment, reads: _Reads) -> _Pass:
     if queued:
         failures = reads.failures[deployment.pk]
         if this.changed:  # a replica may have failed just now
-            failures = list(
-                _recent_failures().filter(deployment=deployment).values_list("ended_at", "reason")
-            )
+            failures = _failures_of(deployment)
         this.reason = _failure_backoff(failures)
     this.changed |= changed
     if queued and not this.reason:
@@ -372,8 +370,7 @@ def _roll_in_place(deployment: Deployment, current: str, reason: str) -> tuple[b
     old = rolling.old_replicas(deployment, live, current)
     if not old or not reason:
         return False, reason
-    failures = _recent_failures().filter(deployment=deployment).values_list("ended_at", "reason")
-    if _failure_backoff(list(failures)):
+    if _failure_backoff(_failures_of(deployment)):
         return False, f"rolling update waits: {reason}"
     victim = rolling.in_place_victim(live, old, wanted_live(deployment))
     if victim is None:
@@ -412,6 +409,11 @@ def _recent_failures():
     """Replicas that failed in the last RECENT_FAILURES, newest first."""
     since = timezone.now() - RECENT_FAILURES
     return Replica.objects.filter(state=R.FAILED, ended_at__gte=since).order_by("-ended_at")
+
+
+def _failures_of(deployment: Deployment) -> list[tuple[datetime, str]]:
+    """The deployment's recent failures as ``_failure_backoff`` reads them."""
+    return list(_recent_failures().filter(deployment=deployment).values_list("ended_at", "reason"))
 
 
 def _failure_backoff(failures: list[tuple[datetime, str]]) -> str:
