@@ -1,0 +1,146 @@
+"""Clusters through the real gateway: Caddy 2 in front, Django answering its forward-auth,
+replicas on simulated hosts (real sshd + Docker) running busybox httpd that answers with its
+container's name."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+
+import pytest
+from django.test import Client
+
+from marketplace.models import ApiKey, Cluster
+from marketplace.services.accounts import api_key_create, api_key_revoke
+from scheduler.gateway import instance_upstreams
+from tests.clusters.support import CLUSTER, Load, call, routed, routes_settle
+from tests.conftest import key_client
+from tests.factories import TeamFactory, UserFactory, add_member
+from tests.marketplace.conftest import machine_for
+
+pytestmark = [pytest.mark.system, pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture(scope="session")
+def cluster_hosts(sim_host_factory):
+    """Three 2-GPU simulated hosts shared by the tests here (each lists its own machines)."""
+    return [sim_host_factory(gpus=2) for _ in range(3)]
+
+
+@pytest.fixture
+def machines(cluster_hosts, provider_team):
+    return [machine_for(host, provider_team) for host in cluster_hosts]
+
+
+def bearer(secret: str) -> dict:
+    return {"Authorization": f"Bearer {secret}"}
+
+
+def key_secret(team, access=ApiKey.Access.READ) -> str:
+    membership = team.memberships.first()
+    return api_key_create(membership=membership, name="svc", access=access).secret
+
+
+def create(client, **overrides) -> dict:
+    response = client.post("/api/v1/clusters/", {**CLUSTER, **overrides}, format="json")
+    assert response.status_code == 201, response.content
+    return response.json()
+
+
+def path_of(url: str) -> str:
+    return "/" + url.split("/", 3)[3]
+
+
+def test_a_cluster_url_balances_over_its_replicas_and_answers_only_its_team(
+    funded_team, owner, machines, gateway
+):
+    client = key_client(funded_team)
+    created = create(client)
+    assert (created["state"], created["replicas"], created["running"]) == ("running", 3, 3)
+    assert created["url"] == f"{gateway.url}/clusters/{created['id']}/service/"
+    path = path_of(created["url"])
+    first_instances = list(
+        Cluster.objects.get(pk=created["id"]).deployment.replicas.values_list(
+            "instance_id", flat=True
+        )
+    )
+    routes_settle(gateway.admin, created["id"], 3)
+    key = bearer(key_secret(funded_team))
+
+    names = Counter(call(gateway.listen, path, key)[1] for _ in range(300))
+    containers = {
+        r.instance.container_name: r.instance.container_id
+        for r in Cluster.objects.get(pk=created["id"]).deployment.replicas.select_related(
+            "instance"
+        )
+    }
+    # Every one of the 3 replicas answered, about a third each (round robin).
+    assert len(names) == 3 and all(90 <= n <= 110 for n in names.values()), names
+    assert {name[:12] for name in names} == {cid[:12] for cid in containers.values()}
+
+    # No credentials, a wrong key, another team's key: the same 401 as a cluster that does not
+    # exist, so nothing tells an outsider the cluster is there.
+    outsider_team = TeamFactory(name="Other")
+    add_member(outsider_team, UserFactory(username="other"), "owner")
+    nobody = call(gateway.listen, path)
+    assert nobody[0] == 401
+    assert call(gateway.listen, path, bearer("gpk_nope_nope"))[0] == 401
+    assert call(gateway.listen, path, bearer(key_secret(outsider_team))) == nobody
+    assert call(gateway.listen, "/clusters/999999/service/", key) == nobody
+    # A member's console session passes; an outsider's does not.
+    member = Client()
+    member.force_login(owner)
+    cookie = {"Cookie": f"sessionid={member.cookies['sessionid'].value}"}
+    assert call(gateway.listen, path, cookie)[0] == 200
+    stranger = Client()
+    stranger.force_login(outsider_team.memberships.get().user)
+    assert (
+        call(gateway.listen, path, {"Cookie": f"sessionid={stranger.cookies['sessionid'].value}"})[
+            0
+        ]
+        == 401
+    )
+
+    # A revoked key stops working within the auth cache's few seconds.
+    revoked = key_secret(funded_team)
+    assert call(gateway.listen, path, bearer(revoked))[0] == 200
+    api_key_revoke(
+        membership=funded_team.memberships.first(),
+        api_key=ApiKey.objects.get(prefix=revoked.split("_")[1]),
+    )
+    time.sleep(2.2)
+    assert call(gateway.listen, path, bearer(revoked))[0] == 401
+
+    # The port changes (the replicas roll to publish 8081) while requests flow: the URL
+    # stays and never fails.
+    with Load(gateway.listen, path, key, rate=20) as load:
+        moved = client.put(
+            f"/api/v1/clusters/{created['id']}/endpoint/", {"port": 8081}, format="json"
+        )
+        assert moved.status_code == 200, moved.content
+        assert (moved.json()["url"], moved.json()["service_port"]) == (created["url"], 8081)
+        routes_settle(gateway.admin, created["id"], 3)
+        time.sleep(1)
+    assert load.failed == [] and len(load.results) > 20
+    # Every replica routed now is a new one, publishing 8081, and the old ones are gone.
+    running = Cluster.objects.get(pk=created["id"]).deployment.replicas.filter(state="running")
+    instance_ids = [r.instance_id for r in running]
+    assert routed(gateway.admin, created["id"]) == set(
+        instance_upstreams(instance_ids, 8081).values()
+    )
+    assert len(instance_ids) == 3 and not set(instance_ids) & set(first_instances)
+
+    # Stop: nothing runs, the URL still answers its team (503, it is stopped); resume: the
+    # same URL serves again.
+    stopped = client.post(f"/api/v1/clusters/{created['id']}/stop/")
+    assert (stopped.json()["state"], stopped.json()["running"]) == ("stopped", 0)
+    assert call(gateway.listen, path, key)[0] == 503
+    assert call(gateway.listen, path)[0] == 401
+    resumed = client.post(f"/api/v1/clusters/{created['id']}/resume/")
+    assert (resumed.json()["state"], resumed.json()["running"], resumed.json()["url"]) == (
+        "running",
+        3,
+        created["url"],
+    )
+    routes_settle(gateway.admin, created["id"], 3)
+    assert {call(gateway.listen, path, key)[0] for _ in range(10)} == {200}
