@@ -274,6 +274,10 @@ GATEWAY_AUTH_UPSTREAM = os.environ.get("GATEWAY_AUTH_UPSTREAM", "127.0.0.1:8000"
 # How long the gateway's auth answers are remembered per credential: a revoked key or a
 # removed member stops working within this many seconds.
 GATEWAY_AUTH_CACHE_SECONDS = float(os.environ.get("GATEWAY_AUTH_CACHE_SECONDS", "2"))
+# Autoscaling: grow on the mean rate of the last UP seconds, shrink on the busiest of the
+# last DOWN seconds.
+CLUSTER_SCALE_UP_WINDOW = int(os.environ.get("CLUSTER_SCALE_UP_WINDOW", "10"))
+CLUSTER_SCALE_DOWN_WINDOW = int(os.environ.get("CLUSTER_SCALE_DOWN_WINDOW", "60"))
 
 # Labels added to every container the platform starts (tests tag theirs for clean-up).
 CONTAINER_EXTRA_LABELS = dict(

@@ -82,15 +82,15 @@ PATCHABLE = {
 }  # fmt: skip
 
 
-class ScaleSerializer(serializers.Serializer):
+class ClusterScaleSerializer(serializers.Serializer):
     replicas = serializers.IntegerField(min_value=MIN_CLUSTER_REPLICAS, max_value=MAX_REPLICAS)
 
 
-class EndpointSerializer(serializers.Serializer):
+class ClusterEndpointSerializer(serializers.Serializer):
     port = serializers.IntegerField(min_value=1, max_value=65535)
 
 
-class ExtendSerializer(serializers.Serializer):
+class ClusterExtendSerializer(serializers.Serializer):
     hours = FiniteFloatField(min_value=MIN_RENTAL_HOURS, max_value=MAX_RENTAL_HOURS)
 
 
@@ -175,22 +175,22 @@ class ClusterViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScope
         cluster_delete(cluster=self.get_object())
         return Response(status=status.HTTP_204_NO_CONTENT)
 
-    @extend_schema(request=ScaleSerializer, responses={200: ClusterSerializer})
+    @extend_schema(request=ClusterScaleSerializer, responses={200: ClusterSerializer})
     @action(detail=True, methods=["post"])
     def scale(self, request, pk=None):
-        params = ScaleSerializer(data=request.data)
+        params = ClusterScaleSerializer(data=request.data)
         params.is_valid(raise_exception=True)
         cluster = cluster_scale(
             cluster=self.get_object(), replicas=params.validated_data["replicas"]
         )
         return self._answer(cluster)
 
-    @extend_schema(request=EndpointSerializer, responses={200: ClusterSerializer})
+    @extend_schema(request=ClusterEndpointSerializer, responses={200: ClusterSerializer})
     @action(detail=True, methods=["put", "delete"])
     def endpoint(self, request, pk=None):
         if request.method == "DELETE":
             return self._answer(cluster_endpoint_close(cluster=self.get_object()))
-        params = EndpointSerializer(data=request.data)
+        params = ClusterEndpointSerializer(data=request.data)
         params.is_valid(raise_exception=True)
         port = params.validated_data["port"]
         return self._answer(cluster_endpoint_set(cluster=self.get_object(), port=port))
@@ -205,10 +205,10 @@ class ClusterViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScope
     def resume(self, request, pk=None):
         return self._answer(cluster_resume(cluster=self.get_object()))
 
-    @extend_schema(request=ExtendSerializer, responses={200: ClusterSerializer})
+    @extend_schema(request=ClusterExtendSerializer, responses={200: ClusterSerializer})
     @action(detail=True, methods=["post"])
     def extend(self, request, pk=None):
-        params = ExtendSerializer(data=request.data)
+        params = ClusterExtendSerializer(data=request.data)
         params.is_valid(raise_exception=True)
         hours = params.validated_data["hours"]
         return self._answer(cluster_extend(cluster=self.get_object(), hours=hours))

@@ -25,6 +25,7 @@ from django.contrib.auth import get_user
 from django.http import HttpRequest, HttpResponse
 from django.utils.module_loading import import_string
 
+from marketplace.clusters import traffic
 from marketplace.models import ApiKey, Cluster, Membership
 from marketplace.services.accounts import api_key_authenticate
 
@@ -102,6 +103,7 @@ def gateway_auth(request: HttpRequest, cluster_id: int) -> HttpResponse:
     if request.method not in ("GET", "HEAD"):
         return HttpResponse(status=405)
     if request_allowed(request, int(cluster_id)):
+        traffic.request_passed(int(cluster_id))
         return HttpResponse(status=200)
     response = HttpResponse(
         '{"detail": "Authentication required."}', status=401, content_type="application/json"
