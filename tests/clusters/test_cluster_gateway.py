@@ -16,15 +16,18 @@ from billing.selectors import team_balance
 from marketplace.models import ApiKey, Cluster, Rental
 from marketplace.services.accounts import api_key_create, api_key_revoke
 from marketplace.services.pricing import quote_at
+from marketplace.tasks import clusters_tick
 from scheduler import services as scheduler
 from scheduler.gateway import instance_upstreams
 from tests.billing.ledger_checks import assert_ledger_consistent
-from tests.clusters.support import CLUSTER, Load, call, routed, routes_settle
+from tests.clusters.support import CLUSTER, IMAGE, Load, call, routed, routes_settle
 from tests.conftest import key_client
 from tests.factories import TeamFactory, UserFactory, add_member
 from tests.marketplace.conftest import PRICE_PER_GPU_HOUR, STORAGE_PER_GB_MONTH, machine_for
 
 pytestmark = [pytest.mark.system, pytest.mark.django_db(transaction=True)]
+
+NEW_IMAGE = "gpumkt/busybox:rolled"
 
 
 @pytest.fixture(scope="session")
@@ -237,3 +240,60 @@ def test_scaling_holds_for_new_replicas_and_releases_what_stopped_ones_did_not_u
         h.captured_gpu + h.captured_storage for h in still
     )
     assert_ledger_consistent()
+
+
+def test_a_rolling_update_of_the_image_fails_no_request(funded_team, machines, gateway):
+    """The image changes under 20 requests/s: one new replica at a time starts beside the
+    old ones, joins the gateway once it answers, and an old one leaves the gateway before it
+    is stopped: no request fails."""
+    subprocess.run(["docker", "tag", IMAGE, NEW_IMAGE], check=True, capture_output=True)
+    client = key_client(funded_team)
+    created = create(client)
+    path = path_of(created["url"])
+    routes_settle(gateway.admin, created["id"], 3)
+    key = bearer(key_secret(funded_team))
+    with Load(gateway.listen, path, key, rate=20) as load:
+        time.sleep(1)
+        patched = client.patch(
+            f"/api/v1/clusters/{created['id']}/", {"image": NEW_IMAGE}, format="json"
+        )
+        assert patched.status_code == 200, patched.content
+        routes_settle(gateway.admin, created["id"], 3)
+        time.sleep(1)
+    print(f"rolling update under load: {len(load.failed)} of {len(load.results)} requests failed")
+    assert load.failed == [] and len(load.results) >= 40
+    running = Cluster.objects.get(pk=created["id"]).deployment.replicas.filter(state="running")
+    assert sorted(r.instance.image for r in running) == [NEW_IMAGE] * 3
+
+
+def test_autoscaling_follows_the_request_rate_between_its_bounds(
+    funded_team, machines, gateway, settings
+):
+    """Over the target per replica the cluster grows within 30 s (to its maximum here);
+    idle, it shrinks back to its minimum."""
+    settings.CLUSTER_SCALE_DOWN_WINDOW = 5
+    client = key_client(funded_team)
+    created = create(client, replicas=2, min_replicas=2, max_replicas=4, target_rps_per_replica=4)
+    path = path_of(created["url"])
+    routes_settle(gateway.admin, created["id"], 2)
+    key = bearer(key_secret(funded_team))
+    cluster = Cluster.objects.get(pk=created["id"])
+
+    with Load(gateway.listen, path, key, rate=25):  # 25/s over 2 replicas: 12.5 each, target 4
+        started = time.monotonic()
+        while cluster.replicas < 4:
+            assert time.monotonic() - started < 30, "not scaled up within 30 s"
+            time.sleep(1)
+            clusters_tick()  # as the beat does every 5 s
+            cluster.refresh_from_db()
+        assert client.get(f"/api/v1/clusters/{created['id']}/").json()["running"] == 4
+        routes_settle(gateway.admin, created["id"], 4)
+
+    started = time.monotonic()
+    while cluster.replicas > 2:
+        assert time.monotonic() - started < 30, "not scaled down when idle"
+        time.sleep(1)
+        clusters_tick()
+        cluster.refresh_from_db()
+    assert client.get(f"/api/v1/clusters/{created['id']}/").json()["running"] == 2
+    routes_settle(gateway.admin, created["id"], 2)
