@@ -79,11 +79,12 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # The cluster gateway's forward-auth sub-requests (one per request to a cluster's URL),
+    # answered before everything else; the gateway measures them (marketplace/clusters/).
+    "marketplace.clusters.auth.GatewayAuthMiddleware",
     # First and last: django-prometheus times the whole chain and counts each answer by the
     # URL pattern's name (never the raw path, which would make a series per id).
     "django_prometheus.middleware.PrometheusBeforeMiddleware",
-    # The cluster gateway's forward-auth sub-requests, answered before the console's chain.
-    "marketplace.clusters.auth.GatewayAuthMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",

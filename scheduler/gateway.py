@@ -26,6 +26,7 @@ from __future__ import annotations
 import http.client
 import json
 import socket
+import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -254,6 +255,24 @@ class CaddyAdmin:
 
     def metrics(self) -> str:
         return self._call("GET", "/metrics").decode()
+
+
+def drained(admin: CaddyAdmin, upstreams: set[str], timeout: float = 5.0) -> bool:
+    """Wait until the gateway has no request in flight to ``upstreams`` (just taken out of
+    its routes), at most ``timeout`` seconds: a replica is stopped only after this, so no
+    request is cut off half-way."""
+    deadline = time.monotonic() + timeout
+    while True:
+        busy = {
+            u["address"]
+            for u in admin.upstreams()
+            if u["address"] in upstreams and u.get("num_requests", 0) > 0
+        }
+        if not busy:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
 
 
 def routed_upstreams(routes: list[dict]) -> set[str]:

@@ -19,10 +19,13 @@ import hashlib
 import re
 import threading
 import time
+from collections.abc import Mapping
 
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
 from django.conf import settings
 from django.contrib.auth import get_user
 from django.http import HttpRequest, HttpResponse
+from django.http.cookie import parse_cookie
 from django.utils.module_loading import import_string
 
 from marketplace.clusters import traffic
@@ -70,21 +73,46 @@ def _session_allows(request: HttpRequest, team_id: int) -> bool:
     return Membership.objects.filter(user=user, team_id=team_id).exists()
 
 
-def request_allowed(request: HttpRequest, cluster_id: int) -> bool:
-    header = request.headers.get("Authorization", "")
-    scheme, _, token = header.partition(" ")
+def credential_of(authorization: str, cookies: Mapping[str, str]) -> tuple[bytes, str] | None:
+    """The caller's credential as remembered (a digest's input) and the key's text, or None."""
+    scheme, _, token = authorization.partition(" ")
     token = token.strip()
-    cookie = request.COOKIES.get(settings.SESSION_COOKIE_NAME, "")
     if scheme.lower() == "bearer" and token:
-        credential = b"k" + token.encode()
-    elif cookie:
-        credential = b"s" + cookie.encode()
-    else:
+        return b"k" + token.encode(), token
+    cookie = cookies.get(settings.SESSION_COOKIE_NAME, "")
+    if cookie:
+        return b"s" + cookie.encode(), ""
+    return None
+
+
+def _credential(request: HttpRequest) -> tuple[bytes, str] | None:
+    return credential_of(request.headers.get("Authorization", ""), request.COOKIES)
+
+
+def _memo(cluster_id: int, credential: bytes) -> tuple[int, bytes]:
+    return cluster_id, hashlib.sha256(credential).digest()
+
+
+def remembered(request: HttpRequest, cluster_id: int) -> bool | None:
+    return remembered_for(_credential(request), cluster_id)
+
+
+def remembered_for(found: tuple[bytes, str] | None, cluster_id: int) -> bool | None:
+    """The answer given to this credential for this cluster in the last few seconds, or None
+    (no credential at all is a refusal, answered at once)."""
+    if found is None:
         return False
-    memo = (cluster_id, hashlib.sha256(credential).digest())
-    hit = _remembered.get(memo)
+    hit = _remembered.get(_memo(cluster_id, found[0]))
     if hit is not None and hit[0] > _now():
         return hit[1]
+    return None
+
+
+def request_allowed(request: HttpRequest, cluster_id: int) -> bool:
+    answer = remembered(request, cluster_id)
+    if answer is not None:
+        return answer
+    credential, token = _credential(request)
     team_id = _cluster_team(cluster_id)
     if team_id is None:
         allowed = False
@@ -95,34 +123,96 @@ def request_allowed(request: HttpRequest, cluster_id: int) -> bool:
     with _lock:
         if len(_remembered) > MAX_REMEMBERED:
             _remembered.clear()
-        _remembered[memo] = (_now() + settings.GATEWAY_AUTH_CACHE_SECONDS, allowed)
+        _remembered[_memo(cluster_id, credential)] = (
+            _now() + settings.GATEWAY_AUTH_CACHE_SECONDS,
+            allowed,
+        )
     return allowed
+
+
+REFUSED_BODY = b'{"detail": "Authentication required."}'
+REFUSED_HEADERS = {"Content-Type": "application/json", "WWW-Authenticate": 'Bearer realm="cluster"'}
+
+
+def _answer(allowed: bool, cluster_id: int) -> HttpResponse:
+    if allowed:
+        traffic.request_passed(cluster_id)
+        return HttpResponse(status=200)
+    return HttpResponse(REFUSED_BODY, status=401, headers=REFUSED_HEADERS)
+
+
+class GatewayAuthFastPath:
+    """ASGI, in front of Django: a remembered answer goes out without Django's request
+    handling (request object, signals, middleware); anything else goes on to Django."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        match = PATH.match(scope["path"]) if scope["type"] == "http" else None
+        if match is not None and scope["method"] in ("GET", "HEAD"):
+            cluster_id = int(match.group(1))
+            authorization, cookie = "", ""
+            for name, value in scope["headers"]:
+                if name == b"authorization":
+                    authorization = value.decode("latin-1")
+                elif name == b"cookie":
+                    cookie = value.decode("latin-1")
+            answer = remembered_for(credential_of(authorization, parse_cookie(cookie)), cluster_id)
+            if answer is not None:
+                if answer:
+                    traffic.request_passed(cluster_id)
+                    status, headers, body = 200, [], b""
+                else:
+                    status, body = 401, REFUSED_BODY
+                    headers = [(k.lower().encode(), v.encode()) for k, v in REFUSED_HEADERS.items()]
+                headers.append((b"content-length", str(len(body)).encode()))
+                await send({"type": "http.response.start", "status": status, "headers": headers})
+                await send({"type": "http.response.body", "body": body})
+                return
+        await self.app(scope, receive, send)
 
 
 def gateway_auth(request: HttpRequest, cluster_id: int) -> HttpResponse:
     if request.method not in ("GET", "HEAD"):
         return HttpResponse(status=405)
-    if request_allowed(request, int(cluster_id)):
-        traffic.request_passed(int(cluster_id))
-        return HttpResponse(status=200)
-    response = HttpResponse(
-        '{"detail": "Authentication required."}', status=401, content_type="application/json"
-    )
-    response["WWW-Authenticate"] = 'Bearer realm="cluster"'
-    return response
+    return _answer(request_allowed(request, int(cluster_id)), int(cluster_id))
 
 
 class GatewayAuthMiddleware:
-    """Answers the gateway's sub-requests before the rest of the chain."""
+    """Answers the gateway's sub-requests before the rest of the chain. Under ASGI a
+    remembered answer is given on the event loop itself (no hop to the thread that runs sync
+    code, which every other request queues for); only a first look reads the database."""
+
+    sync_capable = True
+    async_capable = True
 
     def __init__(self, get_response):
         self.get_response = get_response
+        if iscoroutinefunction(get_response):
+            markcoroutinefunction(self)
 
     def __call__(self, request: HttpRequest):
+        if iscoroutinefunction(self):
+            return self.__acall__(request)
         match = PATH.match(request.path_info)
         if match is None:
             return self.get_response(request)
         return gateway_auth(request, int(match.group(1)))
+
+    async def __acall__(self, request: HttpRequest):
+        match = PATH.match(request.path_info)
+        if match is None:
+            return await self.get_response(request)
+        if request.method not in ("GET", "HEAD"):
+            return HttpResponse(status=405)
+        cluster_id = int(match.group(1))
+        answer = remembered(request, cluster_id)
+        if answer is None:
+            answer = await sync_to_async(request_allowed, thread_sensitive=False)(
+                request, cluster_id
+            )
+        return _answer(answer, cluster_id)
 
 
 def forget() -> None:

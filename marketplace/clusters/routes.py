@@ -85,6 +85,9 @@ def routes_push() -> bool:
                 session_cookie=settings.SESSION_COOKIE_NAME,
             )
         )
+        gone = known - {u for r in routes for u in r.upstreams}
+        if gone:
+            gateway.drained(admin, gone)
     except gateway.GatewayUnavailable as error:
         logger.warning("gateway routes not pushed: %s", error)
         return False
