@@ -143,3 +143,21 @@ def test_the_console_shows_the_rate_and_hold_before_it_creates(funded, owner_cli
     bad = owner_client.post("/clusters/", {**form, "replicas": "1"})
     assert bad.status_code == 400 and "replicas" in bad.content.decode().lower()
     assert Cluster.objects.count() == 1
+
+
+def test_a_cluster_ends_at_its_time_and_cannot_be_resumed(funded):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from marketplace.tasks import clusters_tick
+
+    client = key_client(funded)
+    created = client.post("/api/v1/clusters/", WAITING, format="json").json()
+    Cluster.objects.filter(pk=created["id"]).update(ends_at=timezone.now() - timedelta(seconds=1))
+    clusters_tick()  # as the beat does
+    ended = client.get(f"/api/v1/clusters/{created['id']}/").json()
+    assert (ended["state"], ended["queued"]) == ("ended", 0)
+    assert Deployment.objects.get(pk=created["deployment_id"]).state == "stopped"
+    refused = client.post(f"/api/v1/clusters/{created['id']}/resume/")
+    assert refused.status_code == 400 and "state" in refused.json()["error"]["fields"]

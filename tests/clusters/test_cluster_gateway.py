@@ -14,7 +14,7 @@ from django.test import Client
 from billing.models import Hold
 from billing.selectors import team_balance
 from marketplace.models import ApiKey, Cluster, Rental
-from marketplace.services.accounts import api_key_create, api_key_revoke
+from marketplace.services.accounts import api_key_create, api_key_revoke, membership_remove
 from marketplace.services.pricing import quote_at
 from marketplace.tasks import clusters_tick
 from scheduler import services as scheduler
@@ -46,7 +46,7 @@ def bearer(secret: str) -> dict:
 
 
 def key_secret(team, access=ApiKey.Access.READ) -> str:
-    membership = team.memberships.first()
+    membership = team.memberships.filter(role="owner").first()
     return api_key_create(membership=membership, name="svc", access=access).secret
 
 
@@ -61,7 +61,7 @@ def path_of(url: str) -> str:
 
 
 def test_a_cluster_url_balances_over_its_replicas_and_answers_only_its_team(
-    funded_team, owner, machines, gateway
+    funded_team, owner, teammate, machines, gateway
 ):
     client = key_client(funded_team)
     created = create(client)
@@ -103,14 +103,20 @@ def test_a_cluster_url_balances_over_its_replicas_and_answers_only_its_team(
     assert call(gateway.listen, path, cookie)[0] == 200
     stranger = Client()
     stranger.force_login(outsider_team.memberships.get().user)
-    assert (
-        call(gateway.listen, path, {"Cookie": f"sessionid={stranger.cookies['sessionid'].value}"})[
-            0
-        ]
-        == 401
+    strangers_cookie = {"Cookie": f"sessionid={stranger.cookies['sessionid'].value}"}
+    assert call(gateway.listen, path, strangers_cookie)[0] == 401
+
+    # A member removed from the team, like a revoked key, is refused within the auth
+    # cache's few seconds.
+    leaver = Client()
+    leaver.force_login(teammate)
+    leaver_cookie = {"Cookie": f"sessionid={leaver.cookies['sessionid'].value}"}
+    assert call(gateway.listen, path, leaver_cookie)[0] == 200
+    membership_remove(
+        actor=funded_team.memberships.get(user=owner),
+        target=funded_team.memberships.get(user=teammate),
     )
 
-    # A revoked key stops working within the auth cache's few seconds.
     revoked = key_secret(funded_team)
     assert call(gateway.listen, path, bearer(revoked))[0] == 200
     api_key_revoke(
@@ -119,6 +125,7 @@ def test_a_cluster_url_balances_over_its_replicas_and_answers_only_its_team(
     )
     time.sleep(2.2)
     assert call(gateway.listen, path, bearer(revoked))[0] == 401
+    assert call(gateway.listen, path, leaver_cookie)[0] == 401
 
     # The port changes (the replicas roll to publish 8081) while requests flow: the URL
     # stays and never fails.
@@ -239,6 +246,20 @@ def test_scaling_holds_for_new_replicas_and_releases_what_stopped_ones_did_not_u
     assert balance.total == funded - captured - sum(
         h.captured_gpu + h.captured_storage for h in still
     )
+
+    # Extending moves each running replica's rental end, and its hold grows by that hour.
+    amounts = {h.pk: h.amount for h in still}
+    extended = client.post(f"{base}extend/", {"hours": 1}, format="json")
+    assert extended.status_code == 200, extended.content
+    one_hour = quote_at(
+        price_per_gpu_hour=PRICE_PER_GPU_HOUR,
+        storage_price_per_gb_month=STORAGE_PER_GB_MONTH,
+        gpu_count=1,
+        disk_gb=1,
+        hours=1,
+    ).total
+    for hold in Hold.objects.filter(pk__in=amounts):
+        assert hold.amount - amounts[hold.pk] == pytest.approx(one_hour, abs=2000)
     assert_ledger_consistent()
 
 
