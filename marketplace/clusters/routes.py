@@ -13,11 +13,14 @@ checks watch it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
+import redis
 from django.conf import settings
 from django.db import connection, transaction
 
+from marketplace.clusters import traffic
 from marketplace.deployments import reconciler
 from marketplace.models import Cluster, Replica
 from marketplace.models.clusters import ClusterState
@@ -66,10 +69,29 @@ def current_routes() -> list[gateway.ClusterRoute]:
 
 def routes_push() -> bool:
     """Compute the routes and give them to the gateway; False where it did not take them (or
-    none is configured). New replicas go in only once they answer."""
+    none is configured). New replicas go in only once they answer.
+
+    One push at a time across processes (a Redis lock), each reading the database inside the
+    lock: two pushes racing could otherwise land out of order, the older routes last."""
     admin = _admin()
     if admin is None:
         return False
+    try:
+        lock = traffic.redis_client().lock(
+            f"{traffic.key_prefix()}:gateway:routes", timeout=30, blocking_timeout=15
+        )
+        locked = lock.acquire()
+    except redis.RedisError:
+        lock, locked = None, False
+    try:
+        return _push(admin)
+    finally:
+        if locked:
+            with contextlib.suppress(redis.RedisError):
+                lock.release()
+
+
+def _push(admin: gateway.CaddyAdmin) -> bool:
     try:
         known = gateway.routed_upstreams(admin.routes())
         wanted = current_routes()

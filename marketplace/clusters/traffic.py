@@ -23,16 +23,20 @@ _lock = threading.Lock()
 _client: redis.Redis | None = None
 
 
-def _redis() -> redis.Redis:
+def redis_client() -> redis.Redis:
     global _client
     if _client is None:
         _client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=1)
     return _client
 
 
+def key_prefix() -> str:
+    """This deployment's Redis key prefix (the cache's; tests give each worker its own)."""
+    return settings.CACHES["default"].get("KEY_PREFIX", "")
+
+
 def _key(cluster_id: int, second: int) -> str:
-    prefix = settings.CACHES["default"].get("KEY_PREFIX", "")
-    return f"{prefix}:gateway:requests:{cluster_id}:{second}"
+    return f"{key_prefix()}:gateway:requests:{cluster_id}:{second}"
 
 
 def request_passed(cluster_id: int) -> None:
@@ -53,7 +57,7 @@ def request_passed(cluster_id: int) -> None:
 
 def _flush(counts: dict[int, int], second: int) -> None:
     try:
-        pipe = _redis().pipeline(transaction=False)
+        pipe = redis_client().pipeline(transaction=False)
         for cluster_id, count in counts.items():
             pipe.incrby(_key(cluster_id, second), count)
             pipe.expire(_key(cluster_id, second), KEEP_SECONDS)
@@ -76,7 +80,7 @@ def per_second(cluster_id: int, seconds: int) -> list[int]:
     now = int(time.time())
     keys = [_key(cluster_id, s) for s in range(now - seconds, now)]
     try:
-        values = _redis().mget(keys)
+        values = redis_client().mget(keys)
     except redis.RedisError:
         return [0] * seconds
     return [int(v or 0) for v in values]
