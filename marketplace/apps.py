@@ -11,6 +11,7 @@ class MarketplaceConfig(AppConfig):
         # (web included) can queue them.
         from marketplace import tasks  # noqa: F401
         from marketplace.api import schema  # noqa: F401
+        from marketplace.clusters import routes  # noqa: F401 - cluster hooks on the reconciler
         from marketplace.receivers import (  # noqa: F401
             accounts,
             billing,

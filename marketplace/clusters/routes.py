@@ -15,13 +15,15 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from dataclasses import dataclass
 
 import redis
 from django.conf import settings
 from django.db import connection, transaction
+from django.utils import timezone
 
 from marketplace.clusters import traffic
-from marketplace.deployments import reconciler
+from marketplace.deployments import reconciler, rolling
 from marketplace.models import Cluster, Replica
 from marketplace.models.clusters import ClusterState
 from marketplace.models.deployments import ReplicaState
@@ -40,23 +42,41 @@ def _admin() -> gateway.CaddyAdmin | None:
     return gateway.CaddyAdmin(settings.GATEWAY_ADMIN) if settings.GATEWAY_ADMIN else None
 
 
-def current_routes() -> list[gateway.ClusterRoute]:
-    """Every cluster with a port, over its running replicas' published ports."""
+@dataclass(frozen=True)
+class _Running:
+    """A running replica as the routes see it: where it answers, and whether it has yet."""
+
+    replica_id: int
+    deployment_id: int
+    upstream: str
+    ready: bool
+
+
+def current_routes() -> tuple[list[gateway.ClusterRoute], list[_Running]]:
+    """Every cluster with a port, over its running replicas' published ports; and those
+    replicas."""
     clusters = list(
         Cluster.objects.exclude(service_port=None)
         .exclude(state=ClusterState.ENDED)
         .values_list("pk", "deployment_id", "service_port", "state")
     )
-    running = Replica.objects.filter(
+    rows = Replica.objects.filter(
         deployment_id__in=[c[1] for c in clusters], state=ReplicaState.RUNNING
-    ).values_list("deployment_id", "instance_id")
-    by_deployment: dict[int, list[int]] = {}
-    for deployment_id, instance_id in running:
-        by_deployment.setdefault(deployment_id, []).append(instance_id)
-    out = []
+    ).values_list("deployment_id", "instance_id", "pk", "ready_at")
+    by_deployment: dict[int, list[tuple[int, int, object]]] = {}
+    for deployment_id, instance_id, replica_id, ready_at in rows:
+        by_deployment.setdefault(deployment_id, []).append((instance_id, replica_id, ready_at))
+    out, running = [], []
     for cluster_id, deployment_id, port, state in clusters:
-        instances = by_deployment.get(deployment_id, [])
-        upstreams = gateway.instance_upstreams(instances, port) if instances else {}
+        replicas = by_deployment.get(deployment_id, [])
+        upstreams = gateway.instance_upstreams([r[0] for r in replicas], port) if replicas else {}
+        for instance_id, replica_id, ready_at in replicas:
+            if instance_id in upstreams:
+                running.append(
+                    _Running(
+                        replica_id, deployment_id, upstreams[instance_id], ready_at is not None
+                    )
+                )
         out.append(
             gateway.ClusterRoute(
                 cluster_id=cluster_id,
@@ -64,15 +84,19 @@ def current_routes() -> list[gateway.ClusterRoute]:
                 running=state == ClusterState.RUNNING,
             )
         )
-    return out
+    return out, running
 
 
 def routes_push() -> bool:
     """Compute the routes and give them to the gateway; False where it did not take them (or
-    none is configured). New replicas go in only once they answer.
+    none is configured, or a running replica does not answer yet). New replicas go in only
+    once they answer; then they are marked ready and their deployments woken (a roll waits
+    for that behind a cluster's URL).
 
     One push at a time across processes (a Redis lock), each reading the database inside the
     lock: two pushes racing could otherwise land out of order, the older routes last."""
+    from marketplace import tasks  # the tasks module imports this one
+
     admin = _admin()
     if admin is None:
         return False
@@ -84,17 +108,20 @@ def routes_push() -> bool:
     except redis.RedisError:
         lock, locked = None, False
     try:
-        return _push(admin)
+        complete, woken = _push(admin)
     finally:
         if locked:
             with contextlib.suppress(redis.RedisError):
                 lock.release()
+    for deployment_id in sorted(woken):  # after the lock: a pass may push again
+        tasks.deployment_reconcile.delay(deployment_id)
+    return complete
 
 
-def _push(admin: gateway.CaddyAdmin) -> bool:
+def _push(admin: gateway.CaddyAdmin) -> tuple[bool, set[int]]:
     try:
         known = gateway.routed_upstreams(admin.routes())
-        wanted = current_routes()
+        wanted, running = current_routes()
         routes = []
         for route in wanted:
             ready = gateway.answering(route.upstreams, known)
@@ -107,13 +134,22 @@ def _push(admin: gateway.CaddyAdmin) -> bool:
                 session_cookie=settings.SESSION_COOKIE_NAME,
             )
         )
-        gone = known - {u for r in routes for u in r.upstreams}
+        routed = {u for r in routes for u in r.upstreams}
+        gone = known - routed
         if gone:
             gateway.drained(admin, gone)
     except gateway.GatewayUnavailable as error:
         logger.warning("gateway routes not pushed: %s", error)
-        return False
-    return all(len(r.upstreams) == len(w.upstreams) for r, w in zip(routes, wanted, strict=True))
+        return False, set()
+    newly = [r for r in running if not r.ready and r.upstream in routed]
+    if newly:
+        Replica.objects.filter(pk__in=[r.replica_id for r in newly], ready_at=None).update(
+            ready_at=timezone.now()
+        )
+    complete = all(
+        len(r.upstreams) == len(w.upstreams) for r, w in zip(routes, wanted, strict=True)
+    )
+    return complete, {r.deployment_id for r in newly}
 
 
 def _push_on_commit() -> None:
@@ -141,4 +177,10 @@ def _replica_changed(replica: Replica) -> None:
         routes_changed()
 
 
+def _gated(deployment) -> bool:
+    """A roll behind a cluster's URL waits for each new replica to answer there."""
+    return Cluster.objects.filter(deployment=deployment, service_port__isnull=False).exists()
+
+
 reconciler.replica_service_hooks.append(_replica_changed)
+rolling.readiness_gated.append(_gated)

@@ -176,7 +176,10 @@ def _observe_and_want(deployment: Deployment, reads: _Reads) -> _Pass:
     old = rolling.old_replicas(deployment, live, this.current)
     this.rolling = bool(old)
     if old:
-        changed |= _apply(deployment, rolling.plan_roll(live, old, wanted_live(deployment)))
+        plan = rolling.plan_roll(
+            live, old, wanted_live(deployment), gated=rolling.gated(deployment)
+        )
+        changed |= _apply(deployment, plan)
     else:
         changed |= _scale(deployment, live)
     # What ended stops before anything new is placed (a surge of one, not two).

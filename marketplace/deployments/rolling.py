@@ -5,7 +5,8 @@ Each replica records the spec it runs as it is placed (``Replica.spec_hash``; a 
 replica runs nothing yet, so it is always of the current spec). While any placed replica runs
 an old spec, a pass:
 
-- stops old replicas only as replicas of the new spec are RUNNING: as many old ones stay as
+- stops old replicas only as replicas of the new spec are RUNNING (behind a cluster's URL: and
+  answering there, `readiness_gated`): as many old ones stay as
   the running new ones leave wanted (old ones that are not running yet go first);
 - queues replacements for any replica that was lost, so the set never shrinks below wanted;
 - queues at most one extra (surge) replica of the new spec, and only while no other new
@@ -21,6 +22,7 @@ that no longer runs the spec is replaced at once (``reconciler._replace_mismatch
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from marketplace.deployments.conditions import replica_runs_spec
@@ -32,6 +34,15 @@ R = ReplicaState
 REPLACED = "Replaced by a running replica of the new spec"
 REPLACED_IN_PLACE = "Replaced in place: no room for a replica of the new spec beside it"
 SCALED_DOWN = "Scaled down"
+
+
+# Whether a deployment's rolls wait for new replicas to be ready, not only running (the
+# clusters package says so for a cluster with a URL; the rest roll on running).
+readiness_gated: list[Callable[[Deployment], bool]] = []
+
+
+def gated(deployment: Deployment) -> bool:
+    return any(check(deployment) for check in readiness_gated)
 
 
 @dataclass
@@ -57,12 +68,20 @@ def _queued_first_then_newest(replicas: list[Replica]) -> list[Replica]:
     return sorted(replicas, key=lambda r: (r.state == R.QUEUED, r.created_at, r.pk), reverse=True)
 
 
-def plan_roll(live: list[Replica], old: list[Replica], wanted: int) -> RollPlan:
+def _ready(replica: Replica, gated: bool) -> bool:
+    """Whether a new replica may take an old one's place: running, and where the deployment
+    is gated (a cluster's URL), answering there too."""
+    return replica.state == R.RUNNING and (not gated or replica.ready_at is not None)
+
+
+def plan_roll(
+    live: list[Replica], old: list[Replica], wanted: int, *, gated: bool = False
+) -> RollPlan:
     """What to stop and how many to queue while ``old`` (a non-empty part of ``live``) run an
-    old spec."""
+    old spec. ``gated``: a new replica counts only once it is ready (``_ready``)."""
     plan = RollPlan()
     new = [r for r in live if r not in old]
-    new_running = sum(r.state == R.RUNNING for r in new)
+    new_running = sum(_ready(r, gated) for r in new)
     # Retire: as many old replicas stay as the running new ones leave wanted.
     keep_old = max(wanted - new_running, 0)
     ordered_old = _launching_first_then_oldest(old)
@@ -77,7 +96,7 @@ def plan_roll(live: list[Replica], old: list[Replica], wanted: int) -> RollPlan:
     # Never more than one over what is wanted: the new ones on their way go first, then old.
     over = len(new_left) + len(old_left) - (wanted + 1)
     if over > 0:
-        pending = [r for r in new_left if r.state != R.RUNNING]
+        pending = [r for r in new_left if not _ready(r, gated)]
         surplus = (pending + _launching_first_then_oldest(old_left))[:over]
         plan.stop.extend((r, SCALED_DOWN) for r in surplus)
         new_left = [r for r in new_left if r not in surplus]
@@ -85,7 +104,7 @@ def plan_roll(live: list[Replica], old: list[Replica], wanted: int) -> RollPlan:
     total = len(new_left) + len(old_left)
     # Replace what was lost, then surge by one while no new replica is on its way.
     plan.queue = max(wanted - total, 0)
-    on_the_way = any(r.state != R.RUNNING for r in new_left)
+    on_the_way = any(not _ready(r, gated) for r in new_left)
     if old_left and not plan.queue and not on_the_way and total <= wanted:
         plan.queue = 1
     return plan

@@ -156,6 +156,11 @@ class Replica(models.Model):
     exit_code = models.SmallIntegerField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
+    ready_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="when it first answered behind a cluster's URL (rolls wait for it there)",
+    )
     ended_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:

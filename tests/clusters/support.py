@@ -56,6 +56,32 @@ def routes_settle(caddy_admin: str, cluster_id: int, count: int, timeout: float 
         time.sleep(0.2)
 
 
+def rolled(caddy_admin: str, cluster, image: str, count: int, timeout: float = 60) -> set[str]:
+    """Push the routes (as the worker's retries would: each newly answering replica lets the
+    roll take its next step) until ``count`` replicas of ``image`` run and are all routed."""
+    deadline = time.monotonic() + timeout
+    while True:
+        routes.routes_push()
+        running = cluster.deployment.replicas.filter(state="running").select_related("instance")
+        now = routed(caddy_admin, cluster.pk)
+        images = [r.instance.image for r in running]
+        if images == [image] * count and len(now) == count:
+            return now
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not rolled: running {images}, {len(now)} routed")
+        time.sleep(0.2)
+
+
+def pushing_until(done, timeout: float = 60) -> None:
+    """Push the routes (as the worker's retries would) until ``done()``."""
+    deadline = time.monotonic() + timeout
+    while not done():
+        if time.monotonic() > deadline:
+            raise AssertionError("never done")
+        routes.routes_push()
+        time.sleep(0.2)
+
+
 @dataclass
 class Load:
     """Requests at a steady rate through the gateway from a background thread, each recorded
