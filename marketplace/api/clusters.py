@@ -76,8 +76,10 @@ class ClusterInputSerializer(serializers.Serializer):
     )  # fmt: skip
 
 
+# The GPUs are not: a cluster on other GPUs is another cluster (its replicas would all be
+# replaced at once); the replicas, port and time have their own actions.
 PATCHABLE = {
-    "name", "image", "gpu_names", "gpus_per_replica", "entrypoint", "args", "env", "disk_gb",
+    "name", "image", "entrypoint", "args", "env", "disk_gb",
     "min_replicas", "max_replicas", "target_rps_per_replica",
 }  # fmt: skip
 
@@ -163,7 +165,11 @@ class ClusterViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScope
         fixed = sorted(set(request.data) - PATCHABLE) if hasattr(request.data, "keys") else []
         if fixed:
             raise serializers.ValidationError(
-                dict.fromkeys(fixed, "Not changed by PATCH (see scale/, endpoint/, extend/).")
+                dict.fromkeys(
+                    fixed,
+                    "Not changed by PATCH: replicas, port and time have scale/, endpoint/ and "
+                    "extend/; other GPUs need another cluster.",
+                )
             )
         params = ClusterInputSerializer(data=request.data, partial=True)
         params.is_valid(raise_exception=True)

@@ -54,10 +54,10 @@ class ClusterSpec:
     target_rps_per_replica: float | None = None
 
 
-# Changes that go to the deployment as they are (a changed image, command or env rolls).
-DEPLOYMENT_CHANGES = frozenset(
-    {"name", "image", "gpu_names", "gpus_per_replica", "entrypoint", "args", "env", "disk_gb"}
-)
+# Changes that go to the deployment as they are (a changed image, command, env or disk rolls,
+# one replica at a time). Not the GPUs: the deployment replaces replicas that no longer meet
+# its conditions all at once, which would leave the URL without replicas meanwhile.
+DEPLOYMENT_CHANGES = frozenset({"name", "image", "entrypoint", "args", "env", "disk_gb"})
 AUTOSCALE_FIELDS = frozenset({"min_replicas", "max_replicas", "target_rps_per_replica"})
 
 

@@ -72,8 +72,9 @@ def test_actions_on_a_cluster_whose_replicas_wait(funded, settings):
     assert (scaled["replicas"], scaled["queued"]) == (5, 5)
     assert client.post(f"{base}scale/", {"replicas": 1}, format="json").status_code == 400
     # The port and the replicas have their own actions, not PATCH.
-    refused = client.patch(base, {"service_port": 9}, format="json")
-    assert refused.status_code == 400 and "service_port" in refused.json()["error"]["fields"]
+    for field, value in (("service_port", 9), ("gpus_per_replica", 2), ("replicas", 4)):
+        refused = client.patch(base, {field: value}, format="json")
+        assert refused.status_code == 400 and field in refused.json()["error"]["fields"]
     patched = client.patch(base, {"image": "busybox:1.36"}, format="json").json()
     assert patched["image"] == "busybox:1.36"
 
