@@ -41,8 +41,11 @@ def _clusters(request: HttpRequest):
 
 
 def _list_page(request: HttpRequest, values, *, quote=None, status: int = 200) -> HttpResponse:
+    clusters = list(_clusters(request))
+    rows = ClusterSerializer(clusters, many=True).data
     context = {
-        "clusters": ClusterSerializer(_clusters(request), many=True).data,
+        # The API's figures, with the end as a datetime for the page's date format.
+        "clusters": [{**row, "ends": c.ends_at} for row, c in zip(rows, clusters, strict=True)],
         "values": values,
         "quote": quote,
         "can_act": request.membership.allows(Role.MEMBER),
@@ -91,6 +94,7 @@ def _detail_context(request: HttpRequest, cluster: Cluster) -> dict[str, object]
     replicas = _replica_rows(cluster.deployment)
     return {
         "cluster": ClusterSerializer(cluster).data,
+        "ends": cluster.ends_at,
         "replicas": replicas,
         "live": cluster.state != ClusterState.ENDED,
         "polling": cluster.state != ClusterState.ENDED or any(r["is_live"] for r in replicas),
