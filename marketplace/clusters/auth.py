@@ -9,8 +9,10 @@ another team's, so a caller cannot learn which clusters exist.
 Every request through the gateway makes this sub-request, so it must be fast: the answer is
 remembered per (cluster, credential digest) in this process for
 ``GATEWAY_AUTH_CACHE_SECONDS`` (a revoked key or removed member stops working within that
-time), and ``GatewayAuthMiddleware`` answers before the rest of the middleware chain (the
-console's active team, request logging: not wanted for a sub-request).
+time). Under ASGI (production, ``make run``) ``GatewayAuthFastPath`` gives a remembered answer
+in front of Django's request handling altogether; a first look goes through Django, where
+``GatewayAuthMiddleware`` answers before the rest of the middleware chain (the console's
+active team, request logging: not wanted for a sub-request).
 """
 
 from __future__ import annotations
@@ -50,7 +52,10 @@ def _cluster_team(cluster_id: int) -> int | None:
     if hit is not None and hit[0] > _now():
         return hit[1]
     team_id = Cluster.objects.filter(pk=cluster_id).values_list("team_id", flat=True).first()
-    _teams[cluster_id] = (_now() + settings.GATEWAY_AUTH_CACHE_SECONDS, team_id)
+    with _lock:
+        if len(_teams) > MAX_REMEMBERED:  # ids anyone may ask about: kept bounded
+            _teams.clear()
+        _teams[cluster_id] = (_now() + settings.GATEWAY_AUTH_CACHE_SECONDS, team_id)
     return team_id
 
 
@@ -209,9 +214,8 @@ class GatewayAuthMiddleware:
         cluster_id = int(match.group(1))
         answer = remembered(request, cluster_id)
         if answer is None:
-            answer = await sync_to_async(request_allowed, thread_sensitive=False)(
-                request, cluster_id
-            )
+            # In Django's sync thread, where its database connections are looked after.
+            answer = await sync_to_async(request_allowed)(request, cluster_id)
         return _answer(answer, cluster_id)
 
 
