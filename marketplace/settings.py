@@ -272,6 +272,9 @@ CELERY_BEAT_SCHEDULE: dict[str, dict] = {
 GATEWAY_ADMIN = os.environ.get("GATEWAY_ADMIN", "")
 GATEWAY_URL = os.environ.get("GATEWAY_URL", "")
 GATEWAY_AUTH_UPSTREAM = os.environ.get("GATEWAY_AUTH_UPSTREAM", "127.0.0.1:8000")
+# The Caddy server the clusters' routes go in front of: "gateway" where gateway_load made the
+# config (make run, tests); "srv0" behind the production Caddyfile (its one site).
+GATEWAY_SERVER = os.environ.get("GATEWAY_SERVER", "gateway")
 # How long the gateway's auth answers are remembered per credential: a revoked key or a
 # removed member stops working within this many seconds.
 GATEWAY_AUTH_CACHE_SECONDS = float(os.environ.get("GATEWAY_AUTH_CACHE_SECONDS", "2"))

@@ -33,7 +33,8 @@ from dataclasses import dataclass
 
 from scheduler.models import PortAllocation
 
-SERVER = "gateway"
+SERVER = "gateway"  # the server gateway_config makes; production's Caddyfile names its own
+OTHER_CLUSTERS = "clusters-other"
 UNAUTHORIZED_BODY = '{"detail": "Authentication required."}'
 # Caddy's durations are nanoseconds.
 SECOND = 1_000_000_000
@@ -91,15 +92,18 @@ def _unauthorized() -> dict:
 
 
 def _forward_auth(cluster_id: int, auth_upstream: str) -> dict:
-    """Caddy's ``forward_auth`` directive, as ``caddy adapt`` writes it in JSON."""
+    """Caddy's ``forward_auth`` directive, as ``caddy adapt`` writes it in JSON, to one web
+    process or several (``auth_upstream`` comma-separated)."""
+    dials = [u.strip() for u in auth_upstream.split(",") if u.strip()]
     return {
         "handler": "reverse_proxy",
-        "upstreams": [{"dial": auth_upstream}],
+        "upstreams": [{"dial": dial} for dial in dials],
+        "load_balancing": {"try_duration": 2 * SECOND, "try_interval": SECOND // 20},
         "rewrite": {"method": "GET", "uri": f"/gateway/auth/{cluster_id}/"},
         "headers": {
             "request": {
                 "set": {
-                    "Host": [auth_upstream],
+                    "Host": [dials[0]],
                     "X-Forwarded-Method": ["{http.request.method}"],
                     "X-Forwarded-Uri": ["{http.request.uri}"],
                 },
@@ -189,8 +193,23 @@ def cluster_routes(
                 "terminal": True,
             }
         )
-    out.append({"match": [{"path": ["/clusters/*"]}], "handle": [_unauthorized()]})
+    out.append(
+        {"@id": OTHER_CLUSTERS, "match": [{"path": ["/clusters/*"]}], "handle": [_unauthorized()]}
+    )
     return out
+
+
+def is_cluster_route(route: dict) -> bool:
+    """Whether a route of the server is one of ours (the rest are the server's own: in
+    production, the proxy to the web processes from the Caddyfile)."""
+    route_id = route.get("@id", "")
+    return route_id == OTHER_CLUSTERS or route_id.startswith("cluster-")
+
+
+def merged_routes(existing: list[dict], clusters: list[dict]) -> list[dict]:
+    """The server's routes with ours replaced: ours first (they match /clusters/ only), then
+    the server's own, as they were."""
+    return clusters + [r for r in existing if not is_cluster_route(r)]
 
 
 def gateway_config(*, admin: str, listen: str, routes: list[dict]) -> dict:
@@ -242,12 +261,12 @@ class CaddyAdmin:
     def load(self, config: dict) -> None:
         self._call("POST", "/load", config)
 
-    def routes(self) -> list[dict]:
-        raw = self._call("GET", f"/config/apps/http/servers/{SERVER}/routes")
+    def routes(self, server: str = SERVER) -> list[dict]:
+        raw = self._call("GET", f"/config/apps/http/servers/{server}/routes")
         return json.loads(raw or b"null") or []
 
-    def set_routes(self, routes: list[dict]) -> None:
-        self._call("PATCH", f"/config/apps/http/servers/{SERVER}/routes", routes)
+    def set_routes(self, routes: list[dict], server: str = SERVER) -> None:
+        self._call("PATCH", f"/config/apps/http/servers/{server}/routes", routes)
 
     def upstreams(self) -> list[dict]:
         """Caddy's view of every upstream: address, requests in flight, recent fails."""

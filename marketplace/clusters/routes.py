@@ -120,20 +120,20 @@ def routes_push() -> bool:
 
 def _push(admin: gateway.CaddyAdmin) -> tuple[bool, set[int]]:
     try:
-        known = gateway.routed_upstreams(admin.routes())
+        existing = admin.routes(settings.GATEWAY_SERVER)
+        known = gateway.routed_upstreams([r for r in existing if gateway.is_cluster_route(r)])
         wanted, running = current_routes()
         routes = []
         for route in wanted:
             ready = gateway.answering(route.upstreams, known)
             upstreams = tuple(u for u in route.upstreams if u in ready)
             routes.append(gateway.ClusterRoute(route.cluster_id, upstreams, route.running))
-        admin.set_routes(
-            gateway.cluster_routes(
-                routes,
-                auth_upstream=settings.GATEWAY_AUTH_UPSTREAM,
-                session_cookie=settings.SESSION_COOKIE_NAME,
-            )
+        ours = gateway.cluster_routes(
+            routes,
+            auth_upstream=settings.GATEWAY_AUTH_UPSTREAM,
+            session_cookie=settings.SESSION_COOKIE_NAME,
         )
+        admin.set_routes(gateway.merged_routes(existing, ours), settings.GATEWAY_SERVER)
         routed = {u for r in routes for u in r.upstreams}
         gone = known - routed
         if gone:
