@@ -73,6 +73,13 @@ class Machine(models.Model):
         help_text="Let renters pull images from registries on this machine's own network "
         "(loopback, link-local and private addresses).",
     )
+    # GPU sharing (fractional GPUs): the provider lets renters take slices of a card (compute
+    # percent and memory), enforced on the host by CUDA MPS; the probe says whether MPS is there.
+    mps_available = models.BooleanField(default=False)
+    sharing_enabled = models.BooleanField(default=False)
+    sharing_min_core_percent = models.PositiveSmallIntegerField(
+        default=10, help_text="The smallest slice of a card's compute a renter may take."
+    )
     reliability = models.FloatField(default=1.0)
     last_heartbeat_at = models.DateTimeField(null=True, blank=True)
     heartbeat_misses = models.PositiveSmallIntegerField(default=0)
@@ -108,6 +115,10 @@ class Machine(models.Model):
             models.CheckConstraint(
                 condition=Q(price_per_gpu_hour__gte=0) & Q(storage_price_per_gb_month__gte=0),
                 name="machine_prices_not_negative",
+            ),
+            models.CheckConstraint(
+                condition=Q(sharing_min_core_percent__gte=1, sharing_min_core_percent__lte=100),
+                name="machine_sharing_min_core_percent_range",
             ),
         ]
 

@@ -51,6 +51,7 @@ class ProbeResult:
     docker_version: str | None
     nvidia_runtime: bool | None
     os_name: str | None
+    mps_available: bool | None = None  # the CUDA MPS control daemon is installed
     problems: list[str] = field(default_factory=list)
 
 
@@ -98,6 +99,9 @@ def parse_df_free_gb(text: str) -> int:
 def parse_os_release(text: str) -> str:
     match = re.search(r'^PRETTY_NAME="?([^"\n]*)"?', text, re.MULTILINE)
     return match.group(1) if match else ""
+
+
+MPS_CHECK = "command -v nvidia-cuda-mps-control"
 
 
 def has_nvidia_runtime(docker_info: dict) -> bool:
@@ -155,6 +159,8 @@ def probe(machine: Machine) -> ProbeResult:
     root = docker_info.get("DockerRootDir") or "/var/lib/docker"
     disk = parsed(parse_df_free_gb, read(["df", "-P", "-k", root]))
     os_release = ssh.run(machine, ["cat", "/etc/os-release"], check=False, idempotent=True)
+    # GPU sharing needs CUDA MPS next to a working driver; a constant line, no input in it.
+    mps = ssh.run(machine, ["sh", "-c", MPS_CHECK], check=False, idempotent=True)
     return ProbeResult(
         gpus=gpus,
         cuda_version=parse_cuda_version(summary.stdout) if summary.exit_code == 0 else None,
@@ -164,6 +170,7 @@ def probe(machine: Machine) -> ProbeResult:
         docker_version=str(docker_info.get("ServerVersion", ""))[:40] if docker_info else None,
         nvidia_runtime=has_nvidia_runtime(docker_info) if docker_info else None,
         os_name=parse_os_release(os_release.stdout)[:120] if os_release.exit_code == 0 else None,
+        mps_available=mps.exit_code == 0 and gpus is not None,
         problems=problems,
     )
 

@@ -62,6 +62,12 @@ FIELDS: dict[str, FieldSpec] = {
     "verified": FieldSpec("bool", "verified", "machine passed verification"),
     "rentable": FieldSpec("bool", "rentable", "listed, online and with enough free units"),
     "score": FieldSpec("float", "score", "value score (higher is better)"),
+    "sharing": FieldSpec("bool", "sharing", "the machine rents slices of its cards"),
+    "gpu_frac": FieldSpec("float", "gpu_frac", "largest free fraction of one card (slices)"),
+    "slice_core_percent": FieldSpec(
+        "int", "slice_core_percent", "most compute percent free on one card"
+    ),
+    "slice_memory_mb": FieldSpec("int", "slice_memory_mb", "most MB of memory free on one card"),
 }
 
 DEFAULT_FILTERS = {"rentable": ("=", True)}

@@ -23,6 +23,7 @@ from __future__ import annotations
 import bisect
 from collections import defaultdict
 from dataclasses import dataclass
+from fractions import Fraction
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,67 @@ class MachineSnapshot:
 
 CHEAPEST, BINPACK, SPREAD = "cheapest", "binpack", "spread"
 POLICIES = (CHEAPEST, BINPACK, SPREAD)
+CARD_POLICIES = (BINPACK, SPREAD)
+
+
+@dataclass(frozen=True)
+class SliceSize:
+    """A slice of one card asked for: a percentage of its compute and MB of its memory."""
+
+    core_percent: int
+    memory_mb: int
+
+
+def slice_fraction(core_percent: int, memory_mb: int, card_memory_mb: int) -> Fraction:
+    """How much of one card a slice counts as: the larger of its compute and memory shares.
+    It is priced at the card's rate times this, and gets this much of one unit's CPU, RAM,
+    shared memory and disk."""
+    return max(Fraction(core_percent, 100), Fraction(memory_mb, max(card_memory_mb, 1)))
+
+
+class Card:
+    """A card of a sharing machine as slices see it: what of its compute (percent) and memory
+    (MB, as nvidia-smi counts MiB) no slice holds. A card rented whole is not a Card at all;
+    one with nothing taken is ``whole_free``, and a slice on it takes it from whole renting."""
+
+    __slots__ = ("gpu_id", "free_core", "free_memory_mb", "memory_mb")
+
+    def __init__(self, gpu_id: int, free_core: int, free_memory_mb: int, memory_mb: int):
+        self.gpu_id = gpu_id
+        self.free_core = free_core
+        self.free_memory_mb = free_memory_mb
+        self.memory_mb = memory_mb
+
+    @property
+    def whole_free(self) -> bool:
+        return self.free_core == 100 and self.free_memory_mb == self.memory_mb
+
+    def fits(self, core_percent: int, memory_mb: int) -> bool:
+        return self.free_core >= core_percent and self.free_memory_mb >= memory_mb
+
+    def take(self, core_percent: int, memory_mb: int) -> None:
+        self.free_core -= core_percent
+        self.free_memory_mb -= memory_mb
+
+    def give_back(self, core_percent: int, memory_mb: int) -> None:
+        self.free_core += core_percent
+        self.free_memory_mb += memory_mb
+
+
+def pick_card(cards, core_percent: int, memory_mb: int, policy: str = BINPACK) -> Card | None:
+    """The card a slice goes on, among those it fits: ``binpack`` the fullest (least compute
+    free, then least memory), keeping other cards whole for whole-GPU renters; ``spread`` the
+    emptiest, so slices contend less. Ties go to the lowest GPU id."""
+    best, best_rank = None, None
+    for card in cards:
+        if not card.fits(core_percent, memory_mb):
+            continue
+        rank = (card.free_core, card.free_memory_mb, card.gpu_id)
+        if policy == SPREAD:
+            rank = (-card.free_core, -card.free_memory_mb, card.gpu_id)
+        if best_rank is None or rank < best_rank:
+            best, best_rank = card, rank
+    return best
 
 
 @dataclass(frozen=True)

@@ -132,7 +132,12 @@ def sim_host_factory(docker_engine, sim_root):
     worker, namespace = _worker_index(), _namespace()
     made = []
 
-    def make(gpus: int = 4, gpu_name: str = "NVIDIA GeForce RTX 4090", memory_mib: int = 24564):
+    def make(
+        gpus: int = 4,
+        gpu_name: str = "NVIDIA GeForce RTX 4090",
+        memory_mib: int = 24564,
+        mps: bool = True,
+    ):
         n = len(made)
         # Published ports stay below Linux's ephemeral range (32768+), where outgoing
         # connections take their local ports and would collide with docker's binds.
@@ -143,6 +148,7 @@ def sim_host_factory(docker_engine, sim_root):
             port=23000 + namespace * 1000 + worker * 100 + n,
             gpus=default_gpus(gpus, name=gpu_name, memory_mib=memory_mib),
             port_range=(ports, ports + 19),
+            mps=mps,
         )
         host = create_host(sim_root / spec.name, spec)
         made.append(host)

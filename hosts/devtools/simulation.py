@@ -80,6 +80,7 @@ class SimHostSpec:
     gpus: tuple[SimGpu, ...]
     cuda_version: str = "12.4"
     port_range: tuple[int, int] = (20000, 20999)
+    mps: bool = True  # ships the CUDA MPS control daemon (a stand-in), so sharing can be on
 
     def __post_init__(self) -> None:
         gpus = tuple(
@@ -241,6 +242,7 @@ def create_host(root: Path, spec: SimHostSpec, authorized_keys: list[str] = ()) 
         host.authorize(key)
     host.set_gpus(spec.gpus)
     _write_nvidia_smi(root, spec)
+    _write_mps_control(root, spec)
     _write_sshd_config(root, spec)
     Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege-separation directory
     host.start()
@@ -466,6 +468,45 @@ def _write_gpu_table(root: Path, gpus: tuple[SimGpu, ...]) -> None:
         }
         lines.append("\t".join(values[name] for name in NVIDIA_SMI_FIELDS))
     (root / "gpus.tsv").write_text("".join(line + "\n" for line in lines))
+
+
+def _write_mps_control(root: Path, spec: SimHostSpec) -> None:
+    """The stand-in for ``nvidia-cuda-mps-control``: ``-d`` starts "the daemon" (a file naming
+    the pipe and log directories it was given, which it creates as the real one does); on
+    stdin it takes ``get_server_list`` (fails when no daemon runs, as the real client does)
+    and ``quit``. Every call is logged to ``mps/calls`` for the tests to read."""
+    path = root / "bin" / "nvidia-cuda-mps-control"
+    if not spec.mps:
+        path.unlink(missing_ok=True)
+        return
+    state = root / "mps"
+    script = f"""#!/bin/sh
+# Simulated nvidia-cuda-mps-control for host {spec.name}.
+STATE="{state}"
+mkdir -p "$STATE"
+echo "$* pipe=${{CUDA_MPS_PIPE_DIRECTORY:-}} log=${{CUDA_MPS_LOG_DIRECTORY:-}}" >> "$STATE/calls"
+if [ "$1" = "-d" ]; then
+  if [ -e "$STATE/daemon" ]; then
+    echo "An instance of this daemon is already running" >&2; exit 1
+  fi
+  mkdir -p "${{CUDA_MPS_PIPE_DIRECTORY:-/tmp/nvidia-mps}}" "${{CUDA_MPS_LOG_DIRECTORY:-/var/log/nvidia-mps}}"
+  echo "pipe=${{CUDA_MPS_PIPE_DIRECTORY:-/tmp/nvidia-mps}}" > "$STATE/daemon"
+  exit 0
+fi
+if [ ! -e "$STATE/daemon" ]; then
+  echo "Cannot find MPS control daemon process" >&2; exit 1
+fi
+while read -r command rest; do
+  case "$command" in
+    get_server_list) ;;
+    quit) rm -f "$STATE/daemon" ;;
+    *) echo "Unknown command: $command" >&2 ;;
+  esac
+done
+exit 0
+"""
+    path.write_text(script)
+    path.chmod(0o755)
 
 
 def _write_nvidia_smi(root: Path, spec: SimHostSpec) -> None:
