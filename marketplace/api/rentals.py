@@ -133,6 +133,12 @@ class OfferSerializer(serializers.ModelSerializer):
             "verified": offer.verified,
             "rentable": offer.rentable,
             "score": float(offer.score),
+            "sharing": offer.sharing,
+            "gpu_frac": float(offer.gpu_frac),
+            "slice_core_percent": offer.slice_core_percent,
+            "slice_memory_mb": offer.slice_memory_mb,
+            "min_slice_core_percent": offer.min_slice_core_percent,
+            "cards": offer.cards,
         }
 
 

@@ -530,6 +530,7 @@ MATRIX: dict[str, list[Check]] = {
         )
     ],  # fmt: skip
     "api-machine-listing": [Obj(api_mach("listing/"), "put", {"listed": False})],
+    "api-machine-sharing": [Obj(api_mach("sharing/"), "put", {"enabled": False})],
     "api-machine-maintenance": [
         Obj(api_mach("maintenance/")),
         Obj(
