@@ -154,7 +154,8 @@ class Planner:
         # Sharing machines: their cards (the planner's own copies) and, per (gpu_name, most
         # compute percent free on one card), the machines sorted as the whole buckets are.
         self._cards: dict[int, list[Card]] = {}
-        self._card_memory: dict[int, int] = {}  # every shareable card's, for ``release``
+        # Every shareable card's memory by (machine, card), for ``release``.
+        self._card_memory: dict[tuple[int, int], int] = {}
         self._best_core: dict[int, int] = {}
         self._slice_buckets: dict[tuple[str, int], list[tuple[int, float, int]]] = defaultdict(list)
         for machine in machines:
@@ -167,7 +168,9 @@ class Planner:
                     Card(c.gpu_id, c.free_core, c.free_memory_mb, c.memory_mb)
                     for c in machine.cards
                 ]
-                self._card_memory.update((c.gpu_id, c.memory_mb) for c in machine.cards)
+                self._card_memory.update(
+                    ((machine.machine_id, c.gpu_id), c.memory_mb) for c in machine.cards
+                )
                 self._slice_insert(machine)
 
     def _key(self, machine: MachineSnapshot) -> tuple[int, float, int]:
@@ -368,11 +371,11 @@ class Planner:
         self._insert(machine)
         if machine_id in self._cards:
             known = {c.gpu_id for c in self._cards[machine_id]}
-            back = [g for g in gpu_ids if g not in known and g in self._card_memory]
+            back = [g for g in gpu_ids if g not in known and (machine_id, g) in self._card_memory]
             if back:
                 self._slice_remove(machine)
                 for gpu_id in back:
-                    memory = self._card_memory[gpu_id]
+                    memory = self._card_memory[(machine_id, gpu_id)]
                     self._cards[machine_id].append(Card(gpu_id, 100, memory, memory))
                 self._slice_insert(machine)
 
