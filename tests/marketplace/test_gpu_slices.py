@@ -172,3 +172,56 @@ def test_card_policy_binpack_fills_the_fullest_card_spread_the_emptiest(sim_host
     offer = Offer.objects.get(machine=machine)
     assert offer.num_gpus == 1
     assert offer.slice_core_percent == 100 and offer.gpu_frac == 1.0
+
+
+@pytest.mark.django_db
+def test_console_provider_shares_the_machine_and_a_renter_rents_a_slice_from_the_offers_page(
+    client, sim_host, provider_team, team, owner, django_capture_on_commit_callbacks
+):
+    import html
+    import re
+
+    from tests.conftest import client_for
+
+    machine = machine_for(sim_host, provider_team, mps_available=True)
+    Gpu.objects.filter(machine=machine, index__gte=1).delete()
+    provider = client_for(client, provider_team.memberships.get().user, provider_team)
+    page = provider.get(f"/machines/{machine.pk}/").content.decode()
+    assert 'id="sharing-form"' in page and "Sharing off" in page
+    bad = provider.post(
+        f"/machines/{machine.pk}/sharing/", {"enabled": "on", "min_core_percent": "0"}, follow=True
+    )
+    assert "min_core_percent" in html.unescape(bad.content.decode())
+    machine.refresh_from_db()
+    assert not machine.sharing_enabled
+    with django_capture_on_commit_callbacks(execute=True):  # the offer, the MPS daemon
+        done = provider.post(
+            f"/machines/{machine.pk}/sharing/",
+            {"enabled": "on", "min_core_percent": "20"},
+            follow=True,
+        )
+    assert "GPU sharing on" in html.unescape(done.content.decode())
+    machine.refresh_from_db()
+    assert machine.sharing_enabled and machine.sharing_min_core_percent == 20
+
+    fund(team)
+    from django.test import Client
+
+    renter = client_for(Client(), owner, team)
+    offers = renter.get("/offers/").content.decode()
+    assert "slice ≤ 100% · 24564 MB" in html.unescape(offers)
+    assert re.search(rf'data-machine="{machine.pk}"[^>]*data-sharing="1"', offers)
+    form = {
+        "rent_kind": "slice", "core_percent": "10", "memory_mb": "8192", "card_policy": "spread",
+        "duration_hours": "1", "disk_gb": "1", "image": "gpumkt/busybox:latest",
+    }  # fmt: skip
+    refused = renter.post(f"/offers/{machine.pk}/rent/", form, follow=True)
+    assert "from 20 to 100 percent" in html.unescape(refused.content.decode())
+    assert not Instance.objects.filter(team=team).exists()
+    rented = renter.post(f"/offers/{machine.pk}/rent/", {**form, "core_percent": "30"})
+    instance = Instance.objects.get(team=team)
+    assert rented.status_code == 302 and rented.url == f"/instances/{instance.pk}/"
+    assert (instance.slice_core_percent, instance.slice_memory_mb) == (30, 8192)
+    # The provider sees how full the card is.
+    page = html.unescape(provider.get(f"/machines/{machine.pk}/").content.decode())
+    assert 'id="card-slices"' in page and "8192 / 24564 MB" in page
