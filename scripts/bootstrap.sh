@@ -7,9 +7,9 @@ cd "$(dirname "$0")/.."
 mode="${1:-run}"
 
 # python3-venv: Debian's python3 cannot make a virtualenv without it (no ensurepip).
-# libpango and a font: WeasyPrint lays out the PDF invoices.
+# libpango and a font: WeasyPrint lays out the PDF invoices. caddy: the cluster gateway.
 packages=(python3 python3-venv redis-server openssh-server docker.io busybox-static iproute2
-  procps libpango-1.0-0 libpangoft2-1.0-0 fonts-dejavu-core)
+  procps libpango-1.0-0 libpangoft2-1.0-0 fonts-dejavu-core caddy)
 if [ "$mode" = test ]; then packages+=(postgresql chromium); fi
 
 missing=()

@@ -1,9 +1,11 @@
 from marketplace.models.accounts import ApiKey, Invitation, Membership, Role, Team, User
+from marketplace.models.clusters import Cluster
 from marketplace.models.deployments import Deployment, Replica
 from marketplace.models.rentals import Offer, Rental, SshKey
 
 __all__ = [
     "ApiKey",
+    "Cluster",
     "Deployment",
     "Rental",
     "Invitation",

@@ -45,8 +45,18 @@ from billing.models import Entry, Hold, TopUp
 from billing.selectors import invoice_months, team_balance
 from hosts.models import Gpu, Machine, MaintenanceWindow
 from hosts.services import maintenance_window_add
+from marketplace.clusters.services import ClusterSpec, cluster_create
 from marketplace.deployments.services import DeploymentSpec, deployment_create
-from marketplace.models import ApiKey, Deployment, Invitation, Membership, Replica, SshKey, Team
+from marketplace.models import (
+    ApiKey,
+    Cluster,
+    Deployment,
+    Invitation,
+    Membership,
+    Replica,
+    SshKey,
+    Team,
+)
 from marketplace.services.accounts import api_key_create, invitation_create
 from marketplace.services.offers import offer_refresh
 from marketplace.services.renting import RentalRequest, rental_create
@@ -322,6 +332,97 @@ def check_deployments(c: Checker) -> None:
     assert after == before
 
 
+def _acme_cluster(c: Checker):
+    # A GPU no machine has: its replicas wait, so nothing is placed or launched here.
+    return cluster_create(
+        team=c.acme.team,
+        spec=ClusterSpec(name="acme-svc", image="busybox:latest", gpu_names=["No Such GPU"],
+                         service_port=8080),
+    )  # fmt: skip
+
+
+def check_clusters(c: Checker) -> None:
+    """Acme's cluster answers 404 on every cluster route, to every outsider client, and stays
+    as it was; the outsider's list does not show it."""
+    cluster = _acme_cluster(c)
+    base = f"/api/v1/clusters/{cluster.pk}/"
+    before = c.rows(Cluster.objects.filter(pk=cluster.pk)), c.rows(Deployment.objects.all())
+    for client in c.outsider_api_clients():
+        assert client.get(base).status_code == 404
+        assert (
+            client.patch(base, '{"image": "evil"}', content_type="application/json").status_code
+            == 404
+        )
+        assert (
+            client.post(
+                f"{base}scale/", '{"replicas": 9}', content_type="application/json"
+            ).status_code
+            == 404
+        )
+        assert (
+            client.put(
+                f"{base}endpoint/", '{"port": 22}', content_type="application/json"
+            ).status_code
+            == 404
+        )
+        assert client.delete(f"{base}endpoint/").status_code == 404
+        assert client.post(f"{base}stop/").status_code == 404
+        assert client.post(f"{base}resume/").status_code == 404
+        assert (
+            client.post(
+                f"{base}extend/", '{"hours": 5}', content_type="application/json"
+            ).status_code
+            == 404
+        )
+        assert client.get(f"{base}replicas/").status_code == 404
+        assert client.delete(base).status_code == 404
+        listed = client.get("/api/v1/clusters/").json()["results"]
+        assert cluster.pk not in [x["id"] for x in listed]
+    for client in c.members():
+        assert client.get(base).json()["id"] == cluster.pk
+    after = c.rows(Cluster.objects.filter(pk=cluster.pk)), c.rows(Deployment.objects.all())
+    assert after == before
+
+
+def check_console_clusters(c: Checker) -> None:
+    """The console's cluster pages: Acme's members see Acme's cluster; the outsider neither
+    sees it listed nor reaches its page or its buttons (404)."""
+    cluster = _acme_cluster(c)
+    base = f"/clusters/{cluster.pk}/"
+    for client in c.members():
+        assert f'href="{base}"' in client.get("/clusters/").content.decode()
+        assert client.get(base).status_code == 200
+    outsider = c.outsider()
+    assert "acme-svc" not in outsider.get("/clusters/").content.decode()
+    before = c.rows(Cluster.objects.filter(pk=cluster.pk))
+    assert outsider.get(base).status_code == 404
+    for action in ("scale", "endpoint", "endpoint-close", "stop", "resume", "extend"):
+        assert (
+            outsider.post(
+                f"{base}{action}/", {"replicas": "9", "port": "22", "hours": "1"}
+            ).status_code
+            == 404
+        )
+    assert c.rows(Cluster.objects.filter(pk=cluster.pk)) == before
+
+
+def check_gateway_auth(c: Checker) -> None:
+    """The gateway's auth answer: Acme's members (session or key) pass for Acme's cluster; the
+    outsider's session and key get the same 401 as a cluster that does not exist."""
+    from marketplace.clusters import auth
+
+    cluster = _acme_cluster(c)
+    url = f"/gateway/auth/{cluster.pk}/"
+    auth.forget()
+    for client in c.members():
+        assert client.get(url).status_code == 200
+    missing = c.outsider().get("/gateway/auth/999999999/")
+    assert missing.status_code == 401
+    for client in c.outsider_api_clients():
+        refused = client.get(url)
+        assert (refused.status_code, refused.content) == (401, missing.content)
+
+
 def check_console_deployments(c: Checker) -> None:
     """The console's deployment pages: Acme's members see Acme's deployment; the outsider
     neither sees it listed nor reaches it (404 for the page, scale, stop and replica stop),
@@ -411,6 +512,9 @@ MATRIX: dict[str, list[Check]] = {
         Custom(check_console_deployments),
     ],
     "deployments-matching": [Custom(check_console_deployments_matching)],
+    "clusters": [console_page(lambda w: "/clusters/"), Custom(check_console_clusters)],
+    "cluster-detail": [Custom(check_console_clusters)],
+    "cluster-action": [Custom(check_console_clusters)],
     "deployment-detail": [Custom(check_console_deployments)],
     "deployment-action": [Custom(check_console_deployments)],
     "deployment-replica-stop": [Custom(check_console_deployments)],
@@ -489,6 +593,15 @@ MATRIX: dict[str, list[Check]] = {
     ],
     "api-instance-detail": [Obj(api_inst()), Obj(api_inst(), "delete")],
     "api-deployment-list": [Custom(check_deployments)],
+    "api-cluster-list": [Custom(check_clusters)],
+    "api-cluster-detail": [Custom(check_clusters)],
+    "api-cluster-scale": [Custom(check_clusters)],
+    "api-cluster-endpoint": [Custom(check_clusters)],
+    "api-cluster-stop": [Custom(check_clusters)],
+    "api-cluster-resume": [Custom(check_clusters)],
+    "api-cluster-extend": [Custom(check_clusters)],
+    "api-cluster-replicas": [Custom(check_clusters)],
+    "gateway-auth": [Custom(check_gateway_auth)],
     "api-deployment-detail": [Custom(check_deployments)],
     "api-deployment-stop": [Custom(check_deployments)],
     "api-deployment-replicas": [Custom(check_deployments)],
