@@ -10,7 +10,8 @@ mode="${1:-run}"
 # libpango and a font: WeasyPrint lays out the PDF invoices.
 packages=(python3 python3-venv redis-server openssh-server docker.io busybox-static iproute2
   procps libpango-1.0-0 libpangoft2-1.0-0 fonts-dejavu-core)
-if [ "$mode" = test ]; then packages+=(postgresql chromium); fi
+# caddy and systemd: the production recipe's test (deploy/) runs Caddy and systemd-analyze.
+if [ "$mode" = test ]; then packages+=(postgresql chromium caddy systemd); fi
 
 missing=()
 if command -v dpkg-query >/dev/null; then
