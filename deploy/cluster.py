@@ -56,6 +56,9 @@ class Redis:
 
     folder: Path
     port: int = field(default_factory=free_port)
+    # Keep data across a stop and start (an append-only file), as a production Redis should:
+    # queued tasks survive a restart.
+    persistent: bool = True
     popen: subprocess.Popen | None = None
 
     @property
@@ -66,7 +69,8 @@ class Redis:
         self.folder.mkdir(parents=True, exist_ok=True)
         self.popen = subprocess.Popen(
             ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", str(self.folder), "--maxclients", "10000"],
+             "--appendonly", "yes" if self.persistent else "no", "--appendfsync", "always",
+             "--dir", str(self.folder), "--maxclients", "10000"],
             stdout=(self.folder / "redis.log").open("ab"), stderr=subprocess.STDOUT,
             start_new_session=True,
         )  # fmt: skip
