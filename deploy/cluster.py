@@ -244,6 +244,14 @@ class LocalCluster:
         return process
 
     def start(self, *, caddy: bool = True) -> LocalCluster:
+        """Start everything, or stop what did start and raise."""
+        try:
+            return self._start(caddy=caddy)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self, *, caddy: bool) -> LocalCluster:
         self.release()
         for port in self.web_ports:
             self.start_web(port)
@@ -287,6 +295,24 @@ class LocalCluster:
                 return response.status, response.read().decode()
         except urllib.error.HTTPError as error:
             return error.code, error.read().decode()
+
+    def api(self, method: str, path: str, key: str, body: dict | None = None, *, web=None):
+        """(status, JSON) of an API call through Caddy (TLS), or straight to web process
+        number ``web`` with the headers Caddy would add."""
+        headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+        if web is None:
+            url, context = self.front + "/api/v1" + path, self.tls_context()
+        else:
+            url = f"http://127.0.0.1:{self.web_ports[web]}/api/v1{path}"
+            context = None
+            headers |= {"Host": "localhost", "X-Forwarded-Proto": "https"}
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(url, method=method, data=data, headers=headers)  # noqa: S310
+        try:
+            with urllib.request.urlopen(request, timeout=60, context=context) as response:  # noqa: S310
+                return response.status, json.loads(response.read() or b"{}")
+        except urllib.error.HTTPError as error:
+            return error.code, json.loads(error.read() or b"{}")
 
     def direct(self, port: int, path: str) -> tuple[int, str]:
         return self.get(f"http://127.0.0.1:{port}{path}")

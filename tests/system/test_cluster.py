@@ -14,8 +14,6 @@ import signal
 import subprocess
 import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -35,6 +33,13 @@ class Installation:
         self.root, self.hosts, self.docker_gate = root, hosts, docker_gate
         self.postgres = Postgres().start()
         self.redis = Redis(root / "redis").start()
+        try:
+            self._start(root, hosts)
+        except BaseException:
+            self.stop()  # nothing this module started outlives a failed start
+            raise
+
+    def _start(self, root: Path, hosts: list) -> None:
         self.cluster = LocalCluster(
             root / "cluster",
             database_url=self.postgres.url,
@@ -64,7 +69,8 @@ class Installation:
         self.renters = self.accounts["renters"]
 
     def stop(self) -> None:
-        self.cluster.stop()
+        if hasattr(self, "cluster"):
+            self.cluster.stop()
         self.redis.stop()
         self.postgres.remove()
 
@@ -72,25 +78,7 @@ class Installation:
     def api(
         self, method: str, path: str, key: str, body: dict | None = None, *, web: int | None = None
     ):
-        """Through Caddy (TLS), or straight to web process ``web`` as Caddy would send it."""
-        headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
-        if web is None:
-            url, context = self.cluster.front + "/api/v1" + path, self.cluster.tls_context()
-        else:
-            port = self.cluster.web_ports[web]
-            url, context = f"http://127.0.0.1:{port}/api/v1{path}", None
-            headers |= {"Host": "localhost", "X-Forwarded-Proto": "https"}
-        request = urllib.request.Request(
-            url,
-            method=method,
-            data=json.dumps(body).encode() if body is not None else None,
-            headers=headers,
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=60, context=context) as response:
-                return response.status, json.loads(response.read() or b"{}")
-        except urllib.error.HTTPError as error:
-            return error.code, json.loads(error.read() or b"{}")
+        return self.cluster.api(method, path, key, body, web=web)
 
     def rent(self, renter: dict, machine_id: int, gpus: int = 1, *, web: int | None = None):
         body = {
