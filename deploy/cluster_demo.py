@@ -122,10 +122,11 @@ def main() -> None:
         checked = cluster.manage(
             "shell", "-c",
             "from scheduler.models import GpuAllocation\n"
-            "from tests.billing.ledger_checks import assert_ledger_consistent\n"
+            "from billing.selectors import ledger_problems\n"
             "live = list(GpuAllocation.objects.filter(released_at=None).values_list('gpu_id', flat=True))\n"
-            "assert_ledger_consistent()\n"
-            "print(f'{len(live)} GPUs allocated, {len(set(live))} distinct; ledger consistent')",
+            "problems = ledger_problems()\n"
+            "print(f'{len(live)} GPUs allocated, {len(set(live))} distinct; ledger: '"
+            " + ('; '.join(problems) or 'consistent'))",
         )  # fmt: skip
         print("  " + checked.strip().splitlines()[-1])
         renter = accounts["renters"][0]
