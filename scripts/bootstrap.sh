@@ -10,7 +10,8 @@ mode="${1:-run}"
 # libpango and a font: WeasyPrint lays out the PDF invoices. caddy: the cluster gateway.
 packages=(python3 python3-venv redis-server openssh-server docker.io busybox-static iproute2
   procps libpango-1.0-0 libpangoft2-1.0-0 fonts-dejavu-core caddy)
-if [ "$mode" = test ]; then packages+=(postgresql chromium); fi
+# systemd: the production recipe's test (deploy/) runs systemd-analyze verify.
+if [ "$mode" = test ]; then packages+=(postgresql chromium systemd); fi
 
 missing=()
 if command -v dpkg-query >/dev/null; then
