@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("marketplace", "0008_offer_slices"),
+        ("marketplace", "0009_offer_slices"),
     ]
 
     operations = [

@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("marketplace", "0007_replica_spec_hash"),
+        ("marketplace", "0008_clusters"),
     ]
 
     operations = [
