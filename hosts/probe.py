@@ -52,6 +52,7 @@ class ProbeResult:
     nvidia_runtime: bool | None
     os_name: str | None
     problems: list[str] = field(default_factory=list)
+    disk_enforced: bool | None = None
 
 
 def parse_gpu_csv(text: str) -> list[ProbedGpu]:
@@ -107,6 +108,31 @@ def has_nvidia_runtime(docker_info: dict) -> bool:
     return isinstance(runtimes, dict) and "nvidia" in runtimes
 
 
+# Mount options that turn XFS project quotas on (``findmnt`` prints the kernel's spelling).
+# (``pqnoenforce`` counts without enforcing, so it does not.)
+_PROJECT_QUOTA_OPTIONS = {"prjquota", "pquota"}
+
+
+def storage_quota_supported(docker_info: dict, mount_options: str | None) -> bool:
+    """Whether ``docker run --storage-opt size=`` caps a container's writable layer here.
+
+    Docker honours it on its btrfs storage driver (subvolume quotas) and on overlay2 when
+    the data root is XFS mounted with project quotas (``prjquota``); on any other driver or
+    filesystem ``docker run`` refuses the option. ``mount_options`` is ``findmnt -no OPTIONS``
+    of the data root (None when it could not be read).
+    """
+    driver = str(docker_info.get("Driver", ""))
+    if driver == "btrfs":
+        return True
+    if driver != "overlay2":
+        return False
+    pairs = docker_info.get("DriverStatus") or []
+    status = dict(pair for pair in pairs if isinstance(pair, list | tuple) and len(pair) == 2)
+    if status.get("Backing Filesystem") != "xfs" or not mount_options:
+        return False
+    return bool(_PROJECT_QUOTA_OPTIONS & set(mount_options.strip().split(",")))
+
+
 def probe(machine: Machine) -> ProbeResult:
     """Ask the machine about itself: a handful of commands on the pooled connection.
 
@@ -154,6 +180,14 @@ def probe(machine: Machine) -> ProbeResult:
         )
     root = docker_info.get("DockerRootDir") or "/var/lib/docker"
     disk = parsed(parse_df_free_gb, read(["df", "-P", "-k", root]))
+    disk_enforced = None
+    if docker_info:
+        options = ssh.run(
+            machine, ["findmnt", "-no", "OPTIONS", "--target", root], check=False, idempotent=True
+        )
+        disk_enforced = storage_quota_supported(
+            docker_info, options.stdout if options.exit_code == 0 else None
+        )
     os_release = ssh.run(machine, ["cat", "/etc/os-release"], check=False, idempotent=True)
     return ProbeResult(
         gpus=gpus,
@@ -165,6 +199,7 @@ def probe(machine: Machine) -> ProbeResult:
         nvidia_runtime=has_nvidia_runtime(docker_info) if docker_info else None,
         os_name=parse_os_release(os_release.stdout)[:120] if os_release.exit_code == 0 else None,
         problems=problems,
+        disk_enforced=disk_enforced,
     )
 
 

@@ -66,8 +66,8 @@ class OfferSerializer(serializers.ModelSerializer):
         model = Offer
         fields = [
             "id", "machine_id", "gpu_name", "num_gpus", "total_gpus", "min_gpus", "gpu_ram",
-            "gpu_total_ram", "cpu_cores_effective", "cpu_ram", "disk_space", "dph_total",
-            "dph_per_gpu", "storage_cost", "reliability", "duration", "end_date", "geolocation",
+            "gpu_total_ram", "cpu_cores_effective", "cpu_ram", "disk_space", "disk_enforced",
+            "dph_total", "dph_per_gpu", "storage_cost", "reliability", "duration", "end_date", "geolocation",
             "driver_version", "cuda_max_good", "verified", "rentable", "score",
         ]  # fmt: skip
 
@@ -118,6 +118,7 @@ class OfferSerializer(serializers.ModelSerializer):
             "cpu_cores_effective": self.get_cpu_cores_effective(offer),
             "cpu_ram": self.get_cpu_ram(offer),
             "disk_space": self.get_disk_space(offer),
+            "disk_enforced": offer.disk_enforced,
             "dph_total": self.get_dph_total(offer),
             "dph_per_gpu": self.get_dph_per_gpu(offer),
             "storage_cost": self.get_storage_cost(offer),
@@ -256,6 +257,10 @@ class QuoteResultSerializer(serializers.Serializer):
     gpu = DollarsField(help_text="Dollars held for GPU time.")
     storage = DollarsField(help_text="Dollars held for storage.")
     total = DollarsField(help_text="Dollars held in all.")
+    disk_enforced = serializers.BooleanField(
+        help_text="Whether the host caps the container's disk at disk_gb."
+    )
+    disk_note = serializers.CharField(help_text="What disk_gb means on this host, in words.")
 
 
 @extend_schema(
@@ -281,7 +286,19 @@ def offer_quote(request, machine_id: int):
             "gpu": dollars(quote.gpu),
             "storage": dollars(quote.storage),
             "total": dollars(quote.total),
+            "disk_enforced": offer.machine.disk_enforced,
+            "disk_note": disk_note(offer.machine.disk_enforced),
         }
+    )
+
+
+def disk_note(enforced: bool) -> str:
+    """What a rental's ``disk_gb`` means on a host, told before renting."""
+    if enforced:
+        return "The container's disk is capped at disk_gb: writes past it fail (no space left)."
+    return (
+        "This host does not enforce disk sizes: disk_gb is charged and recorded, but the "
+        "container can write past it."
     )
 
 
@@ -396,12 +413,14 @@ class InstanceSerializer(serializers.ModelSerializer):
     dph_total = serializers.SerializerMethodField()
     gpus = serializers.SerializerMethodField()
     connection = serializers.SerializerMethodField()
+    disk_enforced = serializers.BooleanField(source="machine.disk_enforced", read_only=True)
 
     class Meta:
         model = Instance
         fields = [
             "id", "uuid", "label", "state", "status_message", "progress", "machine_id", "rental_id",
-            "gpu_count", "gpus", "image", "launch_mode", "env", "disk_gb", "dph_total",
+            "gpu_count", "gpus", "image", "launch_mode", "env", "disk_gb", "disk_enforced",
+            "dph_total",
             "created_at", "state_changed_at", "ends_at", "connection",
         ]  # fmt: skip
 

@@ -79,9 +79,10 @@ def container_spec_for(instance: Instance, *, ssh_keys: list[str] | None = None)
         gpu_uuids=instance_gpu_uuids(instance),
         entrypoint=entrypoint,
         args=args,
-        # Recorded on the container as a label; Docker cannot cap a container's disk on most
-        # storage drivers (see hosts.runtime.container_spec.DISK_LABEL), so the page says it is not enforced.
+        # Recorded on the container as a label, and capped where the host's storage driver can
+        # (the probe's disk_enforced; see hosts.runtime.container_spec.DISK_LABEL).
         disk_gb=instance.disk_gb,
+        disk_enforced=machine.disk_enforced,
     )
 
 

@@ -40,6 +40,7 @@
     form.action = "/offers/" + current.machine + "/rent/";
     document.getElementById("rent-gpu").textContent = button.dataset.gpu;
     document.getElementById("rent-machine").textContent = current.machine;
+    document.getElementById("rent-disk-note").hidden = button.dataset.diskEnforced === "1";
     form.num_gpus.min = current.min;
     form.num_gpus.max = current.free;
     form.num_gpus.value = Math.max(current.min, 1);
