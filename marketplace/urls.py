@@ -11,6 +11,7 @@ from marketplace.api import billing as billing_api
 from marketplace.api import deployments as deployments_api
 from marketplace.api import hosts as hosts_api
 from marketplace.api import rentals as rentals_api
+from marketplace.api import volumes as volumes_api
 from marketplace.api.errors import api_not_found
 from marketplace.vast.views import for_vastai_cli
 from marketplace.views import accounts as views
@@ -26,6 +27,7 @@ router.register("api-keys", accounts_api.ApiKeyViewSet, basename="api-apikey")
 router.register("instances", rentals_api.InstanceViewSet, basename="api-instance")
 router.register("ssh-keys", rentals_api.SshKeyViewSet, basename="api-sshkey")
 router.register("deployments", deployments_api.DeploymentViewSet, basename="api-deployment")
+router.register("volumes", volumes_api.VolumeViewSet, basename="api-volume")
 
 api_v1 = [
     # The vastai CLI (1.9.1) lists instances at this v1 path: its request goes to the vast

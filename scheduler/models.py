@@ -74,6 +74,9 @@ class Instance(models.Model):
     args = models.JSONField(default=list, blank=True)
     env = models.JSONField(default=dict, blank=True)
     disk_gb = models.PositiveIntegerField(default=10)
+    # The volumes its container mounts, as [volume's name on the host, path inside]: the
+    # scheduler builds the container from this alone (the volumes themselves are marketplace's).
+    volumes = models.JSONField(default=list, blank=True)
     container_id = models.CharField(max_length=80, blank=True)
     # The container's exit status, read when it is seen exited (null until then, and for
     # containers that vanished or were stopped by us): jobs count an exit 0 as done.

@@ -40,6 +40,7 @@ from marketplace.services.renting import (
     rental_extend,
 )
 from marketplace.services.ssh_keys import ssh_key_add
+from marketplace.services.volumes import MountRequest
 from scheduler import services as scheduler
 from scheduler.models import Instance, InstanceState, LaunchMode
 
@@ -336,6 +337,11 @@ class ExtensionHoursField(FiniteFloatField):
             raise serializers.ValidationError(str(error), code="invalid") from None
 
 
+class MountSerializer(serializers.Serializer):
+    volume = serializers.IntegerField(min_value=1, max_value=MAX_ID, help_text="A volume's id.")
+    target = serializers.CharField(max_length=255, help_text="Where, e.g. /data.")
+
+
 class RentSerializer(serializers.Serializer):
     """A rent request, from the API's JSON or the console's rent form (``RentForm`` reads the
     form's text into these fields); ``rental_request`` is what both hand to ``rental_create``.
@@ -382,6 +388,10 @@ class RentSerializer(serializers.Serializer):
     label = serializers.CharField(
         max_length=100, allow_blank=True, default="", help_text="Your own name for the instance."
     )
+    volumes = serializers.ListField(
+        child=MountSerializer(), default=list, max_length=8,
+        help_text="Your volumes on this machine to mount, each at its path.",
+    )  # fmt: skip
 
     def rental_request(self) -> RentalRequest:
         data = self.validated_data
@@ -399,6 +409,10 @@ class RentSerializer(serializers.Serializer):
             registry_username=data["registry_username"],
             registry_password=data["registry_password"],
             label=data["label"],
+            volumes=tuple(
+                MountRequest(volume_id=mount["volume"], target=mount["target"])
+                for mount in data.get("volumes", [])
+            ),
         )
 
 

@@ -1,6 +1,7 @@
 from marketplace.models.accounts import ApiKey, Invitation, Membership, Role, Team, User
 from marketplace.models.deployments import Deployment, Replica
 from marketplace.models.rentals import Offer, Rental, SshKey
+from marketplace.models.volumes import Volume, VolumeMount, VolumeState, VolumeVersion
 
 __all__ = [
     "ApiKey",
@@ -14,4 +15,8 @@ __all__ = [
     "SshKey",
     "Team",
     "User",
+    "Volume",
+    "VolumeMount",
+    "VolumeState",
+    "VolumeVersion",
 ]

@@ -79,6 +79,7 @@ def container_spec_for(instance: Instance, *, ssh_keys: list[str] | None = None)
         gpu_uuids=instance_gpu_uuids(instance),
         entrypoint=entrypoint,
         args=args,
+        volumes=[(name, target) for name, target in instance.volumes],
         # Recorded on the container as a label, and capped where the host's storage driver can
         # (the probe's disk_enforced; see hosts.runtime.container_spec.DISK_LABEL).
         disk_gb=instance.disk_gb,

@@ -40,13 +40,23 @@ from django.utils import timezone
 from django.utils.html import escape
 
 from billing.credits import credit_grant
-from billing.holds import hold_capture_usage
+from billing.holds import hold_capture_usage, hold_create
 from billing.models import Entry, Hold, TopUp
 from billing.selectors import invoice_months, team_balance
 from hosts.models import Gpu, Machine, MaintenanceWindow
 from hosts.services import maintenance_window_add
 from marketplace.deployments.services import DeploymentSpec, deployment_create
-from marketplace.models import ApiKey, Deployment, Invitation, Membership, Replica, SshKey, Team
+from marketplace.models import (
+    ApiKey,
+    Deployment,
+    Invitation,
+    Membership,
+    Replica,
+    SshKey,
+    Team,
+    Volume,
+    VolumeVersion,
+)
 from marketplace.services.accounts import api_key_create, invitation_create
 from marketplace.services.offers import offer_refresh
 from marketplace.services.renting import RentalRequest, rental_create
@@ -322,6 +332,38 @@ def check_deployments(c: Checker) -> None:
     assert after == before
 
 
+def check_volumes(c: Checker) -> None:
+    """Acme's volume answers 404 on every volume route to every outsider client, is in no
+    list of theirs, and stays as it was; Acme's members read it. (Made as rows: the worlds'
+    machines are not reachable, and nothing here may connect to them.)"""
+    machine = c.acme.machine
+    volume = Volume(team=c.acme.team, provider_team=machine.team, machine=machine,
+                    name="acme-data", size_gb=5, storage_price_per_gb_month=100_000,
+                    ends_at=timezone.now() + timedelta(days=1), clock_since=timezone.now())  # fmt: skip
+    volume.save()
+    volume.hold_id = hold_create(
+        team_id=c.acme.team.pk, provider_team_id=machine.team_id, amount=1000,
+        reference=f"volume:{volume.pk}", idempotency_key=f"matrix-volume-{volume.pk}",
+    ).pk  # fmt: skip
+    volume.save()
+    VolumeVersion.objects.create(volume=volume, number=1, size_gb=5, change="created")
+    base = f"/api/v1/volumes/{volume.pk}/"
+    before = c.rows(Volume.objects.all()), c.rows(VolumeVersion.objects.all())
+    for client in c.outsider_api_clients():
+        assert client.get(base).status_code == 404
+        body = '{"size_gb": 9}'
+        assert client.patch(base, body, content_type="application/json").status_code == 404
+        assert client.delete(base).status_code == 404
+        assert client.get(f"{base}versions/").status_code == 404
+        assert client.get(f"{base}usage/").status_code == 404
+        listed = client.get("/api/v1/volumes/").json()["results"]
+        assert volume.pk not in [v["id"] for v in listed]
+    for client in c.members():
+        assert client.get(base).json()["name"] == "acme-data"
+        assert [v["size_gb"] for v in client.get(f"{base}versions/").json()] == [5]
+    assert (c.rows(Volume.objects.all()), c.rows(VolumeVersion.objects.all())) == before
+
+
 def check_console_deployments(c: Checker) -> None:
     """The console's deployment pages: Acme's members see Acme's deployment; the outsider
     neither sees it listed nor reaches it (404 for the page, scale, stop and replica stop),
@@ -489,6 +531,10 @@ MATRIX: dict[str, list[Check]] = {
     ],
     "api-instance-detail": [Obj(api_inst()), Obj(api_inst(), "delete")],
     "api-deployment-list": [Custom(check_deployments)],
+    "api-volume-list": [Custom(check_volumes)],
+    "api-volume-detail": [Custom(check_volumes)],
+    "api-volume-versions": [Custom(check_volumes)],
+    "api-volume-usage": [Custom(check_volumes)],
     "api-deployment-detail": [Custom(check_deployments)],
     "api-deployment-stop": [Custom(check_deployments)],
     "api-deployment-replicas": [Custom(check_deployments)],
