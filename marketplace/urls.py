@@ -19,6 +19,7 @@ from marketplace.views import billing as billing_views
 from marketplace.views import deployments as deployments_views
 from marketplace.views import hosts as hosts_views
 from marketplace.views import rentals as rentals_views
+from marketplace.views import volumes as volumes_views
 
 router = DefaultRouter(trailing_slash=True)
 router.register("team/members", accounts_api.MemberViewSet, basename="api-member")
@@ -64,6 +65,7 @@ urlpatterns = [
     path("team/api-keys/<int:pk>/revoke/", views.api_key_revoke, name="api-key-revoke"),
     path("invitations/<str:token>/", views.invitation_accept, name="invitation-accept"),
     path("", include(rentals_views.urlpatterns)),
+    path("", include(volumes_views.urlpatterns)),
     path("", include(deployments_views.urlpatterns)),
     path("", include(hosts_views.urlpatterns)),
     path("", include(billing_views.urlpatterns)),

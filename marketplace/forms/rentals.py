@@ -142,6 +142,9 @@ class RentForm(SerializerForm):
     ports = TextFormatField(ports_from_text)
     registry_username = forms.CharField(required=False)
     registry_password = forms.CharField(required=False, strip=False)
+    # One of the team's volumes on this machine, and where it goes (/data when left empty).
+    volume = forms.CharField(required=False)
+    volume_target = forms.CharField(required=False)
 
     def __init__(self, data: Any, *, machine_id: int) -> None:
         self.machine_id = machine_id
@@ -151,6 +154,8 @@ class RentForm(SerializerForm):
         data = {**self.cleaned_data, "machine_id": self.machine_id}
         if not data["launch_mode"]:
             del data["launch_mode"]  # the serializer's default: the image's entrypoint
+        volume, target = data.pop("volume").strip(), data.pop("volume_target").strip()
+        data["volumes"] = [{"volume": volume, "target": target or "/data"}] if volume else []
         return data
 
     def rental_request(self) -> RentalRequest:

@@ -358,7 +358,13 @@ def check_volumes(c: Checker) -> None:
         assert client.get(f"{base}usage/").status_code == 404
         listed = client.get("/api/v1/volumes/").json()["results"]
         assert volume.pk not in [v["id"] for v in listed]
+    for client in [c.outsider()]:  # the console's forms, with Acme's volume id
+        for action in ("resize", "delete"):
+            data = {"action": action, "volume": volume.pk, "size_gb": 9}
+            assert client.post("/volumes/", data).status_code == 404
+        assert "acme-data" not in client.get("/volumes/").content.decode()
     for client in c.members():
+        assert "acme-data" in client.get("/volumes/").content.decode()
         assert client.get(base).json()["name"] == "acme-data"
         assert [v["size_gb"] for v in client.get(f"{base}versions/").json()] == [5]
     assert (c.rows(Volume.objects.all()), c.rows(VolumeVersion.objects.all())) == before
@@ -531,6 +537,7 @@ MATRIX: dict[str, list[Check]] = {
     ],
     "api-instance-detail": [Obj(api_inst()), Obj(api_inst(), "delete")],
     "api-deployment-list": [Custom(check_deployments)],
+    "volumes": [console_page(lambda w: "/volumes/"), Custom(check_volumes)],
     "api-volume-list": [Custom(check_volumes)],
     "api-volume-detail": [Custom(check_volumes)],
     "api-volume-versions": [Custom(check_volumes)],

@@ -5,16 +5,21 @@ from __future__ import annotations
 
 import os
 import subprocess
+from datetime import timedelta
 
 import pytest
+from django.test import Client
+from django.utils import timezone
 
 from billing.models import Hold
 from hosts.runtime.volumes import VOLUME_DIR
 from marketplace.models import Volume, VolumeState
 from marketplace.models.volumes import volume_reference
-from tests.conftest import key_client
+from marketplace.services.pricing import storage_owed
+from marketplace.services.volumes import volumes_meter_sweep
+from tests.conftest import client_for, key_client
 from tests.factories import TeamFactory, UserFactory, add_member
-from tests.marketplace.conftest import fund
+from tests.marketplace.conftest import STORAGE_PER_GB_MONTH, fund
 from tests.marketplace.test_rental_lifecycle import rented
 
 pytestmark = [pytest.mark.system, pytest.mark.django_db(transaction=True)]
@@ -30,7 +35,7 @@ def run(client, instance, command: str) -> dict:
     return response.json()
 
 
-def test_a_volume_outlives_its_rental_and_its_size_is_enforced(funded_team, machine):
+def test_a_volume_outlives_its_rental_and_its_size_is_enforced(funded_team, owner, machine):
     client = key_client(funded_team)
     made = client.post(
         "/api/v1/volumes/",
@@ -43,6 +48,13 @@ def test_a_volume_outlives_its_rental_and_its_size_is_enforced(funded_team, mach
     assert hold.reference == volume_reference(volume.pk) and hold.status == "open"
     on_host = os.path.join(VOLUME_DIR, volume.docker_name)
     assert os.path.ismount(on_host)
+    # Charged per GB-second from its own hold, once however often the sweep runs.
+    later = timezone.now() + timedelta(hours=1)
+    assert volumes_meter_sweep(now=later) > 0 and volumes_meter_sweep(now=later) == 0
+    seconds = int((later - volume.clock_since).total_seconds())
+    assert Hold.objects.get(pk=volume.hold_id).captured_storage == storage_owed(
+        price_per_gb_month=STORAGE_PER_GB_MONTH, disk_gb=1, seconds=seconds
+    )
 
     mount = {"volumes": [{"volume": volume.pk, "target": "/data"}]}
     first = rented(client, machine, **mount)
@@ -53,6 +65,8 @@ def test_a_volume_outlives_its_rental_and_its_size_is_enforced(funded_team, mach
     assert client.delete(f"/api/v1/instances/{first.pk}/").status_code == 202
 
     second = rented(client, machine, **mount)
+    page = client_for(Client(), owner, funded_team).get("/volumes/").content.decode()
+    assert "datasets" in page and f'href="/instances/{second.pk}/"' in page
     assert run(client, second, "md5sum /data/f")["output"] == wrote["output"]
     full = run(client, second, FILL)
     assert full["exit_code"] != 0 and "No space left on device" in full["output"], full
