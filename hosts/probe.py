@@ -203,6 +203,36 @@ def probe(machine: Machine) -> ProbeResult:
     )
 
 
+# --- What the GPUs are doing now (the machine's usage page) ------------------------------------
+
+GPU_UTILIZATION_QUERY = [
+    "nvidia-smi",
+    "--query-gpu=uuid,utilization.gpu,memory.used",
+    "--format=csv,noheader,nounits",
+]
+
+
+def parse_gpu_utilization(text: str) -> dict[str, tuple[int | None, int | None]]:
+    """``uuid, utilization.gpu, memory.used`` rows → {uuid: (percent, MiB used)}; a value
+    nvidia-smi cannot read ("[N/A]") is None."""
+
+    def number(value: str) -> int | None:
+        return int(value) if value.isdigit() else None
+
+    found = {}
+    for line in text.strip().splitlines():
+        parts = [part.strip() for part in line.split(",")]
+        if len(parts) == 3 and GPU_UUID.fullmatch(parts[0]):
+            found[parts[0]] = (number(parts[1]), number(parts[2]))
+    return found
+
+
+def gpu_utilization(machine: Machine) -> dict[str, tuple[int | None, int | None]]:
+    """Each GPU's utilization now, read over SSH (empty when nvidia-smi fails)."""
+    result = ssh.run(machine, GPU_UTILIZATION_QUERY, check=False, idempotent=True, timeout=15)
+    return parse_gpu_utilization(result.stdout) if result.exit_code == 0 else {}
+
+
 # --- Reading a container's limits back (the self-test) ----------------------------------------
 
 CGROUP_V2_FILES = ["/sys/fs/cgroup/cpu.max", "/sys/fs/cgroup/memory.max"]

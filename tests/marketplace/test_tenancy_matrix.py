@@ -370,6 +370,21 @@ def check_volumes(c: Checker) -> None:
     assert (c.rows(Volume.objects.all()), c.rows(VolumeVersion.objects.all())) == before
 
 
+def check_machine_usage(c: Checker) -> None:
+    """A machine's GPU and port usage answers 404 to outsiders (API and console); Acme's
+    members read its ports, where Acme's own rental is named. (Members' GPU reads ask the
+    host's nvidia-smi, and the worlds' machines are not reachable: tests/marketplace/
+    test_host_usage.py reads them from a real host.)"""
+    machine = c.acme.machine
+    for client in c.outsider_api_clients():
+        for route in ("gpus", "ports"):
+            assert client.get(f"/api/v1/machines/{machine.pk}/{route}/").status_code == 404
+    assert c.outsider().get(f"/machines/{machine.pk}/usage/").status_code == 404
+    for client in c.members()[:1]:  # the machines API is for admins and up
+        ports = client.get(f"/api/v1/machines/{machine.pk}/ports/").json()
+        assert ports["machine_id"] == machine.pk and ports["used"] == 0
+
+
 def check_console_deployments(c: Checker) -> None:
     """The console's deployment pages: Acme's members see Acme's deployment; the outsider
     neither sees it listed nor reaches it (404 for the page, scale, stop and replica stop),
@@ -538,6 +553,9 @@ MATRIX: dict[str, list[Check]] = {
     "api-instance-detail": [Obj(api_inst()), Obj(api_inst(), "delete")],
     "api-deployment-list": [Custom(check_deployments)],
     "volumes": [console_page(lambda w: "/volumes/"), Custom(check_volumes)],
+    "machine-usage": [Custom(check_machine_usage)],
+    "api-machine-gpus": [Custom(check_machine_usage)],
+    "api-machine-ports": [Custom(check_machine_usage)],
     "api-volume-list": [Custom(check_volumes)],
     "api-volume-detail": [Custom(check_volumes)],
     "api-volume-versions": [Custom(check_volumes)],
