@@ -58,6 +58,9 @@ class Machine(models.Model):
     disk_free_gb = models.PositiveBigIntegerField(default=0)
     docker_version = models.CharField(max_length=40, blank=True)
     nvidia_runtime = models.BooleanField(default=False)
+    # Whether Docker here can cap a container's writable layer (``--storage-opt size=``): its
+    # btrfs storage driver, or overlay2 over XFS mounted with project quotas. Read by the probe.
+    disk_enforced = models.BooleanField(default=False)
     driver_version = models.CharField(max_length=40, blank=True)
     cuda_version = models.CharField(max_length=16, blank=True)
     os_name = models.CharField(max_length=120, blank=True)

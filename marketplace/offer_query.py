@@ -51,6 +51,7 @@ FIELDS: dict[str, FieldSpec] = {
     "cpu_cores_effective": FieldSpec("float", "cpu_cores_effective", "CPU cores of the offer"),
     "cpu_ram": FieldSpec("float", "cpu_ram", "GB of RAM of the offer"),
     "disk_space": FieldSpec("float", "disk_space", "GB of disk of the offer"),
+    "disk_enforced": FieldSpec("bool", "disk_enforced", "a rental's disk is capped at its size"),
     "dph_total": FieldSpec("money", "dph_total", "dollars per hour, whole offer"),
     "storage_cost": FieldSpec("money", "storage_cost", "dollars per GB-month"),
     "reliability": FieldSpec("float", "reliability", "uptime score, 0..1"),

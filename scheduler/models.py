@@ -81,6 +81,9 @@ class Instance(models.Model):
     # the card's memory, enforced on the host by CUDA MPS. Both null for whole GPUs.
     slice_core_percent = models.PositiveSmallIntegerField(null=True, blank=True)
     slice_memory_mb = models.PositiveIntegerField(null=True, blank=True)
+    # The volumes its container mounts, as [volume's name on the host, path inside]: the
+    # scheduler builds the container from this alone (the volumes themselves are marketplace's).
+    volumes = models.JSONField(default=list, blank=True)
     container_id = models.CharField(max_length=80, blank=True)
     # The container's exit status, read when it is seen exited (null until then, and for
     # containers that vanished or were stopped by us): jobs count an exit 0 as done.

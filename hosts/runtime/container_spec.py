@@ -21,8 +21,9 @@ from hosts.runtime.mps import MPS_VARIABLE_PREFIX, GpuSliceSpec
 
 PLATFORM_LABEL = "gpumkt.platform"
 MACHINE_LABEL = "gpumkt.machine"
-# Docker can cap a container's writable layer only on overlay2 over xfs with project quotas
-# (--storage-opt size=…), which most hosts lack; the disk share is recorded, not enforced.
+# The rental's disk, recorded on every container. Docker caps a container's writable layer
+# (--storage-opt size=…) only on its btrfs driver or overlay2 over XFS with project quotas;
+# where the probe found one (Machine.disk_enforced) the cap is given too, else it is a label.
 DISK_LABEL = "gpumkt.disk_gb"
 
 # Every rental joins this bridge, made with inter-container communication off: Docker drops
@@ -191,7 +192,8 @@ class ContainerSpec:
     # A slice of its one card (fractional GPU), enforced by CUDA MPS; None for whole GPUs.
     gpu_slice: GpuSliceSpec | None = None
 
-    disk_gb: int | None = None  # the units' disk share, recorded as a label
+    disk_gb: int | None = None  # the rental's disk, recorded as a label
+    disk_enforced: bool = False  # and capped (--storage-opt size=) where the host can
     network: str = TENANT_NETWORK  # one of the platform's gpumkt-* bridges, never the host's
     log_max_kb: int = LOG_MAX_KB  # per log file; Docker keeps log_max_files of them
     log_max_files: int = LOG_MAX_FILES
@@ -286,6 +288,10 @@ def docker_run_argv(spec: ContainerSpec, *, machine_id: int, nvidia_runtime: boo
         "--security-opt", "no-new-privileges",
         "--pids-limit", "4096",
         "--network", spec.network,
+    ]  # fmt: skip
+    if spec.disk_gb is not None and spec.disk_enforced:
+        argv += ["--storage-opt", f"size={spec.disk_gb}G"]
+    argv += [
         "--log-driver", "json-file",
         "--log-opt", f"max-size={spec.log_max_kb}k",
         "--log-opt", f"max-file={spec.log_max_files}",

@@ -17,6 +17,7 @@ from hosts.selectors import GPU_STATES, gpu_occupancy, hourly_history
 from marketplace.api.base import TeamScopedViewSet
 from marketplace.api.fields import DollarsField
 from marketplace.fleet import EARNINGS_DAYS, machine_earnings_by_day
+from marketplace.host_usage import machine_gpu_usage, machine_port_usage
 from marketplace.models import Role
 from scheduler import services as scheduler
 
@@ -199,6 +200,22 @@ class MachineViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScope
         return Response(
             {"public_key": public_key, "fingerprint": public_key_fingerprint(public_key)}
         )
+
+    @extend_schema(responses={200: dict})
+    @action(detail=True, methods=["get"], pagination_class=None, filter_backends=[])
+    def gpus(self, request, pk=None):
+        """Each present GPU: free, or rented (with the instance when it is the team's own;
+        another team's rental shows only as rented), and its utilization read now."""
+        machine = self.get_object()
+        return Response(machine_gpu_usage(machine, viewer_team_id=self.team.pk))
+
+    @extend_schema(responses={200: dict})
+    @action(detail=True, methods=["get"], pagination_class=None, filter_backends=[])
+    def ports(self, request, pk=None):
+        """The host port range for published container ports: used (by which rental, as
+        for GPUs) and free."""
+        machine = self.get_object()
+        return Response(machine_port_usage(machine, viewer_team_id=self.team.pk))
 
     @extend_schema(parameters=[HistoryQuerySerializer], responses=HistoryPointSerializer(many=True))
     @action(detail=True, methods=["get"], pagination_class=None, filter_backends=[])

@@ -40,6 +40,7 @@ from marketplace.services.renting import (
     rental_extend,
 )
 from marketplace.services.ssh_keys import ssh_key_add
+from marketplace.services.volumes import MountRequest
 from scheduler import services as scheduler
 from scheduler.models import Instance, InstanceState, LaunchMode
 from scheduler.placement import BINPACK, CARD_POLICIES, SliceSize
@@ -67,11 +68,11 @@ class OfferSerializer(serializers.ModelSerializer):
         model = Offer
         fields = [
             "id", "machine_id", "gpu_name", "num_gpus", "total_gpus", "min_gpus", "gpu_ram",
-            "gpu_total_ram", "cpu_cores_effective", "cpu_ram", "disk_space", "dph_total",
-            "dph_per_gpu", "storage_cost", "reliability", "duration", "end_date", "geolocation",
-            "driver_version", "cuda_max_good", "verified", "rentable", "score", "sharing",
-            "gpu_frac", "slice_core_percent", "slice_memory_mb", "min_slice_core_percent",
-            "cards",
+            "gpu_total_ram", "cpu_cores_effective", "cpu_ram", "disk_space", "disk_enforced",
+            "dph_total", "dph_per_gpu", "storage_cost", "reliability", "duration", "end_date",
+            "geolocation", "driver_version", "cuda_max_good", "verified", "rentable", "score",
+            "sharing", "gpu_frac", "slice_core_percent", "slice_memory_mb",
+            "min_slice_core_percent", "cards",
         ]  # fmt: skip
 
     def get_gpu_total_ram(self, offer) -> float:
@@ -121,6 +122,7 @@ class OfferSerializer(serializers.ModelSerializer):
             "cpu_cores_effective": self.get_cpu_cores_effective(offer),
             "cpu_ram": self.get_cpu_ram(offer),
             "disk_space": self.get_disk_space(offer),
+            "disk_enforced": offer.disk_enforced,
             "dph_total": self.get_dph_total(offer),
             "dph_per_gpu": self.get_dph_per_gpu(offer),
             "storage_cost": self.get_storage_cost(offer),
@@ -265,6 +267,10 @@ class QuoteResultSerializer(serializers.Serializer):
     gpu = DollarsField(help_text="Dollars held for GPU time.")
     storage = DollarsField(help_text="Dollars held for storage.")
     total = DollarsField(help_text="Dollars held in all.")
+    disk_enforced = serializers.BooleanField(
+        help_text="Whether the host caps the container's disk at disk_gb."
+    )
+    disk_note = serializers.CharField(help_text="What disk_gb means on this host, in words.")
 
 
 @extend_schema(
@@ -290,7 +296,19 @@ def offer_quote(request, machine_id: int):
             "gpu": dollars(quote.gpu),
             "storage": dollars(quote.storage),
             "total": dollars(quote.total),
+            "disk_enforced": offer.machine.disk_enforced,
+            "disk_note": disk_note(offer.machine.disk_enforced),
         }
+    )
+
+
+def disk_note(enforced: bool) -> str:
+    """What a rental's ``disk_gb`` means on a host, told before renting."""
+    if enforced:
+        return "The container's disk is capped at disk_gb: writes past it fail (no space left)."
+    return (
+        "This host does not enforce disk sizes: disk_gb is charged and recorded, but the "
+        "container can write past it."
     )
 
 
@@ -339,6 +357,11 @@ class GpuShareSerializer(serializers.Serializer):
     memory_mb = serializers.IntegerField(
         min_value=1, max_value=16 * 1024 * 1024, help_text="MB of the card's memory (MiB)."
     )
+
+
+class MountSerializer(serializers.Serializer):
+    volume = serializers.IntegerField(min_value=1, max_value=MAX_ID, help_text="A volume's id.")
+    target = serializers.CharField(max_length=255, help_text="Where, e.g. /data.")
 
 
 class RentSerializer(serializers.Serializer):
@@ -404,6 +427,10 @@ class RentSerializer(serializers.Serializer):
     label = serializers.CharField(
         max_length=100, allow_blank=True, default="", help_text="Your own name for the instance."
     )
+    volumes = serializers.ListField(
+        child=MountSerializer(), default=list, max_length=8,
+        help_text="Your volumes on this machine to mount, each at its path.",
+    )  # fmt: skip
 
     def validate(self, data):
         if data.get("gpu_share") is None and data.get("num_gpus") is None:
@@ -431,6 +458,10 @@ class RentSerializer(serializers.Serializer):
             registry_username=data["registry_username"],
             registry_password=data["registry_password"],
             label=data["label"],
+            volumes=tuple(
+                MountRequest(volume_id=mount["volume"], target=mount["target"])
+                for mount in data.get("volumes", [])
+            ),
         )
 
 
@@ -446,13 +477,15 @@ class InstanceSerializer(serializers.ModelSerializer):
     gpus = serializers.SerializerMethodField()
     gpu_share = serializers.SerializerMethodField()
     connection = serializers.SerializerMethodField()
+    disk_enforced = serializers.BooleanField(source="machine.disk_enforced", read_only=True)
 
     class Meta:
         model = Instance
         fields = [
             "id", "uuid", "label", "state", "status_message", "progress", "machine_id", "rental_id",
             "gpu_count", "gpu_share", "gpus", "image", "launch_mode", "env", "disk_gb",
-            "dph_total", "created_at", "state_changed_at", "ends_at", "connection",
+            "disk_enforced", "dph_total", "created_at", "state_changed_at", "ends_at",
+            "connection",
         ]  # fmt: skip
 
     @extend_schema_field(GpuShareSerializer(allow_null=True))

@@ -147,6 +147,9 @@ class RentForm(SerializerForm):
     core_percent = WholeNumberText()
     memory_mb = WholeNumberText()
     card_policy = forms.CharField(required=False)
+    # One of the team's volumes on this machine, and where it goes (/data when left empty).
+    volume = forms.CharField(required=False)
+    volume_target = forms.CharField(required=False)
 
     def __init__(self, data: Any, *, machine_id: int) -> None:
         self.machine_id = machine_id
@@ -164,6 +167,8 @@ class RentForm(SerializerForm):
             del data["num_gpus"]
         if not data["card_policy"]:
             del data["card_policy"]
+        volume, target = data.pop("volume").strip(), data.pop("volume_target").strip()
+        data["volumes"] = [{"volume": volume, "target": target or "/data"}] if volume else []
         return data
 
     def _add_serializer_error(self, field: str, messages: list[str]) -> None:

@@ -132,6 +132,9 @@ class Offer(models.Model):
     cpu_cores_per_unit = models.FloatField()
     cpu_ram_per_unit = models.FloatField(help_text="GB")
     disk_per_unit = models.FloatField(help_text="GB")
+    disk_enforced = models.BooleanField(
+        default=False, help_text="the host caps a rental's disk at its size (storage quotas)"
+    )
     price_per_gpu_hour = models.BigIntegerField(help_text="micro-dollars")
     dph_total = models.BigIntegerField(help_text="micro-dollars per hour for all free units")
     storage_cost = models.BigIntegerField(help_text="micro-dollars per GB-month")

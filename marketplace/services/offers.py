@@ -75,10 +75,10 @@ def offers_refresh(
 
 OFFER_FIELDS = (
     "provider_team_id", "rentable", "gpu_name", "num_gpus", "total_gpus", "min_gpus", "gpu_ram",
-    "cpu_cores_per_unit", "cpu_ram_per_unit", "disk_per_unit", "price_per_gpu_hour", "dph_total",
-    "storage_cost", "reliability", "end_date", "geolocation", "driver_version", "cuda_max_good",
-    "verified", "score", "sharing", "gpu_frac", "slice_core_percent", "slice_memory_mb",
-    "min_slice_core_percent", "cards",
+    "cpu_cores_per_unit", "cpu_ram_per_unit", "disk_per_unit", "disk_enforced",
+    "price_per_gpu_hour", "dph_total", "storage_cost", "reliability", "end_date", "geolocation",
+    "driver_version", "cuda_max_good", "verified", "score", "sharing", "gpu_frac",
+    "slice_core_percent", "slice_memory_mb", "min_slice_core_percent", "cards",
 )  # fmt: skip
 
 
@@ -144,6 +144,7 @@ def _offer_values(machine: Machine, present: list, free: int, now) -> dict:
         "cpu_cores_per_unit": machine.unit_cpus if total else 0,
         "cpu_ram_per_unit": round(machine.unit_memory_mb / 1024, 2) if total else 0,
         "disk_per_unit": float(machine.unit_disk_gb) if total else 0,
+        "disk_enforced": machine.disk_enforced,
         "price_per_gpu_hour": machine.price_per_gpu_hour,
         "dph_total": dph_total,
         "storage_cost": machine.storage_price_per_gb_month,

@@ -38,6 +38,7 @@ from marketplace.services.pricing import (
     slice_rate,
 )
 from marketplace.services.registries import registry_check, registry_login_seal
+from marketplace.services.volumes import MountRequest, mounts_check, mounts_lock_ready, mounts_write
 from marketplace.validation import label_check, validate_launch
 from scheduler.models import Instance, InstanceEvent, InstanceState, LaunchMode
 from scheduler.placement import BINPACK, CARD_POLICIES, SliceSize, slice_fraction
@@ -79,6 +80,7 @@ class RentalRequest:
     # ``card_policy`` picks: binpack the fullest that fits, spread the emptiest.
     gpu_slice: SliceSize | None = None
     card_policy: str = BINPACK
+    volumes: tuple[MountRequest, ...] = ()
 
 
 def rental_create(*, team: Team, request: RentalRequest) -> Rental:
@@ -106,6 +108,7 @@ def rentals_create(orders: list[RentalOrder]) -> list[Rental | Exception]:
     """
     outcomes: list[Rental | Exception | None] = [None] * len(orders)
     credentials = _check_orders(orders, outcomes)  # before any lock: a name lookup may be slow
+    mounts = _check_mounts(orders, outcomes)
     with transaction.atomic():
         pending = [i for i, outcome in enumerate(outcomes) if outcome is None]
         machine_ids = sorted({orders[i][1].machine_id for i in pending})
@@ -115,6 +118,7 @@ def rentals_create(orders: list[RentalOrder]) -> list[Rental | Exception]:
             .filter(pk__in=machine_ids)
             .order_by("pk")
         }
+        pending = _mounts_still_ready(pending, mounts, outcomes)
         room = MachineRoom(list(machines.values()))
         now = timezone.now()
         windows = _maintenance_windows(machine_ids, now)
@@ -131,7 +135,9 @@ def rentals_create(orders: list[RentalOrder]) -> list[Rental | Exception]:
                 outcomes[i] = error
                 continue
             credit[team.pk] -= terms.quote.total
-            accepted.append(_Accepted(i, team, request, machines[request.machine_id], terms))
+            accepted.append(
+                _Accepted(i, team, request, machines[request.machine_id], terms, mounts.get(i, []))
+            )
         for i, rental in zip(
             [a.index for a in accepted], _rentals_write(accepted, credentials, now), strict=True
         ):
@@ -156,6 +162,40 @@ class _Accepted:
     request: RentalRequest
     machine: Machine
     terms: _Terms
+    mounts: list = ()  # (Volume, path inside) the rental mounts
+
+
+def _check_mounts(orders: list[RentalOrder], outcomes: list) -> dict[int, list]:
+    """The volumes each order mounts, checked against its team's (the outcome of one that
+    fails is its error)."""
+    mounts = {}
+    for i, (team, request) in enumerate(orders):
+        if outcomes[i] is not None or not request.volumes:
+            continue
+        try:
+            mounts[i] = mounts_check(
+                team=team, machine_id=request.machine_id, requested=list(request.volumes)
+            )
+        except ValidationError as error:
+            outcomes[i] = error
+    return mounts
+
+
+def _mounts_still_ready(pending: list[int], mounts: dict[int, list], outcomes: list) -> list[int]:
+    """Lock the volumes the orders mount, after the machines; an order whose volume was
+    deleted meanwhile is refused."""
+    wanted = [volume.pk for i in pending for volume, _ in mounts.get(i, [])]
+    if not wanted:
+        return pending
+    ready = mounts_lock_ready(wanted)
+    still = []
+    for i in pending:
+        gone = [volume.pk for volume, _ in mounts.get(i, []) if volume.pk not in ready]
+        if gone:
+            outcomes[i] = ValidationError({"volumes": f"Volume {gone[0]} was deleted."})
+        else:
+            still.append(i)
+    return still
 
 
 def _check_orders(orders: list[RentalOrder], outcomes: list) -> dict[int, dict[str, str]]:
@@ -276,6 +316,9 @@ def _rentals_write(
         return []
     instances = [_instance_for(a, credentials[a.index], now) for a in accepted]
     insert_models(Instance, instances)
+    for a, instance in zip(accepted, instances, strict=True):
+        if a.mounts:
+            mounts_write(instance, a.mounts)
     allocations_write(
         [
             (instance, a.terms.gpu_ids, a.terms.ports, a.terms.slice_)
@@ -369,6 +412,7 @@ def _instance_for(accepted: _Accepted, credential: dict[str, str], now: datetime
         disk_gb=request.disk_gb,
         slice_core_percent=request.gpu_slice.core_percent if request.gpu_slice else None,
         slice_memory_mb=request.gpu_slice.memory_mb if request.gpu_slice else None,
+        volumes=[[volume.docker_name, target] for volume, target in accepted.mounts],
         registry_credential=credential,
         jupyter_token=secrets.token_urlsafe(24)
         if request.launch_mode == LaunchMode.JUPYTER

@@ -30,6 +30,7 @@ from marketplace.forms.hosts import (
     MaintenanceCancelForm,
     MaintenanceWindowForm,
 )
+from marketplace.host_usage import machine_gpu_usage, machine_port_usage
 from marketplace.models import Role
 from marketplace.tenancy import team_object_or_404, team_objects
 from marketplace.views.console import error_text, require_role
@@ -270,9 +271,25 @@ def machine_action(request: HttpRequest, pk: int, action: str) -> HttpResponse:
     return response or redirect("machine-detail", pk=machine.pk)
 
 
+@login_required
+def machine_usage(request: HttpRequest, pk: int) -> HttpResponse:
+    """The machine page's usage card (loaded after the page: it reads nvidia-smi now)."""
+    machine = team_object_or_404(request.team, Machine.objects.all(), pk=pk)
+    return render(
+        request,
+        "hosts/_machine_usage.html",
+        {
+            "machine": machine,
+            "gpu_usage": machine_gpu_usage(machine, viewer_team_id=request.team.pk),
+            "port_usage": machine_port_usage(machine, viewer_team_id=request.team.pk),
+        },
+    )
+
+
 urlpatterns = [
     path("machines/", machines, name="machines"),
     path("machines/add/", machine_add, name="machine-add"),
     path("machines/<int:pk>/", machine_detail, name="machine-detail"),
+    path("machines/<int:pk>/usage/", machine_usage, name="machine-usage"),
     path("machines/<int:pk>/<str:action>/", machine_action, name="machine-action"),
 ]

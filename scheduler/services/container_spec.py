@@ -92,9 +92,11 @@ def container_spec_for(instance: Instance, *, ssh_keys: list[str] | None = None)
         gpu_slice=gpu_slice,
         entrypoint=entrypoint,
         args=args,
-        # Recorded on the container as a label; Docker cannot cap a container's disk on most
-        # storage drivers (see hosts.runtime.container_spec.DISK_LABEL), so the page says it is not enforced.
+        volumes=[(name, target) for name, target in instance.volumes],
+        # Recorded on the container as a label, and capped where the host's storage driver can
+        # (the probe's disk_enforced; see hosts.runtime.container_spec.DISK_LABEL).
         disk_gb=instance.disk_gb,
+        disk_enforced=machine.disk_enforced,
     )
 
 

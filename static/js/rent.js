@@ -65,6 +65,13 @@
     form.action = "/offers/" + current.machine + "/rent/";
     document.getElementById("rent-gpu").textContent = button.dataset.gpu;
     document.getElementById("rent-machine").textContent = current.machine;
+    document.getElementById("rent-disk-note").hidden = button.dataset.diskEnforced === "1";
+    if (form.volume) {  // only the team's volumes on this machine can be mounted
+      Array.prototype.forEach.call(form.volume.options, function (option) {
+        option.hidden = option.value !== "" && option.dataset.machine !== current.machine;
+      });
+      form.volume.value = "";
+    }
     form.num_gpus.min = current.min;
     form.num_gpus.max = current.free;
     form.num_gpus.value = Math.max(current.min, 1);
