@@ -1,4 +1,4 @@
-.PHONY: run test lint format bench clean
+.PHONY: run test lint format bench clean cluster-demo
 
 run:  ## install what is missing and start the whole marketplace locally
 	@bash scripts/run.sh
@@ -15,6 +15,9 @@ format:
 bench:  ## run the performance budgets in bench/
 	@failed=""; for script in bench/[a-z]*.py; do [ "$$script" = bench/bench_common.py ] && continue; echo "== $$script"; .venv/bin/python $$script || failed="$$failed $$script"; done; \
 	if [ -n "$$failed" ]; then echo "over budget or failed:$$failed"; exit 1; fi
+
+cluster-demo:  ## the production recipe on this machine: 2 web behind Caddy, 3 workers, beat, 8 renters racing
+	@scripts/bootstrap.sh test && PYTHONPATH=. .venv/bin/python -m deploy.cluster_demo
 
 clean:
 	rm -rf var/staticfiles .pytest_cache .ruff_cache

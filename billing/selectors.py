@@ -16,7 +16,17 @@ from django.db.models import Case, Count, F, Max, Min, Q, QuerySet, Sum, Value, 
 from django.db.models.functions import Coalesce, TruncDate, TruncMonth
 from django.utils import timezone
 
-from billing.models import Account, AccountKind, ChargeUsage, Entry, TransferKind, UsageKind
+from billing.models import (
+    SOURCE_ACCOUNT_KINDS,
+    Account,
+    AccountKind,
+    ChargeUsage,
+    Entry,
+    Hold,
+    HoldStatus,
+    TransferKind,
+    UsageKind,
+)
 
 
 class Balance(NamedTuple):
@@ -347,3 +357,54 @@ def earnings_paid_out(entries: QuerySet[Entry]) -> int:
         ).aggregate(total=Sum("amount"))["total"]
         or 0
     )
+
+
+# A few teams are enough to start looking; a line per team would flood the log.
+LEDGER_TEAMS_NAMED = 5
+
+
+def ledger_problems() -> list[str]:
+    """The broken invariants, in words (empty: the ledger is consistent).
+
+    Cheap enough to run on a schedule (the ``gpumkt_ledger_consistent`` gauge runs it): the
+    whole-ledger check in tests/billing/ledger_checks.py reads every transfer and hold, which
+    grows with the ledger's history; this reads only what stays small (one row per account,
+    the open holds) and checks the invariants a bug in holds or metering would break first:
+
+    - credit is conserved: every transfer sums to zero, so all balances together sum to zero
+      (the sources, card payments and grants, run negative by what came in);
+    - each team's held account is exactly what its open holds still hold;
+    - no account other than the two sources is negative.
+
+    That each transfer balances is enforced on insert by the ledger's triggers
+    (billing/migrations/0002_ledger_guards.py), so it is not read again here.
+    """
+    problems = []
+    total = Account.objects.aggregate(total=Sum("balance"))["total"] or 0
+    if total != 0:
+        problems.append(f"balances sum to {total} micro-dollars, not 0")
+    still_held = dict(
+        Hold.objects.filter(status=HoldStatus.OPEN)
+        .values("team_id")
+        .annotate(held=Sum(F("amount") - F("captured_gpu") - F("captured_storage")))
+        .values_list("team_id", "held")
+    )
+    held_accounts = dict(
+        Account.objects.filter(kind=AccountKind.HELD).values_list("team_id", "balance")
+    )
+    off = [
+        team_id
+        for team_id in sorted(set(still_held) | set(held_accounts))
+        if still_held.get(team_id, 0) != held_accounts.get(team_id, 0)
+    ]
+    for team_id in off[:LEDGER_TEAMS_NAMED]:
+        problems.append(
+            f"team {team_id}: held account {held_accounts.get(team_id, 0)}, "
+            f"open holds {still_held.get(team_id, 0)}"
+        )
+    if len(off) > LEDGER_TEAMS_NAMED:
+        problems.append(f"{len(off) - LEDGER_TEAMS_NAMED} more teams whose held account is off")
+    negative = Account.objects.exclude(kind__in=SOURCE_ACCOUNT_KINDS).filter(balance__lt=0).count()
+    if negative:
+        problems.append(f"{negative} accounts below zero")
+    return problems

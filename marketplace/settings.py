@@ -412,6 +412,11 @@ BILLING_TEST_CREDIT_AMOUNT = 100 * 1_000_000
 # Oldest Stripe-Signature timestamp the webhook accepts, in seconds (Stripe's default).
 STRIPE_WEBHOOK_TOLERANCE = int(os.environ.get("STRIPE_WEBHOOK_TOLERANCE", "300"))
 
+# --- Scheduler settings ---
+# The lease on an instance's launch, stop or destroy (scheduler/work.py): a worker that dies
+# mid-way has its work taken over by another about this long (plus a sweep period) later.
+WORK_LEASE_SECONDS = int(os.environ.get("WORK_LEASE_SECONDS", "30"))
+
 # --- Hosts settings ---
 HOST_HEARTBEAT_SECONDS = int(os.environ.get("HOST_HEARTBEAT_SECONDS", "30"))
 HOST_HEARTBEAT_MISSES = int(os.environ.get("HOST_HEARTBEAT_MISSES", "3"))

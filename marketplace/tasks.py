@@ -11,7 +11,15 @@ import structlog
 from celery import shared_task
 
 from marketplace.deployments import reconciler, sweep
-from marketplace.services import clocks, metering, offers, registries, renter_actions, ssh_keys
+from marketplace.services import (
+    clocks,
+    metering,
+    offers,
+    registries,
+    renter_actions,
+    ssh_keys,
+    volumes,
+)
 from marketplace.services.accounts import invitations_expire as expire
 from scheduler import services as scheduler
 from scheduler.models import WORK_STATES, Instance, InstanceState
@@ -103,7 +111,7 @@ def metering_sweep() -> int:
     # First whatever a lost state-change event left out of step (an ended rental unsettled,
     # a clock running for a stopped instance), so the sweep never charges for it.
     clocks.rentals_resync()
-    return metering.metering_sweep()
+    return metering.metering_sweep() + volumes.volumes_meter_sweep()
 
 
 @shared_task(name="marketplace.tasks.expiry_sweep")

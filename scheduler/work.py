@@ -21,6 +21,7 @@ import threading
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
+from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import F, Q, QuerySet
 from django.utils import timezone
@@ -29,10 +30,13 @@ from scheduler.models import WORK_STATES, Instance
 
 logger = logging.getLogger(__name__)
 
-LEASE = timedelta(seconds=30)
-RENEW_EVERY = timedelta(seconds=10)
+# WORK_LEASE_SECONDS (30): how long a dead worker's launch, stop or destroy waits before the
+# sweep hands it to another. Shorter recovers sooner but renews more often; the cluster test
+# shortens it so a killed worker's launch is taken over in seconds, not a minute.
+LEASE = timedelta(seconds=settings.WORK_LEASE_SECONDS)
+RENEW_EVERY = LEASE / 3
 # A task queued for due work has this long to take its lease before the sweep queues another.
-SWEEP_GRACE = timedelta(seconds=30)
+SWEEP_GRACE = LEASE
 # Waits between tries of work the host did not confirm: 5 s, 10 s, 20 s … at most 5 minutes.
 RETRY_FIRST = 5
 RETRY_MAX = 300

@@ -40,7 +40,7 @@ from django.utils import timezone
 from django.utils.html import escape
 
 from billing.credits import credit_grant
-from billing.holds import hold_capture_usage
+from billing.holds import hold_capture_usage, hold_create
 from billing.models import Entry, Hold, TopUp
 from billing.selectors import invoice_months, team_balance
 from hosts.models import Gpu, Machine, MaintenanceWindow
@@ -56,6 +56,8 @@ from marketplace.models import (
     Replica,
     SshKey,
     Team,
+    Volume,
+    VolumeVersion,
 )
 from marketplace.services.accounts import api_key_create, invitation_create
 from marketplace.services.offers import offer_refresh
@@ -423,6 +425,59 @@ def check_gateway_auth(c: Checker) -> None:
         assert (refused.status_code, refused.content) == (401, missing.content)
 
 
+def check_volumes(c: Checker) -> None:
+    """Acme's volume answers 404 on every volume route to every outsider client, is in no
+    list of theirs, and stays as it was; Acme's members read it. (Made as rows: the worlds'
+    machines are not reachable, and nothing here may connect to them.)"""
+    machine = c.acme.machine
+    volume = Volume(team=c.acme.team, provider_team=machine.team, machine=machine,
+                    name="acme-data", size_gb=5, storage_price_per_gb_month=100_000,
+                    ends_at=timezone.now() + timedelta(days=1), clock_since=timezone.now())  # fmt: skip
+    volume.save()
+    volume.hold_id = hold_create(
+        team_id=c.acme.team.pk, provider_team_id=machine.team_id, amount=1000,
+        reference=f"volume:{volume.pk}", idempotency_key=f"matrix-volume-{volume.pk}",
+    ).pk  # fmt: skip
+    volume.save()
+    VolumeVersion.objects.create(volume=volume, number=1, size_gb=5, change="created")
+    base = f"/api/v1/volumes/{volume.pk}/"
+    before = c.rows(Volume.objects.all()), c.rows(VolumeVersion.objects.all())
+    for client in c.outsider_api_clients():
+        assert client.get(base).status_code == 404
+        body = '{"size_gb": 9}'
+        assert client.patch(base, body, content_type="application/json").status_code == 404
+        assert client.delete(base).status_code == 404
+        assert client.get(f"{base}versions/").status_code == 404
+        assert client.get(f"{base}usage/").status_code == 404
+        listed = client.get("/api/v1/volumes/").json()["results"]
+        assert volume.pk not in [v["id"] for v in listed]
+    for client in [c.outsider()]:  # the console's forms, with Acme's volume id
+        for action in ("resize", "delete"):
+            data = {"action": action, "volume": volume.pk, "size_gb": 9}
+            assert client.post("/volumes/", data).status_code == 404
+        assert "acme-data" not in client.get("/volumes/").content.decode()
+    for client in c.members():
+        assert "acme-data" in client.get("/volumes/").content.decode()
+        assert client.get(base).json()["name"] == "acme-data"
+        assert [v["size_gb"] for v in client.get(f"{base}versions/").json()] == [5]
+    assert (c.rows(Volume.objects.all()), c.rows(VolumeVersion.objects.all())) == before
+
+
+def check_machine_usage(c: Checker) -> None:
+    """A machine's GPU and port usage answers 404 to outsiders (API and console); Acme's
+    members read its ports, where Acme's own rental is named. (Members' GPU reads ask the
+    host's nvidia-smi, and the worlds' machines are not reachable: tests/marketplace/
+    test_host_usage.py reads them from a real host.)"""
+    machine = c.acme.machine
+    for client in c.outsider_api_clients():
+        for route in ("gpus", "ports"):
+            assert client.get(f"/api/v1/machines/{machine.pk}/{route}/").status_code == 404
+    assert c.outsider().get(f"/machines/{machine.pk}/usage/").status_code == 404
+    for client in c.members()[:1]:  # the machines API is for admins and up
+        ports = client.get(f"/api/v1/machines/{machine.pk}/ports/").json()
+        assert ports["machine_id"] == machine.pk and ports["used"] == 0
+
+
 def check_console_deployments(c: Checker) -> None:
     """The console's deployment pages: Acme's members see Acme's deployment; the outsider
     neither sees it listed nor reaches it (404 for the page, scale, stop and replica stop),
@@ -602,6 +657,14 @@ MATRIX: dict[str, list[Check]] = {
     "api-cluster-extend": [Custom(check_clusters)],
     "api-cluster-replicas": [Custom(check_clusters)],
     "gateway-auth": [Custom(check_gateway_auth)],
+    "volumes": [console_page(lambda w: "/volumes/"), Custom(check_volumes)],
+    "machine-usage": [Custom(check_machine_usage)],
+    "api-machine-gpus": [Custom(check_machine_usage)],
+    "api-machine-ports": [Custom(check_machine_usage)],
+    "api-volume-list": [Custom(check_volumes)],
+    "api-volume-detail": [Custom(check_volumes)],
+    "api-volume-versions": [Custom(check_volumes)],
+    "api-volume-usage": [Custom(check_volumes)],
     "api-deployment-detail": [Custom(check_deployments)],
     "api-deployment-stop": [Custom(check_deployments)],
     "api-deployment-replicas": [Custom(check_deployments)],
@@ -643,6 +706,7 @@ MATRIX: dict[str, list[Check]] = {
         )
     ],  # fmt: skip
     "api-machine-listing": [Obj(api_mach("listing/"), "put", {"listed": False})],
+    "api-machine-sharing": [Obj(api_mach("sharing/"), "put", {"enabled": False})],
     "api-machine-maintenance": [
         Obj(api_mach("maintenance/")),
         Obj(

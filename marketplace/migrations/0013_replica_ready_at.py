@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("marketplace", "0008_clusters"),
+        ("marketplace", "0012_volumes"),
     ]
 
     operations = [

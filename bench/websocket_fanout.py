@@ -1,0 +1,177 @@
+"""A team event reaching 1,000 browser sockets split over 2 web processes.
+
+Two web processes are started from the production recipe's unit (deploy/, uvicorn), on a
+scratch PostgreSQL database and a private Redis. Client processes open the console's
+``/ws/events/`` socket as one signed-in member of one team, half on each web process; then
+the bench sends the team's group an event (``group_send``, as a committed change does) and
+every client records when it arrived (CLOCK_MONOTONIC is one clock for all processes).
+
+Budget (DESIGN.md): p99 ≤ 50 ms from send to arrival, none dropped.
+
+    .venv/bin/python bench/websocket_fanout.py [--sockets 1000] [--events 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from deploy.cluster import LocalCluster, Redis  # noqa: E402
+
+REDIS = Redis(Path(tempfile.mkdtemp(prefix="gpumkt-fanout-redis-")), persistent=False)
+os.environ.setdefault("DEBUG", "1")
+os.environ["DATABASE_URL"] = "postgres://gpumkt:gpumkt@127.0.0.1:5432/gpumkt_bench_fanout"
+os.environ["DJANGO_SETTINGS_MODULE"] = "marketplace.settings"
+os.environ["REDIS_URL"] = REDIS.url
+# The web processes must read the sessions this process signs.
+os.environ["SECRET_KEY"] = "bench-fanout-" + "k" * 50
+
+from bench_common import scratch_database  # noqa: E402
+
+BUDGET_P99_MS = 50
+CLIENT_PROCESSES = 4
+
+
+def client(urls: list[str], cookie: str, events: int, ready, go, out) -> None:
+    """Open ``urls``' sockets, report ready, then record each event's arrival per socket."""
+    from websockets.asyncio.client import connect
+
+    async def run() -> None:
+        headers = {"Cookie": f"sessionid={cookie}", "Origin": "http://localhost"}
+        sockets = []
+        for start in range(0, len(urls), 50):
+            batch = urls[start : start + 50]
+            sockets += await asyncio.gather(
+                *(connect(url, additional_headers=headers, max_queue=None) for url in batch)
+            )
+        arrivals: list[dict[int, float]] = [{} for _ in sockets]
+
+        async def read(number: int, socket) -> None:
+            async for text in socket:
+                at = time.monotonic()  # before parsing: the client's own work is not counted
+                message = json.loads(text)
+                if message.get("event") != "instance.state" or "n" not in message.get("data", {}):
+                    continue  # what the console sends on its own (e.g. the balance)
+                arrivals[number][message["data"]["n"]] = at
+                if len(arrivals[number]) == events:
+                    return
+
+        readers = [asyncio.create_task(read(n, s)) for n, s in enumerate(sockets)]
+        ready.release()
+        await asyncio.get_running_loop().run_in_executor(None, go.wait)
+        await asyncio.wait(readers, timeout=events * 2 + 10)
+        for socket in sockets:
+            await socket.close()
+        out.put(arrivals)
+
+    asyncio.run(run())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--sockets", type=int, default=1000)
+    parser.add_argument("--events", type=int, default=20)
+    args = parser.parse_args()
+    REDIS.start()
+    scratch = Path(tempfile.mkdtemp(prefix="gpumkt-fanout-"))
+    try:
+        with scratch_database():
+            run(args, scratch)
+    finally:
+        REDIS.stop()
+
+
+def run(args, scratch: Path) -> None:
+    from asgiref.sync import async_to_sync
+    from channels.layers import get_channel_layer
+
+    from deploy.demo_accounts import _user, session_cookie
+    from marketplace.events import team_group
+
+    user = _user("fanout")
+    team_id = user.memberships.get(team__personal=True).team_id
+    cookie = session_cookie(user)
+    cluster = LocalCluster(
+        scratch,
+        database_url=os.environ["DATABASE_URL"],
+        redis_url=REDIS.url,
+        webs=2,
+        workers=0,
+        overrides={
+            "SECRET_KEY": os.environ["SECRET_KEY"],
+            "ALLOWED_HOSTS": "localhost,127.0.0.1",
+            "HTTPS_ONLY": "0",
+            "LOG_LEVEL": "WARNING",
+        },
+    )
+    try:
+        for port in cluster.web_ports:
+            cluster.start_web(port)
+        urls = [
+            f"ws://127.0.0.1:{cluster.web_ports[n % 2]}/ws/events/" for n in range(args.sockets)
+        ]
+        ready, go = multiprocessing.Semaphore(0), multiprocessing.Event()
+        out = multiprocessing.Queue()
+        clients = [
+            multiprocessing.Process(
+                target=client, args=(urls[n::CLIENT_PROCESSES], cookie, args.events, ready, go, out)
+            )
+            for n in range(CLIENT_PROCESSES)
+        ]
+        opened = time.monotonic()
+        for process in clients:
+            process.start()
+        for _ in clients:
+            ready.acquire()
+        print(
+            f"{args.sockets} sockets open over 2 web processes in {time.monotonic() - opened:.1f} s"
+        )
+        go.set()
+        time.sleep(1)  # every socket has joined the team's group
+        layer = get_channel_layer()
+        sent = []
+        for number in range(args.events):
+            sent.append(time.monotonic())
+            async_to_sync(layer.group_send)(
+                team_group(team_id),
+                {"type": "team.event", "event": "instance.state", "data": {"n": number}},
+            )
+            time.sleep(0.5)
+        arrivals = [socket for _ in clients for socket in out.get(timeout=120)]
+        for process in clients:
+            process.join(timeout=30)
+    finally:
+        cluster.stop()
+    latencies = []
+    dropped = 0
+    for socket in arrivals:
+        dropped += args.events - len(socket)
+        latencies += [(at - sent[n]) * 1000 for n, at in socket.items()]
+    latencies.sort()
+    p50 = statistics.median(latencies)
+    p99 = latencies[int(len(latencies) * 0.99) - 1]
+    load = os.getloadavg()[0]
+    print(
+        f"{args.sockets} sockets, {args.events} events: p50 {p50:.1f} ms, p99 {p99:.1f} ms, "
+        f"max {latencies[-1]:.1f} ms; dropped {dropped} (load average {load:.2f})"
+    )
+    ratio = p99 / BUDGET_P99_MS
+    print(f"budget p99 ≤ {BUDGET_P99_MS} ms, none dropped: {ratio:.2f}× the budget")
+    if ratio > 1 or dropped:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
