@@ -300,7 +300,7 @@ def routed_upstreams(routes: list[dict]) -> set[str]:
 
     def walk(node: object) -> None:
         if isinstance(node, dict):
-            if node.get("handler") == "reverse_proxy" and "load_balancing" in node:
+            if node.get("handler") == "reverse_proxy" and "health_checks" in node:  # a balancer
                 found.update(u["dial"] for u in node.get("upstreams", []))
             for value in node.values():
                 walk(value)
