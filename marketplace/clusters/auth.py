@@ -17,6 +17,7 @@ active team, request logging: not wanted for a sub-request).
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import re
 import threading
@@ -39,6 +40,7 @@ MAX_REMEMBERED = 50_000
 
 _remembered: dict[tuple[int, bytes], tuple[float, bool]] = {}
 _teams: dict[int, tuple[float, int | None]] = {}
+_looking: set[tuple[int, bytes]] = set()  # answers being looked at again now
 _lock = threading.Lock()
 
 
@@ -117,6 +119,11 @@ def request_allowed(request: HttpRequest, cluster_id: int) -> bool:
     answer = remembered(request, cluster_id)
     if answer is not None:
         return answer
+    return check(request, cluster_id)
+
+
+def check(request: HttpRequest, cluster_id: int) -> bool:
+    """Look again (the database), and remember the answer."""
     credential, token = _credential(request)
     team_id = _cluster_team(cluster_id)
     if team_id is None:
@@ -135,6 +142,30 @@ def request_allowed(request: HttpRequest, cluster_id: int) -> bool:
     return allowed
 
 
+def due_for_a_look(found: tuple[bytes, str] | None, cluster_id: int) -> bool:
+    """Whether a remembered answer is in the second half of its time: looked at again then,
+    while it still answers, so a credential in steady use never waits for the database (and
+    a revoked one is refused as soon as the look comes back)."""
+    if found is None:
+        return False
+    memo = _memo(cluster_id, found[0])
+    hit = _remembered.get(memo)
+    left = settings.GATEWAY_AUTH_CACHE_SECONDS / 2
+    return hit is not None and hit[0] - _now() < left and memo not in _looking
+
+
+def _look_again(authorization: str, cookie: str, cluster_id: int) -> None:
+    request = HttpRequest()
+    request.META["HTTP_AUTHORIZATION"] = authorization
+    request.COOKIES = parse_cookie(cookie)
+    found = _credential(request)
+    memo = _memo(cluster_id, found[0])
+    try:
+        check(request, cluster_id)
+    finally:
+        _looking.discard(memo)
+
+
 REFUSED_BODY = b'{"detail": "Authentication required."}'
 REFUSED_HEADERS = {"Content-Type": "application/json", "WWW-Authenticate": 'Bearer realm="cluster"'}
 
@@ -144,6 +175,9 @@ def _answer(allowed: bool, cluster_id: int) -> HttpResponse:
         traffic.request_passed(cluster_id)
         return HttpResponse(status=200)
     return HttpResponse(REFUSED_BODY, status=401, headers=REFUSED_HEADERS)
+
+
+_background: set[asyncio.Task] = set()
 
 
 class GatewayAuthFastPath:
@@ -163,7 +197,14 @@ class GatewayAuthFastPath:
                     authorization = value.decode("latin-1")
                 elif name == b"cookie":
                     cookie = value.decode("latin-1")
-            answer = remembered_for(credential_of(authorization, parse_cookie(cookie)), cluster_id)
+            found = credential_of(authorization, parse_cookie(cookie))
+            answer = remembered_for(found, cluster_id)
+            if answer is not None and due_for_a_look(found, cluster_id):
+                _looking.add(_memo(cluster_id, found[0]))
+                look = sync_to_async(_look_again)(authorization, cookie, cluster_id)
+                task = asyncio.ensure_future(look)
+                _background.add(task)  # kept until done (the loop holds tasks weakly)
+                task.add_done_callback(_background.discard)
             if answer is not None:
                 if answer:
                     traffic.request_passed(cluster_id)

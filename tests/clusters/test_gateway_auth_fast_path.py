@@ -1,0 +1,63 @@
+"""The gateway's auth answer as production serves it (ASGI): remembered answers given in
+front of Django, looked at again in the second half of their time while still answering, so a
+key in steady use never waits for the database and a revoked one is refused within seconds."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from asgiref.sync import sync_to_async
+from channels.testing import HttpCommunicator
+from django.db import connections
+
+from marketplace.clusters import auth
+from marketplace.clusters.services import ClusterSpec, cluster_create
+from marketplace.models import ApiKey
+from marketplace.services.accounts import api_key_create, api_key_revoke
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
+
+
+async def ask(application, cluster_id: int, secret: str) -> int:
+    headers = [(b"authorization", f"Bearer {secret}".encode()), (b"host", b"localhost")]
+    communicator = HttpCommunicator(
+        application, "GET", f"/gateway/auth/{cluster_id}/", headers=headers
+    )
+    return (await communicator.get_response(timeout=10))["status"]
+
+
+def make(team):
+    cluster = cluster_create(
+        team=team,
+        spec=ClusterSpec(name="svc", image="busybox", gpu_names=["None"], service_port=80),
+    )
+    membership = team.memberships.get()
+    issued = api_key_create(membership=membership, name="svc", access="read")
+    return cluster.pk, issued.secret, membership
+
+
+async def test_a_revoked_key_is_refused_within_seconds_through_the_fast_path(funded_team, settings):
+    from marketplace.asgi import application
+
+    settings.GATEWAY_AUTH_CACHE_SECONDS = 1.0
+    auth.forget()
+    cluster_id, secret, membership = await sync_to_async(make)(funded_team)
+    other_id, _, _ = await sync_to_async(make)(funded_team)
+
+    assert await ask(application, cluster_id, secret) == 200  # first look: through Django
+    assert await ask(application, cluster_id, secret) == 200  # remembered: in front of it
+    assert await ask(application, other_id + 1000, secret) == 401  # no such cluster
+
+    key = await sync_to_async(ApiKey.objects.get)(prefix=secret.split("_")[1])
+    await sync_to_async(api_key_revoke)(membership=membership, api_key=key)
+    answers = []
+    for _ in range(30):  # steady use, 10 a second
+        answers.append(await ask(application, cluster_id, secret))
+        await asyncio.sleep(0.1)
+    # Still answered from memory at first, then refused once a look came back: within the
+    # remembered time (1 s) and the look's own.
+    assert answers[0] == 200 and answers[-1] == 401
+    assert answers.index(401) <= 15 and set(answers[answers.index(401) :]) == {401}
+    # The database connection the looks used (Django's sync thread) goes with the test.
+    await sync_to_async(connections.close_all)()
