@@ -121,7 +121,7 @@ def _strip_platform_credentials(session_cookie: str) -> list[dict]:
     goes to the renter's container."""
     return [
         {
-            "match": [{"header_regexp": {"Authorization": {"pattern": "^Bearer gpk_"}}}],
+            "match": [{"header_regexp": {"Authorization": {"pattern": "(?i)^\\s*bearer\\s+gpk_"}}}],
             "handle": [{"handler": "headers", "request": {"delete": ["Authorization"]}}],
         },
         {

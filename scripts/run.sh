@@ -16,9 +16,11 @@ die() {
 export DEBUG=1
 export REDIS_URL="${REDIS_URL:-redis://127.0.0.1:6390/0}"
 PORT="${PORT:-8000}"
-# The cluster gateway (Caddy): clusters' URLs on GATEWAY_PORT, its admin API on loopback.
+# The cluster gateway (Caddy): clusters' URLs on GATEWAY_PORT, its admin API on loopback (not
+# Caddy's default 2019: on a machine where installing Debian's caddy started caddy.service,
+# that admin API is the system's Caddy, which the gateway's config must not replace).
 GATEWAY_PORT="${GATEWAY_PORT:-8080}"
-export GATEWAY_ADMIN="${GATEWAY_ADMIN:-127.0.0.1:2019}"
+export GATEWAY_ADMIN="${GATEWAY_ADMIN:-127.0.0.1:2099}"
 export GATEWAY_URL="${GATEWAY_URL:-http://127.0.0.1:$GATEWAY_PORT}"
 export GATEWAY_AUTH_UPSTREAM="${GATEWAY_AUTH_UPSTREAM:-127.0.0.1:$PORT}"
 mkdir -p var/log

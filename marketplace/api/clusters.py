@@ -220,7 +220,7 @@ class ClusterViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScope
         return self._answer(cluster_extend(cluster=self.get_object(), hours=hours))
 
     @extend_schema(responses={200: ReplicaSerializer(many=True)})
-    @action(detail=True, methods=["get"])
+    @action(detail=True, methods=["get"], pagination_class=None, filter_backends=[])
     def replicas(self, request, pk=None):
         cluster = self.get_object()
         replicas = cluster.deployment.replicas.select_related("instance").order_by(

@@ -25,7 +25,7 @@ from marketplace.deployments.services import (
     deployment_update,
     replica_stop,
 )
-from marketplace.models import Deployment, Replica
+from marketplace.models import Cluster, Deployment, Replica
 from marketplace.models.deployments import DeploymentMode, PlacementPolicy, ReplicaState
 from marketplace.services.renting import MAX_RENTAL_HOURS, MIN_RENTAL_HOURS
 from scheduler import services as scheduler
@@ -202,6 +202,20 @@ class DeploymentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamSc
     audience = "renter"
     filterset_fields = ["state", "mode"]
 
+    def _changeable(self) -> Deployment:
+        """The deployment a write acts on. A cluster's is the cluster's to change: through
+        the clusters API, which keeps its bounds, its endpoint and the gateway's routes."""
+        deployment = self.get_object()
+        cluster_id = (
+            Cluster.objects.filter(deployment=deployment).values_list("pk", flat=True).first()
+        )
+        if cluster_id is not None:
+            raise serializers.ValidationError(
+                {"cluster": f"This deployment serves cluster {cluster_id}; change it through "
+                            f"/api/v1/clusters/{cluster_id}/."}
+            )  # fmt: skip
+        return deployment
+
     def _answer(self, deployment, code=status.HTTP_200_OK) -> Response:
         current = self.get_queryset().get(pk=deployment.pk)
         return Response(DeploymentSerializer(current).data, status=code)
@@ -220,19 +234,19 @@ class DeploymentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamSc
             raise serializers.ValidationError({"mode": "The mode cannot be changed."})
         params = DeploymentInputSerializer(data=request.data, partial=True)
         params.is_valid(raise_exception=True)
-        deployment = self.get_object()
+        deployment = self._changeable()
         deployment = deployment_update(deployment=deployment, changes=params.spec_values())
         return self._answer(deployment)
 
     @extend_schema(responses={204: None})
     def destroy(self, request, pk=None):
-        deployment_delete(deployment=self.get_object())
+        deployment_delete(deployment=self._changeable())
         return Response(status=status.HTTP_204_NO_CONTENT)
 
     @extend_schema(request=None, responses={200: DeploymentSerializer})
     @action(detail=True, methods=["post"])
     def stop(self, request, pk=None):
-        deployment = deployment_stop(deployment=self.get_object())
+        deployment = deployment_stop(deployment=self._changeable())
         return self._answer(deployment)
 
     @extend_schema(responses={200: ReplicaSerializer(many=True)})
@@ -249,7 +263,7 @@ class DeploymentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamSc
     @extend_schema(request=None, responses={200: ReplicaSerializer})
     @action(detail=True, methods=["post"], url_path=r"replicas/(?P<replica_id>\d{1,18})/stop")
     def replica_stop(self, request, pk=None, replica_id=None):
-        deployment = self.get_object()
+        deployment = self._changeable()
         replica = deployment.replicas.filter(pk=int(replica_id)).first()
         if replica is None:
             raise Http404

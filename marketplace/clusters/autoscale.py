@@ -11,14 +11,18 @@ releases as a team's own scale.
 
 from __future__ import annotations
 
+import logging
 import math
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 
 from marketplace.clusters import traffic
 from marketplace.clusters.services import cluster_scale
 from marketplace.models import Cluster
 from marketplace.models.clusters import ClusterState
+
+logger = logging.getLogger(__name__)
 
 
 def wanted_replicas(cluster: Cluster) -> int:
@@ -46,7 +50,12 @@ def clusters_autoscale() -> int:
     ).select_related("deployment")
     for cluster in clusters:
         wanted = wanted_replicas(cluster)
-        if wanted != cluster.replicas:
+        if wanted == cluster.replicas:
+            continue
+        try:
             cluster_scale(cluster=cluster, replicas=wanted)
-            scaled += 1
+        except ValidationError as error:  # changed or stopped meanwhile: the next tick sees it
+            logger.info("cluster %s not scaled to %s: %s", cluster.pk, wanted, error)
+            continue
+        scaled += 1
     return scaled

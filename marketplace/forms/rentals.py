@@ -144,8 +144,8 @@ class RentForm(SerializerForm):
     registry_password = forms.CharField(required=False, strip=False)
     # "slice" rents part of one card (offers that share) instead of num_gpus whole GPUs.
     rent_kind = forms.CharField(required=False)
-    core_percent = WholeNumberText()
-    memory_mb = WholeNumberText()
+    core_percent = WholeNumberText(absent=0)
+    memory_mb = WholeNumberText(absent=0)
     card_policy = forms.CharField(required=False)
     # One of the team's volumes on this machine, and where it goes (/data when left empty).
     volume = forms.CharField(required=False)

@@ -267,8 +267,10 @@ def gpu_allocation_reclaim(*, instance: Instance) -> list[Gpu]:
 
     Raises NoCapacity when another rental holds one of them now. Locks the machine row.
     """
-    Machine.objects.select_for_update().get(pk=instance.machine_id)
+    machine = Machine.objects.select_for_update().get(pk=instance.machine_id)
     if instance.is_slice:
+        if not machine.sharing_enabled:  # its card may be rented whole now
+            raise NoCapacity("This machine no longer shares its GPUs; rent again elsewhere.")
         return [_slice_reclaim(instance)]
     last = (
         GpuAllocation.objects.filter(instance=instance)

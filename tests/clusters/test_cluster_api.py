@@ -162,3 +162,25 @@ def test_a_cluster_ends_at_its_time_and_cannot_be_resumed(funded):
     assert Deployment.objects.get(pk=created["deployment_id"]).state == "stopped"
     refused = client.post(f"/api/v1/clusters/{created['id']}/resume/")
     assert refused.status_code == 400 and "state" in refused.json()["error"]["fields"]
+
+
+def test_a_clusters_deployment_is_changed_only_through_the_cluster(funded):
+    """The deployments API reads a cluster's deployment but refuses to change it: a PATCH of
+    its replicas or ports would step outside the cluster's bounds or break its URL."""
+    client = key_client(funded)
+    cluster = client.post("/api/v1/clusters/", WAITING, format="json").json()
+    deployment = Cluster.objects.get(pk=cluster["id"]).deployment
+    url = f"/api/v1/deployments/{deployment.pk}/"
+    assert client.get(url).status_code == 200
+    before = Deployment.objects.filter(pk=deployment.pk).values().get()
+    for method, path, body in (
+        ("patch", url, {"replicas": 9}),
+        ("post", f"{url}stop/", None),
+        ("delete", url, None),
+    ):
+        refused = getattr(client, method)(path, body, format="json")
+        assert refused.status_code == 400, (method, refused.content)
+        assert (
+            f"/api/v1/clusters/{cluster['id']}/" in refused.json()["error"]["fields"]["cluster"][0]
+        )
+    assert Deployment.objects.filter(pk=deployment.pk).values().get() == before

@@ -74,7 +74,42 @@ def world(team, owner):
             machine_id=for_rent.pk, gpu_count=1, image="gpumkt/busybox:latest", hours=2
         ),
     )
-    return {"for_rent": for_rent, "own": own, "instance_id": rental.instance_id}
+    return {
+        "for_rent": for_rent,
+        "own": own,
+        "instance_id": rental.instance_id,
+        "cluster": waiting_cluster(team),
+        "volume": volume_row(team, for_rent),
+    }
+
+
+def waiting_cluster(team):
+    """A cluster whose replicas wait (a GPU no machine has): nothing is placed or launched."""
+    from marketplace.clusters.services import ClusterSpec, cluster_create
+
+    spec = ClusterSpec(name="numbers", image="busybox:latest", gpu_names=["No Such GPU"])
+    return cluster_create(team=team, spec=spec)
+
+
+def volume_row(team, machine):
+    """A volume as the tables know it (its machine is not reachable: nothing connects)."""
+    from datetime import timedelta
+
+    from billing.holds import hold_create
+    from marketplace.models import Volume, VolumeVersion
+
+    volume = Volume.objects.create(
+        team=team, provider_team=machine.team, machine=machine, name="numbers", size_gb=5,
+        storage_price_per_gb_month=100_000, ends_at=timezone.now() + timedelta(days=1),
+        clock_since=timezone.now(),
+    )  # fmt: skip
+    volume.hold_id = hold_create(
+        team_id=team.pk, provider_team_id=machine.team_id, amount=1000,
+        reference=f"volume:{volume.pk}", idempotency_key=f"numbers-volume-{volume.pk}",
+    ).pk  # fmt: skip
+    volume.save()
+    VolumeVersion.objects.create(volume=volume, number=1, size_gb=5, change="created")
+    return volume
 
 
 @pytest.fixture
@@ -87,8 +122,14 @@ def console_api(client, owner, team):
 
 
 def fill_path(path: str, world) -> str:
+    owners = {
+        "/api/v1/machines/": "own",
+        "/api/v1/clusters/": "cluster",
+        "/api/v1/volumes/": "volume",
+    }
+    owner = next((key for prefix, key in owners.items() if path.startswith(prefix)), None)
     ids = {
-        "id": world["own"].pk if path.startswith("/api/v1/machines/") else world["instance_id"],
+        "id": world[owner].pk if owner else world["instance_id"],
         "machine_id": world["for_rent"].pk,
         "window_id": 1,
         "month": f"{timezone.now():%Y-%m}",

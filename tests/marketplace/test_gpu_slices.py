@@ -225,3 +225,22 @@ def test_console_provider_shares_the_machine_and_a_renter_rents_a_slice_from_the
     # The provider sees how full the card is.
     page = html.unescape(provider.get(f"/machines/{machine.pk}/").content.decode())
     assert 'id="card-slices"' in page and "8192 / 24564 MB" in page
+
+
+@pytest.mark.django_db
+def test_a_stopped_slice_does_not_come_back_once_the_machine_stopped_sharing(
+    sim_host, provider_team
+):
+    from hosts.models import Machine
+    from scheduler.services import gpu_allocation_reclaim, gpu_allocation_release
+
+    machine = sharing_machine(sim_host, provider_team, gpus=1)
+    rental = rental_create(team=funded_teams(1)[0], request=slice_order(machine, 50, 1000))
+    instance = rental.instance
+    gpu_allocation_release(instance=instance)  # as a stop does once the host confirms
+    Machine.objects.filter(pk=machine.pk).update(sharing_enabled=False)
+    with pytest.raises(NoCapacity, match="no longer shares"):
+        gpu_allocation_reclaim(instance=instance)
+    assert not GpuSlice.objects.filter(instance=instance, released_at=None).exists()
+    # The card is whole-rentable again.
+    rental_create(team=funded_teams(1)[0], request=whole_order(machine, 1))
