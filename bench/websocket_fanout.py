@@ -114,6 +114,11 @@ def run(args, scratch: Path) -> None:
             "ALLOWED_HOSTS": "localhost,127.0.0.1",
             "HTTPS_ONLY": "0",
             "LOG_LEVEL": "WARNING",
+            **dict(
+                item.split("=", 1)
+                for item in os.environ.get("BENCH_WEB_ENV", "").split()
+                if "=" in item
+            ),
         },
     )
     try:
@@ -135,7 +140,9 @@ def run(args, scratch: Path) -> None:
             process.start()
         for _ in clients:
             ready.acquire()
-        print(f"{args.sockets} sockets open over 2 web processes in {time.monotonic() - opened:.1f} s")
+        print(
+            f"{args.sockets} sockets open over 2 web processes in {time.monotonic() - opened:.1f} s"
+        )
         go.set()
         time.sleep(1)  # every socket has joined the team's group
         layer = get_channel_layer()
