@@ -25,10 +25,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from deploy.recipe import (
+    CADDY_DROP_IN,
     CADDYFILE,
     ENV_EXAMPLE,
     Process,
     Recipe,
+    Unit,
+    command_line,
     env_file_parse,
     env_file_write,
     wait_for,
@@ -160,10 +163,17 @@ class Postgres:
 
 
 def caddy_process(recipe: Recipe) -> Process:
-    """Caddy as Debian's caddy.service runs it (``caddy run --environ --config``), with the
-    environment our drop-in hands it, storage in the scratch folder."""
+    """Caddy as Debian's caddy.service runs it with our drop-in: the drop-in's command line
+    and environment file, the Caddyfile and storage in the scratch folder."""
     caddyfile = recipe.scratch / "Caddyfile"
     shutil.copyfile(CADDYFILE, caddyfile)
+    drop_in = Unit.parse("gpumkt.conf", CADDY_DROP_IN.read_text())
+    command = [line for line in drop_in.values("ExecStart") if line][-1]
+    argv = [
+        str(caddyfile) if word == "/etc/caddy/Caddyfile" else word
+        for word in command_line(command, instance="", env={})
+    ]
+    argv[0] = shutil.which("caddy") or argv[0]
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "HOME": str(recipe.scratch),
@@ -174,7 +184,7 @@ def caddy_process(recipe: Recipe) -> Process:
     return Process(
         name="caddy.service",
         kind="notify",
-        starts=[["caddy", "run", "--environ", "--config", str(caddyfile)]],
+        starts=[argv],
         after_start=[],
         env=env,
         cwd=recipe.scratch,

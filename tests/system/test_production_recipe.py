@@ -19,6 +19,7 @@ import pytest
 
 from deploy.cluster import LocalCluster, Postgres, Redis
 from deploy.recipe import (
+    CADDY_DROP_IN,
     CADDYFILE,
     ENV_EXAMPLE,
     UNITS,
@@ -82,6 +83,16 @@ def test_a_command_line_is_expanded_as_systemd_expands_it():
     assert argv[:6] == ["/opt/x/uvicorn", "app", "--host", "10.0.0.5", "--port", "8001"]
     assert argv[6:8] == ["a", "b"]  # $VAR splits, ${VAR} stays one word
     assert argv[8] == "--name" and re.fullmatch(r"w8001@.+", argv[9]) and argv[10] == "100%"
+
+
+def test_caddy_runs_without_printing_its_environment_to_the_journal():
+    """Debian's caddy.service runs ``caddy run --environ``, which logs every variable; the
+    drop-in hands Caddy the environment file (secrets included), so it replaces the command."""
+    drop_in = Unit.parse("gpumkt.conf", CADDY_DROP_IN.read_text())
+    assert drop_in.value("EnvironmentFile") == "/etc/gpumkt/gpumkt.env"
+    starts = drop_in.values("ExecStart")
+    assert starts[0] == "" and len(starts) == 2  # an empty line clears Debian's command
+    assert "--environ" not in starts[1] and "--config /etc/caddy/Caddyfile" in starts[1]
 
 
 def test_caddy_accepts_the_caddyfile_with_the_environment_file(recipe):
