@@ -58,6 +58,9 @@ class Machine(models.Model):
     disk_free_gb = models.PositiveBigIntegerField(default=0)
     docker_version = models.CharField(max_length=40, blank=True)
     nvidia_runtime = models.BooleanField(default=False)
+    # Whether Docker here can cap a container's writable layer (``--storage-opt size=``): its
+    # btrfs storage driver, or overlay2 over XFS mounted with project quotas. Read by the probe.
+    disk_enforced = models.BooleanField(default=False)
     driver_version = models.CharField(max_length=40, blank=True)
     cuda_version = models.CharField(max_length=16, blank=True)
     os_name = models.CharField(max_length=120, blank=True)
@@ -72,6 +75,13 @@ class Machine(models.Model):
         default=False,
         help_text="Let renters pull images from registries on this machine's own network "
         "(loopback, link-local and private addresses).",
+    )
+    # GPU sharing (fractional GPUs): the provider lets renters take slices of a card (compute
+    # percent and memory), enforced on the host by CUDA MPS; the probe says whether MPS is there.
+    mps_available = models.BooleanField(default=False)
+    sharing_enabled = models.BooleanField(default=False)
+    sharing_min_core_percent = models.PositiveSmallIntegerField(
+        default=10, help_text="The smallest slice of a card's compute a renter may take."
     )
     reliability = models.FloatField(default=1.0)
     last_heartbeat_at = models.DateTimeField(null=True, blank=True)
@@ -108,6 +118,10 @@ class Machine(models.Model):
             models.CheckConstraint(
                 condition=Q(price_per_gpu_hour__gte=0) & Q(storage_price_per_gb_month__gte=0),
                 name="machine_prices_not_negative",
+            ),
+            models.CheckConstraint(
+                condition=Q(sharing_min_core_percent__gte=1, sharing_min_core_percent__lte=100),
+                name="machine_sharing_min_core_percent_range",
             ),
         ]
 

@@ -51,7 +51,9 @@ class ProbeResult:
     docker_version: str | None
     nvidia_runtime: bool | None
     os_name: str | None
+    mps_available: bool | None = None  # the CUDA MPS control daemon is installed
     problems: list[str] = field(default_factory=list)
+    disk_enforced: bool | None = None
 
 
 def parse_gpu_csv(text: str) -> list[ProbedGpu]:
@@ -100,11 +102,39 @@ def parse_os_release(text: str) -> str:
     return match.group(1) if match else ""
 
 
+MPS_CHECK = "command -v nvidia-cuda-mps-control"
+
+
 def has_nvidia_runtime(docker_info: dict) -> bool:
     """Whether Docker can run ``--gpus`` containers: the NVIDIA Container Toolkit registers a
     runtime named ``nvidia`` (``nvidia-ctk runtime configure``), which ``docker info`` lists."""
     runtimes = docker_info.get("Runtimes")
     return isinstance(runtimes, dict) and "nvidia" in runtimes
+
+
+# Mount options that turn XFS project quotas on (``findmnt`` prints the kernel's spelling).
+# (``pqnoenforce`` counts without enforcing, so it does not.)
+_PROJECT_QUOTA_OPTIONS = {"prjquota", "pquota"}
+
+
+def storage_quota_supported(docker_info: dict, mount_options: str | None) -> bool:
+    """Whether ``docker run --storage-opt size=`` caps a container's writable layer here.
+
+    Docker honours it on its btrfs storage driver (subvolume quotas) and on overlay2 when
+    the data root is XFS mounted with project quotas (``prjquota``); on any other driver or
+    filesystem ``docker run`` refuses the option. ``mount_options`` is ``findmnt -no OPTIONS``
+    of the data root (None when it could not be read).
+    """
+    driver = str(docker_info.get("Driver", ""))
+    if driver == "btrfs":
+        return True
+    if driver != "overlay2":
+        return False
+    pairs = docker_info.get("DriverStatus") or []
+    status = dict(pair for pair in pairs if isinstance(pair, list | tuple) and len(pair) == 2)
+    if status.get("Backing Filesystem") != "xfs" or not mount_options:
+        return False
+    return bool(_PROJECT_QUOTA_OPTIONS & set(mount_options.strip().split(",")))
 
 
 def probe(machine: Machine) -> ProbeResult:
@@ -154,7 +184,17 @@ def probe(machine: Machine) -> ProbeResult:
         )
     root = docker_info.get("DockerRootDir") or "/var/lib/docker"
     disk = parsed(parse_df_free_gb, read(["df", "-P", "-k", root]))
+    disk_enforced = None
+    if docker_info:
+        options = ssh.run(
+            machine, ["findmnt", "-no", "OPTIONS", "--target", root], check=False, idempotent=True
+        )
+        disk_enforced = storage_quota_supported(
+            docker_info, options.stdout if options.exit_code == 0 else None
+        )
     os_release = ssh.run(machine, ["cat", "/etc/os-release"], check=False, idempotent=True)
+    # GPU sharing needs CUDA MPS next to a working driver; a constant line, no input in it.
+    mps = ssh.run(machine, ["sh", "-c", MPS_CHECK], check=False, idempotent=True)
     return ProbeResult(
         gpus=gpus,
         cuda_version=parse_cuda_version(summary.stdout) if summary.exit_code == 0 else None,
@@ -164,8 +204,40 @@ def probe(machine: Machine) -> ProbeResult:
         docker_version=str(docker_info.get("ServerVersion", ""))[:40] if docker_info else None,
         nvidia_runtime=has_nvidia_runtime(docker_info) if docker_info else None,
         os_name=parse_os_release(os_release.stdout)[:120] if os_release.exit_code == 0 else None,
+        mps_available=mps.exit_code == 0 and gpus is not None,
         problems=problems,
+        disk_enforced=disk_enforced,
     )
+
+
+# --- What the GPUs are doing now (the machine's usage page) ------------------------------------
+
+GPU_UTILIZATION_QUERY = [
+    "nvidia-smi",
+    "--query-gpu=uuid,utilization.gpu,memory.used",
+    "--format=csv,noheader,nounits",
+]
+
+
+def parse_gpu_utilization(text: str) -> dict[str, tuple[int | None, int | None]]:
+    """``uuid, utilization.gpu, memory.used`` rows → {uuid: (percent, MiB used)}; a value
+    nvidia-smi cannot read ("[N/A]") is None."""
+
+    def number(value: str) -> int | None:
+        return int(value) if value.isdigit() else None
+
+    found = {}
+    for line in text.strip().splitlines():
+        parts = [part.strip() for part in line.split(",")]
+        if len(parts) == 3 and GPU_UUID.fullmatch(parts[0]):
+            found[parts[0]] = (number(parts[1]), number(parts[2]))
+    return found
+
+
+def gpu_utilization(machine: Machine) -> dict[str, tuple[int | None, int | None]]:
+    """Each GPU's utilization now, read over SSH (empty when nvidia-smi fails)."""
+    result = ssh.run(machine, GPU_UTILIZATION_QUERY, check=False, idempotent=True, timeout=15)
+    return parse_gpu_utilization(result.stdout) if result.exit_code == 0 else {}
 
 
 # --- Reading a container's limits back (the self-test) ----------------------------------------

@@ -8,6 +8,7 @@ from celery import shared_task
 
 from hosts import services, ssh
 from hosts.models import Machine, MachineStatus
+from hosts.runtime import DockerHost
 
 logger = logging.getLogger(__name__)
 
@@ -88,3 +89,23 @@ def reprobe_all() -> int:
 @shared_task(name="hosts.tasks.heartbeats_prune", ignore_result=True)
 def heartbeats_prune() -> int:
     return services.heartbeats_prune()
+
+
+@shared_task(name="hosts.tasks.machine_mps_follow")
+def machine_mps_follow(machine_id: int) -> str:
+    """Start the CUDA MPS control daemon on a machine that shares its GPUs, or stop it on one
+    that no longer does (no slice runs there then). Idempotent; a slice's launch starts it
+    again if the host lost it meanwhile."""
+    machine = Machine.objects.filter(pk=machine_id).exclude(host_key="").first()
+    if machine is None or machine.status != MachineStatus.ONLINE:
+        return "nothing to do"
+    host = DockerHost(machine)
+    try:
+        if machine.sharing_enabled:
+            host.mps_daemon_ensure()
+            return "started"
+        host.mps_daemon_stop()
+        return "stopped"
+    except ssh.HostError as error:
+        logger.info("MPS daemon of machine %s not changed: %s", machine_id, error)
+        return "failed"

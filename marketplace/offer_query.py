@@ -51,6 +51,7 @@ FIELDS: dict[str, FieldSpec] = {
     "cpu_cores_effective": FieldSpec("float", "cpu_cores_effective", "CPU cores of the offer"),
     "cpu_ram": FieldSpec("float", "cpu_ram", "GB of RAM of the offer"),
     "disk_space": FieldSpec("float", "disk_space", "GB of disk of the offer"),
+    "disk_enforced": FieldSpec("bool", "disk_enforced", "a rental's disk is capped at its size"),
     "dph_total": FieldSpec("money", "dph_total", "dollars per hour, whole offer"),
     "storage_cost": FieldSpec("money", "storage_cost", "dollars per GB-month"),
     "reliability": FieldSpec("float", "reliability", "uptime score, 0..1"),
@@ -62,6 +63,12 @@ FIELDS: dict[str, FieldSpec] = {
     "verified": FieldSpec("bool", "verified", "machine passed verification"),
     "rentable": FieldSpec("bool", "rentable", "listed, online and with enough free units"),
     "score": FieldSpec("float", "score", "value score (higher is better)"),
+    "sharing": FieldSpec("bool", "sharing", "the machine rents slices of its cards"),
+    "gpu_frac": FieldSpec("float", "gpu_frac", "largest free fraction of one card (slices)"),
+    "slice_core_percent": FieldSpec(
+        "int", "slice_core_percent", "most compute percent free on one card"
+    ),
+    "slice_memory_mb": FieldSpec("int", "slice_memory_mb", "most MB of memory free on one card"),
 }
 
 DEFAULT_FILTERS = {"rentable": ("=", True)}

@@ -82,6 +82,8 @@ MIDDLEWARE = [
     # First and last: django-prometheus times the whole chain and counts each answer by the
     # URL pattern's name (never the raw path, which would make a series per id).
     "django_prometheus.middleware.PrometheusBeforeMiddleware",
+    # The cluster gateway's forward-auth sub-requests, answered before the console's chain.
+    "marketplace.clusters.auth.GatewayAuthMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -254,10 +256,28 @@ CELERY_BEAT_SCHEDULE: dict[str, dict] = {
         "task": "marketplace.tasks.deployments_sweep",
         "schedule": timedelta(seconds=10),
     },
+    "clusters-tick": {"task": "marketplace.tasks.clusters_tick", "schedule": timedelta(seconds=5)},
+    "gateway-routes": {
+        "task": "marketplace.tasks.gateway_routes_write",
+        "schedule": timedelta(seconds=30),
+    },
     **importlib.import_module("hosts.schedule").BEAT_SCHEDULE,
     **importlib.import_module("scheduler.schedule").BEAT_SCHEDULE,
     **importlib.import_module("billing.schedule").BEAT_SCHEDULE,
 }
+
+# The cluster gateway (Caddy): its admin API (no gateway when empty), the base of the URLs
+# users call, and where it reaches the web servers for forward-auth.
+GATEWAY_ADMIN = os.environ.get("GATEWAY_ADMIN", "")
+GATEWAY_URL = os.environ.get("GATEWAY_URL", "")
+GATEWAY_AUTH_UPSTREAM = os.environ.get("GATEWAY_AUTH_UPSTREAM", "127.0.0.1:8000")
+# How long the gateway's auth answers are remembered per credential: a revoked key or a
+# removed member stops working within this many seconds.
+GATEWAY_AUTH_CACHE_SECONDS = float(os.environ.get("GATEWAY_AUTH_CACHE_SECONDS", "2"))
+# Autoscaling: grow on the mean rate of the last UP seconds, shrink on the busiest of the
+# last DOWN seconds.
+CLUSTER_SCALE_UP_WINDOW = int(os.environ.get("CLUSTER_SCALE_UP_WINDOW", "10"))
+CLUSTER_SCALE_DOWN_WINDOW = int(os.environ.get("CLUSTER_SCALE_DOWN_WINDOW", "60"))
 
 # Labels added to every container the platform starts (tests tag theirs for clean-up).
 CONTAINER_EXTRA_LABELS = dict(

@@ -11,7 +11,15 @@ import structlog
 from celery import shared_task
 
 from marketplace.deployments import reconciler, sweep
-from marketplace.services import clocks, metering, offers, registries, renter_actions, ssh_keys
+from marketplace.services import (
+    clocks,
+    metering,
+    offers,
+    registries,
+    renter_actions,
+    ssh_keys,
+    volumes,
+)
 from marketplace.services.accounts import invitations_expire as expire
 from scheduler import services as scheduler
 from scheduler.models import WORK_STATES, Instance, InstanceState
@@ -103,7 +111,7 @@ def metering_sweep() -> int:
     # First whatever a lost state-change event left out of step (an ended rental unsettled,
     # a clock running for a stopped instance), so the sweep never charges for it.
     clocks.rentals_resync()
-    return metering.metering_sweep()
+    return metering.metering_sweep() + volumes.volumes_meter_sweep()
 
 
 @shared_task(name="marketplace.tasks.expiry_sweep")
@@ -154,3 +162,24 @@ def deployments_place_waiting(deployment_ids: list[int]) -> int:
 def deployments_sweep() -> int:
     """The beat sweep: catches whatever an event missed (a lost task, capacity freed quietly)."""
     return sweep.deployments_sweep()
+
+
+@shared_task(name="marketplace.tasks.gateway_routes_write", bind=True, max_retries=60)
+def gateway_routes_write(self) -> bool:
+    """Give the gateway the clusters' routes; tried again each second while it is down or a
+    new replica does not answer yet (the beat runs it too, mending a restarted gateway)."""
+    from marketplace.clusters import routes
+
+    if routes.routes_push():
+        return True
+    if self.request.called_directly or self.request.is_eager:
+        return False
+    raise self.retry(countdown=1)
+
+
+@shared_task(name="marketplace.tasks.clusters_tick")
+def clusters_tick() -> int:
+    """The beat's look at clusters: end those whose time is over, autoscale the rest."""
+    from marketplace.clusters import autoscale, services
+
+    return services.clusters_end_expired() + autoscale.clusters_autoscale()

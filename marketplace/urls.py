@@ -8,16 +8,21 @@ from rest_framework.routers import DefaultRouter
 
 from marketplace.api import accounts as accounts_api
 from marketplace.api import billing as billing_api
+from marketplace.api import clusters as clusters_api
 from marketplace.api import deployments as deployments_api
 from marketplace.api import hosts as hosts_api
 from marketplace.api import rentals as rentals_api
+from marketplace.api import volumes as volumes_api
 from marketplace.api.errors import api_not_found
+from marketplace.clusters.auth import gateway_auth
 from marketplace.vast.views import for_vastai_cli
 from marketplace.views import accounts as views
 from marketplace.views import billing as billing_views
+from marketplace.views import clusters as clusters_views
 from marketplace.views import deployments as deployments_views
 from marketplace.views import hosts as hosts_views
 from marketplace.views import rentals as rentals_views
+from marketplace.views import volumes as volumes_views
 
 router = DefaultRouter(trailing_slash=True)
 router.register("team/members", accounts_api.MemberViewSet, basename="api-member")
@@ -26,6 +31,8 @@ router.register("api-keys", accounts_api.ApiKeyViewSet, basename="api-apikey")
 router.register("instances", rentals_api.InstanceViewSet, basename="api-instance")
 router.register("ssh-keys", rentals_api.SshKeyViewSet, basename="api-sshkey")
 router.register("deployments", deployments_api.DeploymentViewSet, basename="api-deployment")
+router.register("clusters", clusters_api.ClusterViewSet, basename="api-cluster")
+router.register("volumes", volumes_api.VolumeViewSet, basename="api-volume")
 
 api_v1 = [
     # The vastai CLI (1.9.1) lists instances at this v1 path: its request goes to the vast
@@ -62,7 +69,11 @@ urlpatterns = [
     path("team/api-keys/<int:pk>/revoke/", views.api_key_revoke, name="api-key-revoke"),
     path("invitations/<str:token>/", views.invitation_accept, name="invitation-accept"),
     path("", include(rentals_views.urlpatterns)),
+    path("", include(volumes_views.urlpatterns)),
     path("", include(deployments_views.urlpatterns)),
+    path("", include(clusters_views.urlpatterns)),
+    # Caddy's forward-auth sub-request (answered by GatewayAuthMiddleware before the chain).
+    path("gateway/auth/<int:cluster_id>/", gateway_auth, name="gateway-auth"),
     path("", include(hosts_views.urlpatterns)),
     path("", include(billing_views.urlpatterns)),
     path("api/v1/", include(api_v1)),

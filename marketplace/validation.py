@@ -34,6 +34,8 @@ def validate_launch(
     for key in env:
         if key.upper().startswith("NVIDIA_"):
             errors["env"] = f"{key} is set by the platform from your GPU allocation."
+        elif key.upper().startswith("CUDA_MPS_"):
+            errors["env"] = f"{key} is set by the platform from your GPU slice (CUDA MPS limits)."
     if len(set(ports)) != len(ports):
         errors["ports"] = "Each container port may be listed once."
     if entrypoint and not PROGRAM_NAME.match(entrypoint):

@@ -1,7 +1,10 @@
-"""Instances (containers), their state machine, and the allocations of GPU units and host ports.
+"""Instances (containers), their state machine, and the allocations of GPU units, GPU slices
+and host ports.
 
 The database, not only the code, keeps a GPU and a host port to at most one live allocation:
-partial unique constraints over the rows that are not yet released.
+partial unique constraints over the rows that are not yet released. A card's live slices never
+sum past 100 % of its compute or its memory, and a card is whole-rented or sliced, never both:
+triggers refuse the row that would break either (migration 0007_gpu_slices), each under a lock on the card.
 """
 
 from __future__ import annotations
@@ -74,6 +77,13 @@ class Instance(models.Model):
     args = models.JSONField(default=list, blank=True)
     env = models.JSONField(default=dict, blank=True)
     disk_gb = models.PositiveIntegerField(default=10)
+    # A slice of one card instead of whole GPUs (then gpu_count is 1): compute percent and MB of
+    # the card's memory, enforced on the host by CUDA MPS. Both null for whole GPUs.
+    slice_core_percent = models.PositiveSmallIntegerField(null=True, blank=True)
+    slice_memory_mb = models.PositiveIntegerField(null=True, blank=True)
+    # The volumes its container mounts, as [volume's name on the host, path inside]: the
+    # scheduler builds the container from this alone (the volumes themselves are marketplace's).
+    volumes = models.JSONField(default=list, blank=True)
     container_id = models.CharField(max_length=80, blank=True)
     # The container's exit status, read when it is seen exited (null until then, and for
     # containers that vanished or were stopped by us): jobs count an exit 0 as done.
@@ -106,6 +116,16 @@ class Instance(models.Model):
             models.CheckConstraint(
                 condition=Q(launch_mode__in=LaunchMode.values), name="instance_launch_mode_known"
             ),
+            models.CheckConstraint(
+                condition=Q(slice_core_percent=None, slice_memory_mb=None)
+                | Q(
+                    gpu_count=1,
+                    slice_core_percent__gte=1,
+                    slice_core_percent__lte=100,
+                    slice_memory_mb__gte=1,
+                ),
+                name="instance_whole_gpus_or_one_slice",
+            ),
         ]
 
     def __str__(self) -> str:
@@ -115,6 +135,10 @@ class Instance(models.Model):
     def container_name(self) -> str:
         # Deterministic, so a re-delivered launch task finds the container it already made.
         return f"gpumkt-{self.uuid.hex[:12]}"
+
+    @property
+    def is_slice(self) -> bool:
+        return self.slice_core_percent is not None
 
     @property
     def is_live(self) -> bool:
@@ -150,6 +174,39 @@ class GpuAllocation(models.Model):
 
     def __str__(self) -> str:
         return f"GPU {self.gpu_id} → instance {self.instance_id}"
+
+
+class GpuSlice(models.Model):
+    """A slice of one card held by an instance: a percentage of its compute and MB of its
+    memory. Live (unreleased) slices of a card never sum past 100 % or its memory, and never
+    sit beside a live whole-GPU allocation of it: the database refuses the row (triggers in
+    migration 0007_gpu_slices), as it refuses a GPU allocated twice."""
+
+    instance = models.ForeignKey(Instance, on_delete=models.CASCADE, related_name="gpu_slices")
+    gpu = models.ForeignKey("hosts.Gpu", on_delete=models.PROTECT, related_name="slices")
+    core_percent = models.PositiveSmallIntegerField()
+    memory_mb = models.PositiveIntegerField()
+    created_at = models.DateTimeField(auto_now_add=True)
+    released_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["gpu"], condition=Q(released_at=None), name="gpu_slice_live")
+        ]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(core_percent__gte=1, core_percent__lte=100, memory_mb__gte=1),
+                name="gpu_slice_sizes",
+            ),
+            models.UniqueConstraint(
+                fields=["instance"],
+                condition=Q(released_at=None),
+                name="gpu_slice_one_per_instance",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.core_percent}% / {self.memory_mb} MB of GPU {self.gpu_id} → instance {self.instance_id}"
 
 
 class PortAllocation(models.Model):

@@ -14,6 +14,13 @@ GPUs. The request's policy says which of the machines that fit:
 The planner updates its own snapshot as it places, so a batch of requests never double-books
 a GPU.
 
+Slices (fractional GPUs) are placed at two tiers, each with its own policy: the machine (the
+request's ``policy``: ``binpack`` the machine whose best card has the least room that fits,
+``spread`` the one with the most, ``cheapest`` the cheapest) and then the card on it
+(``card_policy``: ``binpack`` the fullest card that fits, ``spread`` the emptiest). A slice on
+a whole free card takes that card from whole-GPU requests, and a whole-GPU request takes its
+cards from slices, in the same snapshot.
+
 Used where the platform picks the machine (elastic deployments, automatic restarts); a
 renter who picks an offer picks the machine themselves.
 """
@@ -23,6 +30,7 @@ from __future__ import annotations
 import bisect
 from collections import defaultdict
 from dataclasses import dataclass
+from fractions import Fraction
 
 
 @dataclass(frozen=True)
@@ -35,10 +43,76 @@ class MachineSnapshot:
     region: str = ""
     min_gpus: int = 1  # the machine rents at least this many GPUs at a time
     disk_per_gpu_gb: float = float("inf")
+    # A machine that shares its cards: each card no whole rental holds, with what its slices
+    # leave free (whole free cards are in ``free_gpu_ids`` too), and the smallest slice's
+    # compute percent it takes. Empty for a machine that does not share.
+    cards: tuple = ()
+    min_slice_core_percent: int = 1
 
 
 CHEAPEST, BINPACK, SPREAD = "cheapest", "binpack", "spread"
 POLICIES = (CHEAPEST, BINPACK, SPREAD)
+CARD_POLICIES = (BINPACK, SPREAD)
+
+
+@dataclass(frozen=True)
+class SliceSize:
+    """A slice of one card asked for: a percentage of its compute and MB of its memory."""
+
+    core_percent: int
+    memory_mb: int
+
+
+def slice_fraction(core_percent: int, memory_mb: int, card_memory_mb: int) -> Fraction:
+    """How much of one card a slice counts as: the larger of its compute and memory shares.
+    It is priced at the card's rate times this, and gets this much of one unit's CPU, RAM,
+    shared memory and disk."""
+    return max(Fraction(core_percent, 100), Fraction(memory_mb, max(card_memory_mb, 1)))
+
+
+class Card:
+    """A card of a sharing machine as slices see it: what of its compute (percent) and memory
+    (MB, as nvidia-smi counts MiB) no slice holds. A card rented whole is not a Card at all;
+    one with nothing taken is ``whole_free``, and a slice on it takes it from whole renting."""
+
+    __slots__ = ("gpu_id", "free_core", "free_memory_mb", "memory_mb")
+
+    def __init__(self, gpu_id: int, free_core: int, free_memory_mb: int, memory_mb: int):
+        self.gpu_id = gpu_id
+        self.free_core = free_core
+        self.free_memory_mb = free_memory_mb
+        self.memory_mb = memory_mb
+
+    @property
+    def whole_free(self) -> bool:
+        return self.free_core == 100 and self.free_memory_mb == self.memory_mb
+
+    def fits(self, core_percent: int, memory_mb: int) -> bool:
+        return self.free_core >= core_percent and self.free_memory_mb >= memory_mb
+
+    def take(self, core_percent: int, memory_mb: int) -> None:
+        self.free_core -= core_percent
+        self.free_memory_mb -= memory_mb
+
+    def give_back(self, core_percent: int, memory_mb: int) -> None:
+        self.free_core += core_percent
+        self.free_memory_mb += memory_mb
+
+
+def pick_card(cards, core_percent: int, memory_mb: int, policy: str = BINPACK) -> Card | None:
+    """The card a slice goes on, among those it fits: ``binpack`` the fullest (least compute
+    free, then least memory), keeping other cards whole for whole-GPU renters; ``spread`` the
+    emptiest, so slices contend less. Ties go to the lowest GPU id."""
+    best, best_rank = None, None
+    for card in cards:
+        if not card.fits(core_percent, memory_mb):
+            continue
+        rank = (card.free_core, card.free_memory_mb, card.gpu_id)
+        if policy == SPREAD:
+            rank = (-card.free_core, -card.free_memory_mb, card.gpu_id)
+        if best_rank is None or rank < best_rank:
+            best, best_rank = card, rank
+    return best
 
 
 @dataclass(frozen=True)
@@ -52,12 +126,15 @@ class PlacementRequest:
     policy: str = CHEAPEST
     avoid_machine_ids: frozenset[int] = frozenset()
     min_disk_per_gpu_gb: float = 0.0
+    gpu_slice: SliceSize | None = None  # a slice of one card instead of gpu_count whole GPUs
+    card_policy: str = "binpack"
 
 
 @dataclass(frozen=True)
 class Placement:
     machine_id: int
-    gpu_ids: tuple[int, ...]
+    gpu_ids: tuple[int, ...]  # a slice's: its one card
+    gpu_slice: SliceSize | None = None
 
 
 class Planner:
@@ -74,11 +151,27 @@ class Planner:
         self._buckets: dict[tuple[str, int], list[tuple[int, float, int]]] = defaultdict(list)
         self._names: set[str] = set()
         self._most_free = 0  # no bucket holds machines with more free GPUs than this
+        # Sharing machines: their cards (the planner's own copies) and, per (gpu_name, most
+        # compute percent free on one card), the machines sorted as the whole buckets are.
+        self._cards: dict[int, list[Card]] = {}
+        # Every shareable card's memory by (machine, card), for ``release``.
+        self._card_memory: dict[tuple[int, int], int] = {}
+        self._best_core: dict[int, int] = {}
+        self._slice_buckets: dict[tuple[str, int], list[tuple[int, float, int]]] = defaultdict(list)
         for machine in machines:
             self._info[machine.machine_id] = machine
             self._free[machine.machine_id] = sorted(machine.free_gpu_ids)
             self._names.add(machine.gpu_name)
             self._insert(machine)
+            if machine.cards:
+                self._cards[machine.machine_id] = [
+                    Card(c.gpu_id, c.free_core, c.free_memory_mb, c.memory_mb)
+                    for c in machine.cards
+                ]
+                self._card_memory.update(
+                    ((machine.machine_id, c.gpu_id), c.memory_mb) for c in machine.cards
+                )
+                self._slice_insert(machine)
 
     def _key(self, machine: MachineSnapshot) -> tuple[int, float, int]:
         return (machine.price_per_gpu_hour, -machine.reliability, machine.machine_id)
@@ -94,9 +187,24 @@ class Planner:
         index = bisect.bisect_left(bucket, self._key(machine))
         del bucket[index]
 
+    def _slice_insert(self, machine: MachineSnapshot) -> None:
+        best = max((c.free_core for c in self._cards[machine.machine_id]), default=0)
+        self._best_core[machine.machine_id] = best
+        if best:
+            bisect.insort(self._slice_buckets[(machine.gpu_name, best)], self._key(machine))
+
+    def _slice_remove(self, machine: MachineSnapshot) -> None:
+        best = self._best_core.get(machine.machine_id, 0)
+        if best:
+            bucket = self._slice_buckets[(machine.gpu_name, best)]
+            del bucket[bisect.bisect_left(bucket, self._key(machine))]
+        self._best_core[machine.machine_id] = 0
+
     def place(self, request: PlacementRequest) -> Placement | None:
         if request.policy not in POLICIES:
             raise ValueError(f"unknown placement policy {request.policy!r}")
+        if request.gpu_slice is not None:
+            return self._place_slice(request)
         best = None
         if request.policy == SPREAD and request.avoid_machine_ids:
             best = self._best(request, avoid=request.avoid_machine_ids)
@@ -110,7 +218,86 @@ class Planner:
         taken = tuple(self._free[machine_id][: request.gpu_count])
         self._free[machine_id] = self._free[machine_id][request.gpu_count :]
         self._insert(machine)
+        if machine_id in self._cards:  # whole-rented cards are no longer there for slices
+            self._slice_remove(machine)
+            self._cards[machine_id] = [c for c in self._cards[machine_id] if c.gpu_id not in taken]
+            self._slice_insert(machine)
         return Placement(machine_id=machine_id, gpu_ids=taken)
+
+    def _place_slice(self, request: PlacementRequest) -> Placement | None:
+        size = request.gpu_slice
+        best = None
+        if request.policy == SPREAD and request.avoid_machine_ids:
+            best = self._best_slice_machine(request, avoid=request.avoid_machine_ids)
+        if best is None:
+            best = self._best_slice_machine(request, avoid=frozenset())
+        if best is None:
+            return None
+        machine = self._info[best]
+        card = pick_card(self._cards[best], size.core_percent, size.memory_mb, request.card_policy)
+        self._slice_remove(machine)
+        if card.whole_free:  # a slice takes the card from whole renting
+            self._remove(machine, len(self._free[best]))
+            self._free[best].remove(card.gpu_id)
+            self._insert(machine)
+        card.take(size.core_percent, size.memory_mb)
+        self._slice_insert(machine)
+        return Placement(machine_id=best, gpu_ids=(card.gpu_id,), gpu_slice=size)
+
+    def _best_slice_machine(self, request: PlacementRequest, avoid: frozenset[int]) -> int | None:
+        """The machine the policy prefers among those with a card the slice fits on: buckets by
+        the most compute free on one card, fullest first for binpack, emptiest first for
+        spread, all of them for cheapest (then the cheapest)."""
+        size = request.gpu_slice
+        names = self._names_for(request)
+        cores = range(size.core_percent, 101)
+        if request.policy == SPREAD:
+            cores = reversed(cores)
+        best, best_rank = None, None
+        for core in cores:
+            for name in names:
+                bucket = self._slice_buckets.get((name, core))
+                if not bucket:
+                    continue
+                candidate = self._first_slice_fit(bucket, request, avoid)
+                if candidate is None:
+                    continue
+                rank = candidate if request.policy == CHEAPEST else (core, *candidate)
+                if best_rank is None or rank < best_rank:
+                    best, best_rank = candidate[2], rank
+            if best is not None and request.policy != CHEAPEST:
+                return best  # no later bucket ranks before this one
+        return best
+
+    def _first_slice_fit(self, bucket, request: PlacementRequest, avoid: frozenset[int]):
+        size = request.gpu_slice
+        for price, negative_reliability, machine_id in bucket:
+            if (
+                request.max_price_per_gpu_hour is not None
+                and price > request.max_price_per_gpu_hour
+            ):
+                return None
+            info = self._info[machine_id]
+            if (
+                -negative_reliability < request.min_reliability
+                or (request.regions and info.region not in request.regions)
+                or machine_id in avoid
+                or info.min_slice_core_percent > size.core_percent
+            ):
+                continue
+            if any(c.fits(size.core_percent, size.memory_mb) for c in self._cards[machine_id]):
+                return (price, negative_reliability, machine_id)
+        return None
+
+    def release_slice(self, machine_id: int, gpu_id: int, size: SliceSize) -> None:
+        """Give back a slice placed here whose rental was refused after all."""
+        machine = self._info[machine_id]
+        card = next(c for c in self._cards[machine_id] if c.gpu_id == gpu_id)
+        self._slice_remove(machine)
+        card.give_back(size.core_percent, size.memory_mb)
+        self._slice_insert(machine)
+        if card.whole_free:
+            self.release(machine_id, (gpu_id,))
 
     def _best(self, request: PlacementRequest, avoid: frozenset[int]):
         """(sort key, free count) of the machine the policy prefers, or None."""
@@ -169,14 +356,28 @@ class Planner:
         if machine is not None and free:
             self._remove(machine, free)
             self._free[machine_id] = []
+        if machine is not None and machine_id in self._cards:
+            self._slice_remove(machine)
+            self._cards[machine_id] = []
 
     def release(self, machine_id: int, gpu_ids: tuple[int, ...]) -> None:
+        """Give back whole GPUs placed here whose rental was refused after all (on a sharing
+        machine they are cards for slices again)."""
         machine = self._info[machine_id]
         free = len(self._free[machine_id])
         if free:
             self._remove(machine, free)
         self._free[machine_id] = sorted({*self._free[machine_id], *gpu_ids})
         self._insert(machine)
+        if machine_id in self._cards:
+            known = {c.gpu_id for c in self._cards[machine_id]}
+            back = [g for g in gpu_ids if g not in known and (machine_id, g) in self._card_memory]
+            if back:
+                self._slice_remove(machine)
+                for gpu_id in back:
+                    memory = self._card_memory[(machine_id, gpu_id)]
+                    self._cards[machine_id].append(Card(gpu_id, 100, memory, memory))
+                self._slice_insert(machine)
 
 
 def place_all(

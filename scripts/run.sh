@@ -16,6 +16,11 @@ die() {
 export DEBUG=1
 export REDIS_URL="${REDIS_URL:-redis://127.0.0.1:6390/0}"
 PORT="${PORT:-8000}"
+# The cluster gateway (Caddy): clusters' URLs on GATEWAY_PORT, its admin API on loopback.
+GATEWAY_PORT="${GATEWAY_PORT:-8080}"
+export GATEWAY_ADMIN="${GATEWAY_ADMIN:-127.0.0.1:2019}"
+export GATEWAY_URL="${GATEWAY_URL:-http://127.0.0.1:$GATEWAY_PORT}"
+export GATEWAY_AUTH_UPSTREAM="${GATEWAY_AUTH_UPSTREAM:-127.0.0.1:$PORT}"
 mkdir -p var/log
 py=.venv/bin/python
 pids=()
@@ -70,6 +75,27 @@ fi
 $py manage.py demo_data --simhosts "$([ $simulated = 1 ] && echo var/simhosts/hosts.json)" \
   || die "demo_data failed (see above); not starting the web server"
 
+# The gateway runs as a plain process (no systemd), its state under var/caddy; its config is
+# pushed over the admin API once the database is ready (gateway_load below).
+if command -v caddy >/dev/null; then
+  mkdir -p var/caddy
+  printf '{"admin": {"listen": "%s"}}' "$GATEWAY_ADMIN" > var/caddy/boot.json
+  XDG_DATA_HOME="$PWD/var/caddy" XDG_CONFIG_HOME="$PWD/var/caddy" \
+    caddy run --config var/caddy/boot.json > var/log/gateway.log 2>&1 &
+  pids+=($!)
+  loaded=0
+  for _ in $(seq 50); do
+    if $py manage.py gateway_load --listen "127.0.0.1:$GATEWAY_PORT" > var/log/gateway-load.log 2>&1; then
+      loaded=1; break
+    fi
+    sleep 0.2
+  done
+  [ "$loaded" = 1 ] || echo "!! the cluster gateway did not take its config; see var/log/gateway*.log"
+else
+  echo "!! caddy is not installed (apt-get install caddy): clusters get no URL"
+  export GATEWAY_ADMIN=""
+fi
+
 .venv/bin/celery -A marketplace worker -l info --concurrency 2 > var/log/worker.log 2>&1 &
 pids+=($!)
 .venv/bin/celery -A marketplace beat -l info --schedule var/celerybeat-schedule > var/log/beat.log 2>&1 &
@@ -101,6 +127,7 @@ cat <<MSG
     host provider:  provider / provider-demo-pass
     admin:          admin / admin-demo-pass     (http://127.0.0.1:$PORT/admin/)
   API docs: http://127.0.0.1:$PORT/api/v1/docs/     logs: var/log/
+  cluster gateway: $GATEWAY_URL/clusters/<id>/service/
   Press Ctrl-C to stop.
 MSG
 wait -n "${pids[@]}"

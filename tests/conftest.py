@@ -127,12 +127,25 @@ def sim_host_factory(docker_engine, sim_root):
     """Makes simulated hosts on addresses and ports that no other xdist worker uses. A host
     lets no team in until a test authorizes the team's key (``host.authorize``), as a
     provider would; the helpers that add machines do."""
+    from hosts.devtools import simulation
     from hosts.devtools.simulation import SimHostSpec, create_host, default_gpus
 
     worker, namespace = _worker_index(), _namespace()
     made = []
 
-    def make(gpus: int = 4, gpu_name: str = "NVIDIA GeForce RTX 4090", memory_mib: int = 24564):
+    def make(
+        gpus: int = 4,
+        gpu_name: str = "NVIDIA GeForce RTX 4090",
+        memory_mib: int = 24564,
+        mps: bool = True,
+        disk_enforced: bool = False,
+    ):
+        """``disk_enforced``: the host's Docker is the second engine, whose btrfs storage
+        driver caps a container's disk (started on first use, with the test images)."""
+        docker_host = simulation.DOCKER_SOCKET
+        if disk_enforced:
+            docker_host = simulation.ensure_quota_dockerd()
+            simulation.ensure_image(docker_host=docker_host)
         n = len(made)
         # Published ports stay below Linux's ephemeral range (32768+), where outgoing
         # connections take their local ports and would collide with docker's binds.
@@ -143,6 +156,8 @@ def sim_host_factory(docker_engine, sim_root):
             port=23000 + namespace * 1000 + worker * 100 + n,
             gpus=default_gpus(gpus, name=gpu_name, memory_mib=memory_mib),
             port_range=(ports, ports + 19),
+            mps=mps,
+            docker_host=docker_host,
         )
         host = create_host(sim_root / spec.name, spec)
         made.append(host)
@@ -151,13 +166,16 @@ def sim_host_factory(docker_engine, sim_root):
     yield make
     for host in made:
         host.stop()
-    ids = subprocess.run(
-        ["docker", "ps", "-aq", "--filter", f"label={sim_container_label()}"],
-        capture_output=True,
-        text=True,
-    ).stdout.split()
-    if ids:
-        subprocess.run(["docker", "rm", "-f", *ids], capture_output=True)
+    for engine in {host.spec.docker_host for host in made} | {simulation.DOCKER_SOCKET}:
+        env = {**os.environ, "DOCKER_HOST": engine}
+        ids = subprocess.run(
+            ["docker", "ps", "-aq", "--filter", f"label={sim_container_label()}"],
+            capture_output=True,
+            text=True,
+            env=env,
+        ).stdout.split()
+        if ids:
+            subprocess.run(["docker", "rm", "-f", *ids], capture_output=True, env=env)
 
 
 @pytest.fixture(scope="session")

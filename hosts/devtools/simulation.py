@@ -36,6 +36,22 @@ BUSYBOX = "/bin/busybox"
 IMAGE = "gpumkt/busybox:latest"
 DOCKER_SOCKET = "unix:///var/run/docker.sock"
 
+# A second Docker Engine for hosts that enforce disk sizes (``ensure_quota_dockerd``): its
+# btrfs storage driver honours ``--storage-opt size=``, which overlay2 on this machine's
+# filesystem cannot (no XFS project quotas in this kernel). The system's engine is never
+# touched: this one has its own data root (a loop-mounted btrfs image), sockets, exec root
+# and pid file, no default bridge, and leaves iptables alone (a second engine managing
+# iptables would flush the first one's DOCKER chains and break its published ports; its
+# published ports are served by docker-proxy instead, and its networks come from an address
+# pool of their own). Containers on its tenants' bridge are not kept apart by iptables, so
+# tenant isolation is tested on the system engine.
+QUOTA_DOCKER_SOCKET = "unix:///run/gpumkt-quota-docker.sock"
+QUOTA_DOCKER_DIR = Path("/var/lib/gpumkt-quota-docker")
+QUOTA_DOCKER_EXEC_ROOT = Path("/run/gpumkt-quota-docker")
+QUOTA_DOCKER_PIDFILE = Path("/run/gpumkt-quota-docker.pid")
+QUOTA_DOCKER_IMAGE_GB = 16  # sparse: it takes only what the containers write
+QUOTA_DOCKER_ADDRESS_POOL = "base=10.213.0.0/16,size=24"
+
 # The columns the stand-in can print, in the real tool's query names and header units.
 NVIDIA_SMI_FIELDS = {
     "index": "",
@@ -80,6 +96,10 @@ class SimHostSpec:
     gpus: tuple[SimGpu, ...]
     cuda_version: str = "12.4"
     port_range: tuple[int, int] = (20000, 20999)
+    mps: bool = True  # ships the CUDA MPS control daemon (a stand-in), so sharing can be on
+    # The Docker Engine its sessions reach: the system's, or QUOTA_DOCKER_SOCKET for a host
+    # that enforces disk sizes (``ensure_quota_dockerd`` must have started it).
+    docker_host: str = DOCKER_SOCKET
 
     def __post_init__(self) -> None:
         gpus = tuple(
@@ -241,6 +261,7 @@ def create_host(root: Path, spec: SimHostSpec, authorized_keys: list[str] = ()) 
         host.authorize(key)
     host.set_gpus(spec.gpus)
     _write_nvidia_smi(root, spec)
+    _write_mps_control(root, spec)
     _write_sshd_config(root, spec)
     Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege-separation directory
     host.start()
@@ -265,8 +286,54 @@ def ensure_dockerd(log_path: Path | None = None, timeout: float = 60.0) -> None:
     raise RuntimeError(f"dockerd did not answer within {timeout:.0f}s")
 
 
-def ensure_image(tag: str = IMAGE) -> str:
-    """Make the small test image from Debian's static busybox, with no registry."""
+def ensure_quota_dockerd(log_path: Path | None = None, timeout: float = 60.0) -> str:
+    """Start the enforced-disk Docker Engine (QUOTA_DOCKER_SOCKET) unless it answers: make
+    and loop-mount its btrfs image with quotas on, then run ``dockerd --storage-driver btrfs``
+    beside the system's. Idempotent; needs root and btrfs-progs. Returns its socket."""
+    if _docker_ready(QUOTA_DOCKER_SOCKET):
+        return QUOTA_DOCKER_SOCKET
+    for program, package in (("dockerd", "docker.io"), ("mkfs.btrfs", "btrfs-progs")):
+        if shutil.which(program) is None:
+            raise RuntimeError(f"{program} is not installed: apt-get install {package}")
+    image, data = QUOTA_DOCKER_DIR / "btrfs.img", QUOTA_DOCKER_DIR / "data"
+    data.mkdir(parents=True, exist_ok=True)
+    if not os.path.ismount(data):
+        if not image.exists():
+            with image.open("wb") as handle:
+                handle.truncate(QUOTA_DOCKER_IMAGE_GB * 1024**3)
+            subprocess.run(["mkfs.btrfs", "-q", str(image)], check=True, capture_output=True)
+        subprocess.run(["mount", "-o", "loop", str(image), str(data)], check=True)
+    subprocess.run(["btrfs", "quota", "enable", str(data)], check=True, capture_output=True)
+    QUOTA_DOCKER_EXEC_ROOT.mkdir(parents=True, exist_ok=True)
+    pid = _read_pid(QUOTA_DOCKER_PIDFILE)
+    if pid is not None and not Path(f"/proc/{pid}").exists():
+        QUOTA_DOCKER_PIDFILE.unlink(missing_ok=True)  # left by a dockerd that died
+    log = open(log_path or os.devnull, "ab")  # noqa: SIM115 - handed to the daemon
+    subprocess.Popen(
+        ["dockerd", "--host", QUOTA_DOCKER_SOCKET, "--data-root", str(data),
+         "--exec-root", str(QUOTA_DOCKER_EXEC_ROOT), "--pidfile", str(QUOTA_DOCKER_PIDFILE),
+         "--storage-driver", "btrfs", "--bridge", "none", "--iptables=false",
+         "--ip-masq=false", "--default-address-pool", QUOTA_DOCKER_ADDRESS_POOL],
+        stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if _docker_ready(QUOTA_DOCKER_SOCKET):
+            return QUOTA_DOCKER_SOCKET
+        time.sleep(0.3)
+    raise RuntimeError(f"the enforced-disk dockerd did not answer within {timeout:.0f}s")
+
+
+def _docker_env(docker_host: str | None) -> dict[str, str] | None:
+    return None if docker_host is None else {**os.environ, "DOCKER_HOST": docker_host}
+
+
+def ensure_image(tag: str = IMAGE, docker_host: str | None = None) -> str:
+    """Make the small test image from Debian's static busybox, with no registry. With
+    ``docker_host`` (another engine) the image is made on the system's engine and copied
+    there (``docker save | docker load``)."""
+    if docker_host is not None:
+        return _copy_image(ensure_image(tag), docker_host)
     found = subprocess.run(["docker", "image", "inspect", tag], capture_output=True, check=False)
     if found.returncode == 0:
         return tag
@@ -308,6 +375,21 @@ PidFile /run/sshd.pid
 AuthorizedKeysFile .ssh/authorized_keys
 Subsystem sftp internal-sftp
 """
+
+
+def _copy_image(tag: str, docker_host: str) -> str:
+    """Copy an image of the system's engine to the engine at ``docker_host`` unless it has it."""
+    env = _docker_env(docker_host)
+    found = subprocess.run(
+        ["docker", "image", "inspect", tag], capture_output=True, check=False, env=env
+    )
+    if found.returncode == 0:
+        return tag
+    save = subprocess.Popen(["docker", "save", tag], stdout=subprocess.PIPE)
+    subprocess.run(["docker", "load"], stdin=save.stdout, check=True, capture_output=True, env=env)
+    if save.wait() != 0:
+        raise RuntimeError(f"docker save {tag} failed")
+    return tag
 
 
 def ensure_ssh_image(tag: str = SSH_IMAGE) -> str:
@@ -366,11 +448,14 @@ def _shared_libraries(program: str) -> list[str]:
     return [word for line in out.splitlines() for word in line.split() if word.startswith("/")]
 
 
-def _docker_ready() -> bool:
+def _docker_ready(docker_host: str | None = None) -> bool:
     if shutil.which("docker") is None:
         return False
     result = subprocess.run(
-        ["docker", "info", "--format", "{{.ServerVersion}}"], capture_output=True, check=False
+        ["docker", "info", "--format", "{{.ServerVersion}}"],
+        capture_output=True,
+        check=False,
+        env=_docker_env(docker_host),
     )
     return result.returncode == 0
 
@@ -441,7 +526,7 @@ def _write_sshd_config(root: Path, spec: SimHostSpec) -> None:
                 # SHLVL=1 tells bash it is not sshd's first shell, so it skips the login user's
                 # ~/.bashrc (on this image it runs `pyenv init`, ~100 ms per command), as a
                 # real host's non-interactive shell would.
-                f"SetEnv PATH={path_env} DOCKER_HOST={DOCKER_SOCKET} "
+                f"SetEnv PATH={path_env} DOCKER_HOST={spec.docker_host} "
                 f"GPUMKT_SIMULATED_HOST={spec.name} SHLVL=1",
                 "",
             ]
@@ -466,6 +551,45 @@ def _write_gpu_table(root: Path, gpus: tuple[SimGpu, ...]) -> None:
         }
         lines.append("\t".join(values[name] for name in NVIDIA_SMI_FIELDS))
     (root / "gpus.tsv").write_text("".join(line + "\n" for line in lines))
+
+
+def _write_mps_control(root: Path, spec: SimHostSpec) -> None:
+    """The stand-in for ``nvidia-cuda-mps-control``: ``-d`` starts "the daemon" (a file naming
+    the pipe and log directories it was given, which it creates as the real one does); on
+    stdin it takes ``get_server_list`` (fails when no daemon runs, as the real client does)
+    and ``quit``. Every call is logged to ``mps/calls`` for the tests to read."""
+    path = root / "bin" / "nvidia-cuda-mps-control"
+    if not spec.mps:
+        path.unlink(missing_ok=True)
+        return
+    state = root / "mps"
+    script = f"""#!/bin/sh
+# Simulated nvidia-cuda-mps-control for host {spec.name}.
+STATE="{state}"
+mkdir -p "$STATE"
+echo "$* pipe=${{CUDA_MPS_PIPE_DIRECTORY:-}} log=${{CUDA_MPS_LOG_DIRECTORY:-}}" >> "$STATE/calls"
+if [ "$1" = "-d" ]; then
+  if [ -e "$STATE/daemon" ]; then
+    echo "An instance of this daemon is already running" >&2; exit 1
+  fi
+  mkdir -p "${{CUDA_MPS_PIPE_DIRECTORY:-/tmp/nvidia-mps}}" "${{CUDA_MPS_LOG_DIRECTORY:-/var/log/nvidia-mps}}"
+  echo "pipe=${{CUDA_MPS_PIPE_DIRECTORY:-/tmp/nvidia-mps}}" > "$STATE/daemon"
+  exit 0
+fi
+if [ ! -e "$STATE/daemon" ]; then
+  echo "Cannot find MPS control daemon process" >&2; exit 1
+fi
+while read -r command rest; do
+  case "$command" in
+    get_server_list) ;;
+    quit) rm -f "$STATE/daemon" ;;
+    *) echo "Unknown command: $command" >&2 ;;
+  esac
+done
+exit 0
+"""
+    path.write_text(script)
+    path.chmod(0o755)
 
 
 def _write_nvidia_smi(root: Path, spec: SimHostSpec) -> None:

@@ -10,6 +10,8 @@ Other apps import from ``hosts.runtime`` only; which module holds what:
   ``NVIDIA_*`` variables, GPUs pinned by UUID, logs capped.
 - ``registries``: image references (``image_repository``, ``registry_of``) and the refusal of
   registries on the provider's own network (``registry_refusal``, ``check_registry``).
+- ``mps``: GPU sharing with CUDA MPS: the control daemon's start and stop lines, and
+  ``GpuSliceSpec``, a slice's limits as the container's environment and pipe mount.
 - ``docker_host``: ``DockerHost`` (Docker on one machine over the pooled SSH connection),
   ``ContainerState``, why a start failed (``ImageNotOnHost``, ``ContainerDidNotStart``), the
   tenants' and groups' bridge networks (``NetworkNotIsolated``).
@@ -30,12 +32,14 @@ from hosts.runtime.container_spec import (
     validate_ports,
 )
 from hosts.runtime.docker_host import EXIT_DOCKER_ERROR, DockerHost, ImageNotOnHost
+from hosts.runtime.mps import GpuSliceSpec, mps_daemon_start_argv, mps_daemon_stop_argv
 from hosts.runtime.registries import check_registry, image_repository, registry_refusal
 from hosts.ssh import CommandFailed, CommandResult, HostKeyMismatch, HostUnreachable
 
 __all__ = [
     "EXIT_DOCKER_ERROR", "GPU_UUID", "PROGRAM_NAME", "TENANT_NETWORK", "CommandFailed",
-    "CommandResult", "ContainerSpec", "DockerHost", "HostKeyMismatch", "HostUnreachable",
+    "CommandResult", "ContainerSpec", "DockerHost", "GpuSliceSpec", "mps_daemon_start_argv",
+    "mps_daemon_stop_argv", "HostKeyMismatch", "HostUnreachable",
     "ImageNotOnHost", "InvalidContainerSpec", "check_registry", "docker_run_argv",
     "image_reference", "image_repository", "registry_refusal", "validate_env", "validate_image",
     "validate_ports",

@@ -5,7 +5,9 @@ made from it.
 ``docker_run_argv`` is a pure function from a spec to an argv list. It can only produce the
 flags written below: no ``--privileged``, no host networking (only the platform's own
 ``gpumkt-*`` bridge networks), no bind mounts (only named volumes, by ``--mount
-type=volume``), no Docker socket, no renter ``NVIDIA_*`` variables. GPUs are pinned by UUID:
+type=volume``; the one exception is a GPU slice's read-only view of the platform's own MPS pipe
+directory, ``hosts.runtime.mps``), no Docker socket, no renter ``NVIDIA_*`` or ``CUDA_MPS_*``
+variables. GPUs are pinned by UUID:
 ``--gpus`` where the NVIDIA runtime exists, else ``NVIDIA_VISIBLE_DEVICES``. Logs are capped.
 The image is always given with a tag (``image_reference``).
 """
@@ -15,10 +17,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from hosts.runtime.mps import MPS_VARIABLE_PREFIX, GpuSliceSpec
+
 PLATFORM_LABEL = "gpumkt.platform"
 MACHINE_LABEL = "gpumkt.machine"
-# Docker can cap a container's writable layer only on overlay2 over xfs with project quotas
-# (--storage-opt size=…), which most hosts lack; the disk share is recorded, not enforced.
+# The rental's disk, recorded on every container. Docker caps a container's writable layer
+# (--storage-opt size=…) only on its btrfs driver or overlay2 over XFS with project quotas;
+# where the probe found one (Machine.disk_enforced) the cap is given too, else it is a label.
 DISK_LABEL = "gpumkt.disk_gb"
 
 # Every rental joins this bridge, made with inter-container communication off: Docker drops
@@ -184,8 +189,11 @@ class ContainerSpec:
     entrypoint: str | None = None
     args: list[str] = field(default_factory=list)
     volumes: list[tuple[str, str]] = field(default_factory=list)  # (volume name, mount path)
+    # A slice of its one card (fractional GPU), enforced by CUDA MPS; None for whole GPUs.
+    gpu_slice: GpuSliceSpec | None = None
 
-    disk_gb: int | None = None  # the units' disk share, recorded as a label
+    disk_gb: int | None = None  # the rental's disk, recorded as a label
+    disk_enforced: bool = False  # and capped (--storage-opt size=) where the host can
     network: str = TENANT_NETWORK  # one of the platform's gpumkt-* bridges, never the host's
     log_max_kb: int = LOG_MAX_KB  # per log file; Docker keeps log_max_files of them
     log_max_files: int = LOG_MAX_FILES
@@ -225,6 +233,11 @@ class ContainerSpec:
             _no_control(value, "labels")
         if not isinstance(self.gpu_uuids, list | tuple):
             raise InvalidContainerSpec("gpu_uuids", "must be a list of GPU UUIDs")
+        if self.gpu_slice is not None:
+            _whole_number(self.gpu_slice.core_percent, "gpu_slice.core_percent", 1, 100, " %")
+            _whole_number(self.gpu_slice.memory_mb, "gpu_slice.memory_mb", 1, 16 << 20, " MB")
+            if len(self.gpu_uuids) != 1:
+                raise InvalidContainerSpec("gpu_slice", "a slice is pinned to exactly one card")
         for uuid in self.gpu_uuids:
             if not isinstance(uuid, str) or not GPU_UUID.fullmatch(uuid):
                 raise InvalidContainerSpec("gpu_uuids", f"'{str(uuid)[:40]}' is not a GPU UUID")
@@ -275,11 +288,19 @@ def docker_run_argv(spec: ContainerSpec, *, machine_id: int, nvidia_runtime: boo
         "--security-opt", "no-new-privileges",
         "--pids-limit", "4096",
         "--network", spec.network,
+    ]  # fmt: skip
+    if spec.disk_gb is not None and spec.disk_enforced:
+        argv += ["--storage-opt", f"size={spec.disk_gb}G"]
+    argv += [
         "--log-driver", "json-file",
         "--log-opt", f"max-size={spec.log_max_kb}k",
         "--log-opt", f"max-file={spec.log_max_files}",
     ]  # fmt: skip
-    env = {k: v for k, v in spec.env.items() if not k.upper().startswith("NVIDIA_")}
+    env = {
+        k: v
+        for k, v in spec.env.items()
+        if not k.upper().startswith(("NVIDIA_", MPS_VARIABLE_PREFIX))
+    }
     if spec.gpu_uuids:
         devices = ",".join(spec.gpu_uuids)
         if nvidia_runtime:
@@ -287,6 +308,9 @@ def docker_run_argv(spec: ContainerSpec, *, machine_id: int, nvidia_runtime: boo
             argv += ["--gpus", f'"device={devices}"']
         else:
             env["NVIDIA_VISIBLE_DEVICES"] = devices
+    if spec.gpu_slice is not None:
+        env.update(spec.gpu_slice.environment())
+        argv += ["--mount", spec.gpu_slice.mount()]
     for key in sorted(env):
         argv += ["--env", f"{key}={env[key]}"]
     for container_port, host_port, protocol in spec.ports:

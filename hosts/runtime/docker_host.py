@@ -26,6 +26,7 @@ from hosts.runtime.container_spec import (
     image_reference,
     validate_image,
 )
+from hosts.runtime.mps import mps_daemon_start_argv, mps_daemon_stop_argv
 from hosts.runtime.registries import registry_of
 from hosts.ssh import CommandFailed, CommandResult
 
@@ -116,6 +117,8 @@ class DockerHost:
         if not pull:
             argv.insert(argv.index("--detach"), "--pull=never")
         self.network_ensure(spec.network)
+        if spec.gpu_slice is not None:
+            self.mps_daemon_ensure()  # its pipe directory is the slice's mount source
         try:
             return self._run(argv).stdout.strip()
         except CommandFailed as error:
@@ -139,6 +142,14 @@ class DockerHost:
         ):
             return ImageNotOnHost(error.argv, error.exit_code, error.stderr)
         return error
+
+    def mps_daemon_ensure(self) -> None:
+        """Start the host's CUDA MPS control daemon unless it answers already (sharing turned
+        on, a slice about to launch, a host rebooted since)."""
+        self._run(mps_daemon_start_argv())
+
+    def mps_daemon_stop(self) -> None:
+        self._run(mps_daemon_stop_argv())
 
     def network_ensure(self, name: str) -> None:
         """Make the platform network ``name`` unless the machine has it; idempotent, and safe

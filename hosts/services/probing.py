@@ -110,7 +110,7 @@ def _record_probe_failure(*, machine_id: int, problems: list[str], counts: bool)
 
 
 PROBED_FIGURES = ("cuda_version", "cpu_cores", "ram_mb", "disk_free_gb", "docker_version",
-                  "nvidia_runtime", "os_name")  # fmt: skip
+                  "nvidia_runtime", "os_name", "mps_available", "disk_enforced")  # fmt: skip
 
 
 @transaction.atomic

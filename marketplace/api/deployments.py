@@ -5,13 +5,14 @@ from __future__ import annotations
 from dataclasses import fields
 
 from django.http import Http404
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import extend_schema, extend_schema_field
 from rest_framework import mixins, serializers, status
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
 from marketplace.api.base import TeamScopedViewSet
 from marketplace.api.fields import DollarsField, FiniteFloatField
+from marketplace.api.rentals import GpuShareSerializer
 from marketplace.deployments.reconciler import replica_counts, wanted_live
 from marketplace.deployments.services import (
     MAX_DISK_GB,
@@ -29,6 +30,7 @@ from marketplace.models.deployments import DeploymentMode, PlacementPolicy, Repl
 from marketplace.services.renting import MAX_RENTAL_HOURS, MIN_RENTAL_HOURS
 from scheduler import services as scheduler
 from scheduler.models import LaunchMode
+from scheduler.placement import BINPACK, CARD_POLICIES
 
 # API name → DeploymentSpec field, where they differ.
 RENAMED = {"replicas": "replica_count", "budget_usd": "budget"}
@@ -83,11 +85,28 @@ class DeploymentInputSerializer(serializers.Serializer):
         default=None,
         help_text="Dollars the replicas' rentals may spend or hold at once; no cap when null.",
     )
+    gpu_share = GpuShareSerializer(
+        allow_null=True,
+        default=None,
+        help_text="Each replica takes a slice of one card instead of whole GPUs (machines "
+        "that share their cards); gpus_per_replica is then 1.",
+    )
+    card_policy = serializers.ChoiceField(
+        choices=CARD_POLICIES,
+        default=BINPACK,
+        help_text="Which card a slice goes on once policy chose the machine: binpack (the "
+        "fullest that fits) or spread (the emptiest).",
+    )
 
     def spec_values(self) -> dict:
         """The validated fields under DeploymentSpec's names (only those given, on PATCH)."""
         known = {f.name for f in fields(DeploymentSpec)}
-        values = {RENAMED.get(name, name): value for name, value in self.validated_data.items()}
+        data = dict(self.validated_data)
+        if "gpu_share" in data:
+            share = data.pop("gpu_share") or {}
+            data["slice_core_percent"] = share.get("core_percent")
+            data["slice_memory_mb"] = share.get("memory_mb")
+        values = {RENAMED.get(name, name): value for name, value in data.items()}
         return {name: value for name, value in values.items() if name in known}
 
 
@@ -100,12 +119,14 @@ class DeploymentSerializer(serializers.ModelSerializer):
     queued = serializers.SerializerMethodField()
     completed = serializers.SerializerMethodField()
     failed = serializers.SerializerMethodField()
+    gpu_share = serializers.SerializerMethodField()
 
     class Meta:
         model = Deployment
         fields = [
             "id", "name", "mode", "state", "image", "launch_mode", "entrypoint", "args", "env",
-            "ports", "disk_gb", "gpu_names", "gpus_per_replica", "max_price_per_gpu_hour",
+            "ports", "disk_gb", "gpu_names", "gpus_per_replica", "gpu_share", "card_policy",
+            "max_price_per_gpu_hour",
             "regions", "min_reliability", "policy", "replicas", "completions", "backoff_limit",
             "duration_hours", "budget_usd", "desired", "running", "queued", "completed",
             "failed", "queue_reason", "created_at", "updated_at",
@@ -134,6 +155,15 @@ class DeploymentSerializer(serializers.ModelSerializer):
 
     def get_failed(self, deployment) -> int:
         return self._counts(deployment)[ReplicaState.FAILED]
+
+    @extend_schema_field(GpuShareSerializer(allow_null=True))
+    def get_gpu_share(self, deployment) -> dict | None:
+        size = deployment.gpu_slice
+        return (
+            None
+            if size is None
+            else {"core_percent": size.core_percent, "memory_mb": size.memory_mb}
+        )
 
 
 class ReplicaSerializer(serializers.ModelSerializer):

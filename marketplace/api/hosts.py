@@ -17,7 +17,9 @@ from hosts.selectors import GPU_STATES, gpu_occupancy, hourly_history
 from marketplace.api.base import TeamScopedViewSet
 from marketplace.api.fields import DollarsField
 from marketplace.fleet import EARNINGS_DAYS, machine_earnings_by_day
+from marketplace.host_usage import machine_gpu_usage, machine_port_usage
 from marketplace.models import Role
+from scheduler import services as scheduler
 
 
 class GpuSerializer(serializers.ModelSerializer):
@@ -63,7 +65,8 @@ class MachineSerializer(serializers.ModelSerializer):
             "disk_free_gb", "docker_version", "nvidia_runtime", "driver_version", "cuda_version",
             "os_name", "port_range_start", "port_range_end", "reliability", "last_heartbeat_at",
             "verified", "probed_at", "probe_failures", "probe_problems", "self_test_at",
-            "self_test_passed", "self_test_report", "gpus", "unit", "created_at",
+            "self_test_passed", "self_test_report", "mps_available", "sharing_enabled",
+            "sharing_min_core_percent", "gpus", "unit", "created_at",
         ]  # fmt: skip
         read_only_fields = fields
 
@@ -160,6 +163,18 @@ class ListingSerializer(serializers.Serializer):
     listed = serializers.BooleanField()
 
 
+class SharingSerializer(serializers.Serializer):
+    enabled = serializers.BooleanField(
+        help_text="Let renters take slices of this machine's cards (needs CUDA MPS on the host)."
+    )
+    min_core_percent = serializers.IntegerField(
+        min_value=1,
+        max_value=100,
+        default=10,
+        help_text="The smallest share of a card's compute a renter may take, in percent.",
+    )
+
+
 class MachineViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScopedViewSet):
     """The team's machines. POST registers one; the platform then reads its host key."""
 
@@ -185,6 +200,22 @@ class MachineViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScope
         return Response(
             {"public_key": public_key, "fingerprint": public_key_fingerprint(public_key)}
         )
+
+    @extend_schema(responses={200: dict})
+    @action(detail=True, methods=["get"], pagination_class=None, filter_backends=[])
+    def gpus(self, request, pk=None):
+        """Each present GPU: free, or rented (with the instance when it is the team's own;
+        another team's rental shows only as rented), and its utilization read now."""
+        machine = self.get_object()
+        return Response(machine_gpu_usage(machine, viewer_team_id=self.team.pk))
+
+    @extend_schema(responses={200: dict})
+    @action(detail=True, methods=["get"], pagination_class=None, filter_backends=[])
+    def ports(self, request, pk=None):
+        """The host port range for published container ports: used (by which rental, as
+        for GPUs) and free."""
+        machine = self.get_object()
+        return Response(machine_port_usage(machine, viewer_team_id=self.team.pk))
 
     @extend_schema(parameters=[HistoryQuerySerializer], responses=HistoryPointSerializer(many=True))
     @action(detail=True, methods=["get"], pagination_class=None, filter_backends=[])
@@ -251,6 +282,23 @@ class MachineViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScope
         params = ListingSerializer(data=request.data)
         params.is_valid(raise_exception=True)
         services.machine_set_listed(machine_id=machine.pk, listed=params.validated_data["listed"])
+        return Response(MachineSerializer(self.get_object()).data)
+
+    @extend_schema(request=SharingSerializer, responses=MachineSerializer)
+    @action(detail=True, methods=["put"])
+    def sharing(self, request, pk=None):
+        """Turn GPU sharing on or off: renters may then rent slices of a card (compute percent
+        and memory) on its cards that no whole-GPU rental holds. Refused, saying why, on a
+        host without CUDA MPS, and off while slices are rented."""
+        machine = self.get_object()
+        params = SharingSerializer(data=request.data)
+        params.is_valid(raise_exception=True)
+        scheduler.machine_sharing_set(
+            machine_id=machine.pk,
+            enabled=params.validated_data["enabled"],
+            min_core_percent=params.validated_data["min_core_percent"],
+        )
+        transaction.on_commit(lambda: tasks.machine_mps_follow.delay(machine.pk))
         return Response(MachineSerializer(self.get_object()).data)
 
     @extend_schema(request=None, responses={202: MachineSerializer})

@@ -40,8 +40,10 @@ from marketplace.services.renting import (
     rental_extend,
 )
 from marketplace.services.ssh_keys import ssh_key_add
+from marketplace.services.volumes import MountRequest
 from scheduler import services as scheduler
 from scheduler.models import Instance, InstanceState, LaunchMode
+from scheduler.placement import BINPACK, CARD_POLICIES, SliceSize
 
 MAX_PAGE = 256
 MAX_OFFSET = 10_000
@@ -66,9 +68,11 @@ class OfferSerializer(serializers.ModelSerializer):
         model = Offer
         fields = [
             "id", "machine_id", "gpu_name", "num_gpus", "total_gpus", "min_gpus", "gpu_ram",
-            "gpu_total_ram", "cpu_cores_effective", "cpu_ram", "disk_space", "dph_total",
-            "dph_per_gpu", "storage_cost", "reliability", "duration", "end_date", "geolocation",
-            "driver_version", "cuda_max_good", "verified", "rentable", "score",
+            "gpu_total_ram", "cpu_cores_effective", "cpu_ram", "disk_space", "disk_enforced",
+            "dph_total", "dph_per_gpu", "storage_cost", "reliability", "duration", "end_date",
+            "geolocation", "driver_version", "cuda_max_good", "verified", "rentable", "score",
+            "sharing", "gpu_frac", "slice_core_percent", "slice_memory_mb",
+            "min_slice_core_percent", "cards",
         ]  # fmt: skip
 
     def get_gpu_total_ram(self, offer) -> float:
@@ -118,6 +122,7 @@ class OfferSerializer(serializers.ModelSerializer):
             "cpu_cores_effective": self.get_cpu_cores_effective(offer),
             "cpu_ram": self.get_cpu_ram(offer),
             "disk_space": self.get_disk_space(offer),
+            "disk_enforced": offer.disk_enforced,
             "dph_total": self.get_dph_total(offer),
             "dph_per_gpu": self.get_dph_per_gpu(offer),
             "storage_cost": self.get_storage_cost(offer),
@@ -130,6 +135,12 @@ class OfferSerializer(serializers.ModelSerializer):
             "verified": offer.verified,
             "rentable": offer.rentable,
             "score": float(offer.score),
+            "sharing": offer.sharing,
+            "gpu_frac": float(offer.gpu_frac),
+            "slice_core_percent": offer.slice_core_percent,
+            "slice_memory_mb": offer.slice_memory_mb,
+            "min_slice_core_percent": offer.min_slice_core_percent,
+            "cards": offer.cards,
         }
 
 
@@ -256,6 +267,10 @@ class QuoteResultSerializer(serializers.Serializer):
     gpu = DollarsField(help_text="Dollars held for GPU time.")
     storage = DollarsField(help_text="Dollars held for storage.")
     total = DollarsField(help_text="Dollars held in all.")
+    disk_enforced = serializers.BooleanField(
+        help_text="Whether the host caps the container's disk at disk_gb."
+    )
+    disk_note = serializers.CharField(help_text="What disk_gb means on this host, in words.")
 
 
 @extend_schema(
@@ -281,7 +296,19 @@ def offer_quote(request, machine_id: int):
             "gpu": dollars(quote.gpu),
             "storage": dollars(quote.storage),
             "total": dollars(quote.total),
+            "disk_enforced": offer.machine.disk_enforced,
+            "disk_note": disk_note(offer.machine.disk_enforced),
         }
+    )
+
+
+def disk_note(enforced: bool) -> str:
+    """What a rental's ``disk_gb`` means on a host, told before renting."""
+    if enforced:
+        return "The container's disk is capped at disk_gb: writes past it fail (no space left)."
+    return (
+        "This host does not enforce disk sizes: disk_gb is charged and recorded, but the "
+        "container can write past it."
     )
 
 
@@ -319,6 +346,24 @@ class ExtensionHoursField(FiniteFloatField):
             raise serializers.ValidationError(str(error), code="invalid") from None
 
 
+class GpuShareSerializer(serializers.Serializer):
+    """A slice of one card (fractional GPU): a share of its compute and of its memory. Priced
+    at the card's rate × the larger of the two fractions; CPU, RAM and disk follow that
+    fraction of one unit."""
+
+    core_percent = serializers.IntegerField(
+        min_value=1, max_value=100, help_text="Percent of the card's compute (SMs)."
+    )
+    memory_mb = serializers.IntegerField(
+        min_value=1, max_value=16 * 1024 * 1024, help_text="MB of the card's memory (MiB)."
+    )
+
+
+class MountSerializer(serializers.Serializer):
+    volume = serializers.IntegerField(min_value=1, max_value=MAX_ID, help_text="A volume's id.")
+    target = serializers.CharField(max_length=255, help_text="Where, e.g. /data.")
+
+
 class RentSerializer(serializers.Serializer):
     """A rent request, from the API's JSON or the console's rent form (``RentForm`` reads the
     form's text into these fields); ``rental_request`` is what both hand to ``rental_create``.
@@ -328,7 +373,24 @@ class RentSerializer(serializers.Serializer):
     machine_id = serializers.IntegerField(
         min_value=1, max_value=MAX_ID, help_text="The offer's machine_id."
     )
-    num_gpus = serializers.IntegerField(min_value=1, max_value=64)
+    num_gpus = serializers.IntegerField(
+        min_value=1,
+        max_value=64,
+        required=False,
+        help_text="Whole GPUs to rent (required unless gpu_share asks for a slice).",
+    )
+    gpu_share = GpuShareSerializer(
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="A slice of one card instead of whole GPUs (offers with sharing).",
+    )
+    card_policy = serializers.ChoiceField(
+        choices=CARD_POLICIES,
+        default=BINPACK,
+        help_text="Which card a slice goes on: binpack (the fullest that fits) or spread "
+        "(the emptiest).",
+    )
     image = serializers.CharField(max_length=255)
     duration_hours = FiniteFloatField(
         min_value=MIN_RENTAL_HOURS,
@@ -365,12 +427,26 @@ class RentSerializer(serializers.Serializer):
     label = serializers.CharField(
         max_length=100, allow_blank=True, default="", help_text="Your own name for the instance."
     )
+    volumes = serializers.ListField(
+        child=MountSerializer(), default=list, max_length=8,
+        help_text="Your volumes on this machine to mount, each at its path.",
+    )  # fmt: skip
+
+    def validate(self, data):
+        if data.get("gpu_share") is None and data.get("num_gpus") is None:
+            raise serializers.ValidationError(
+                {"num_gpus": "This field is required (or ask for a slice with gpu_share)."}
+            )
+        return data
 
     def rental_request(self) -> RentalRequest:
         data = self.validated_data
+        share = data.get("gpu_share")
         return RentalRequest(
             machine_id=data["machine_id"],
-            gpu_count=data["num_gpus"],
+            gpu_count=data.get("num_gpus") or 1,
+            gpu_slice=SliceSize(**share) if share else None,
+            card_policy=data["card_policy"],
             image=data["image"],
             hours=data["duration_hours"],
             disk_gb=data["disk_gb"],
@@ -382,6 +458,10 @@ class RentSerializer(serializers.Serializer):
             registry_username=data["registry_username"],
             registry_password=data["registry_password"],
             label=data["label"],
+            volumes=tuple(
+                MountRequest(volume_id=mount["volume"], target=mount["target"])
+                for mount in data.get("volumes", [])
+            ),
         )
 
 
@@ -395,15 +475,24 @@ class InstanceSerializer(serializers.ModelSerializer):
     ends_at = serializers.DateTimeField(source="rental.ends_at", read_only=True)
     dph_total = serializers.SerializerMethodField()
     gpus = serializers.SerializerMethodField()
+    gpu_share = serializers.SerializerMethodField()
     connection = serializers.SerializerMethodField()
+    disk_enforced = serializers.BooleanField(source="machine.disk_enforced", read_only=True)
 
     class Meta:
         model = Instance
         fields = [
             "id", "uuid", "label", "state", "status_message", "progress", "machine_id", "rental_id",
-            "gpu_count", "gpus", "image", "launch_mode", "env", "disk_gb", "dph_total",
-            "created_at", "state_changed_at", "ends_at", "connection",
+            "gpu_count", "gpu_share", "gpus", "image", "launch_mode", "env", "disk_gb",
+            "disk_enforced", "dph_total", "created_at", "state_changed_at", "ends_at",
+            "connection",
         ]  # fmt: skip
+
+    @extend_schema_field(GpuShareSerializer(allow_null=True))
+    def get_gpu_share(self, instance) -> dict | None:
+        if not instance.is_slice:
+            return None
+        return {"core_percent": instance.slice_core_percent, "memory_mb": instance.slice_memory_mb}
 
     @extend_schema_field(DOLLARS_SCHEMA)
     def get_dph_total(self, instance) -> str:

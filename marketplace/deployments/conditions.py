@@ -35,16 +35,30 @@ def _listed_offers() -> QuerySet[Offer]:
     return Offer.objects.filter(machine__listed=True, machine__status=MachineStatus.ONLINE)
 
 
+def _room_filter(deployment: Deployment) -> Q:
+    """Offers with room for one replica: whole GPUs free, or a card with room for its slice
+    (the best card's free compute and memory, each a maximum over cards: the planner checks
+    one card has both)."""
+    size = deployment.gpu_slice
+    if size is None:
+        gpus = deployment.gpus_per_replica
+        return Q(num_gpus__gte=gpus, min_gpus__lte=gpus)
+    return Q(
+        sharing=True,
+        slice_core_percent__gte=size.core_percent,
+        slice_memory_mb__gte=size.memory_mb,
+        min_slice_core_percent__lte=size.core_percent,
+    )
+
+
 def matching_offers(deployment: Deployment) -> QuerySet[Offer]:
     """Offers with room for one replica that meet every condition."""
-    gpus = deployment.gpus_per_replica
     offers = Offer.objects.filter(
         _models_filter(deployment),
+        _room_filter(deployment),
         rentable=True,
-        num_gpus__gte=gpus,
-        min_gpus__lte=gpus,
         reliability__gte=deployment.min_reliability,
-        disk_per_unit__gte=deployment.disk_gb / gpus,
+        disk_per_unit__gte=_disk_per_unit(deployment),
     )
     if deployment.max_price_per_gpu_hour is not None:
         offers = offers.filter(price_per_gpu_hour__lte=deployment.max_price_per_gpu_hour)
@@ -67,8 +81,18 @@ def placement_request(deployment: Deployment, *, avoid: set[int]) -> PlacementRe
         avoid_machine_ids=frozenset(avoid)
         if deployment.policy == PlacementPolicy.SPREAD
         else frozenset(),
-        min_disk_per_gpu_gb=deployment.disk_gb / deployment.gpus_per_replica,
+        min_disk_per_gpu_gb=_disk_per_unit(deployment),
+        gpu_slice=deployment.gpu_slice,
+        card_policy=deployment.card_policy,
     )
+
+
+def _disk_per_unit(deployment: Deployment) -> float:
+    """The disk a replica needs of one unit's share: a slice gets its fraction of one unit,
+    which renting checks on the card; here a unit must at least hold the disk whole."""
+    if deployment.gpu_slice is not None:
+        return float(deployment.disk_gb)
+    return deployment.disk_gb / deployment.gpus_per_replica
 
 
 def instance_meets_conditions(deployment: Deployment, instance: Instance) -> bool:
@@ -80,8 +104,15 @@ def instance_meets_conditions(deployment: Deployment, instance: Instance) -> boo
     rental = instance.rental
     machine = instance.machine
     model = _machine_model(machine)
+    size = deployment.gpu_slice
+    same_size = (
+        instance.gpu_count == deployment.gpus_per_replica and not instance.is_slice
+        if size is None
+        else (instance.slice_core_percent, instance.slice_memory_mb)
+        == (size.core_percent, size.memory_mb)
+    )
     return (
-        instance.gpu_count == deployment.gpus_per_replica
+        same_size
         and (not deployment.gpu_names or model in {gpu_model(n) for n in deployment.gpu_names})
         and (
             deployment.max_price_per_gpu_hour is None
@@ -140,7 +171,11 @@ def _plural(count: int, word: str) -> str:
 def wanted_text(deployment: Deployment) -> str:
     """ "RTX 4090 with 4 free GPUs under $1.50/GPU-hour in US" """
     models = " or ".join(gpu_model(n) for n in deployment.gpu_names) or "machine"
-    text = f"{models} with {_plural(deployment.gpus_per_replica, 'free GPU')}"
+    size = deployment.gpu_slice
+    if size is None:
+        text = f"{models} with {_plural(deployment.gpus_per_replica, 'free GPU')}"
+    else:
+        text = f"{models} sharing a card with {size.core_percent}% and {size.memory_mb} MB free"
     if deployment.max_price_per_gpu_hour is not None:
         text += f" under {format_usd(deployment.max_price_per_gpu_hour)}/GPU-hour"
     if deployment.regions:
@@ -163,8 +198,17 @@ def queue_reason(deployment: Deployment) -> str:
             f"{head}; no listed machine has {models}" if models else f"{head}; no machine is listed"
         )
     having = f"{_plural(count, 'machine')} {'has' if count == 1 else 'have'} {models or 'GPUs'}"
-    roomy = offers.filter(num_gpus__gte=gpus, min_gpus__lte=gpus)
+    roomy = offers.filter(_room_filter(deployment))
     if not roomy.exists():
+        if deployment.gpu_slice is not None:
+            sharing = offers.filter(sharing=True)
+            if not sharing.exists():
+                return f"{head}; {having} but none shares its cards"
+            best = sharing.aggregate(core=Max("slice_core_percent"), mb=Max("slice_memory_mb"))
+            return (
+                f"{head}; {having} but at most {best['core'] or 0}% and "
+                f"{best['mb'] or 0} MB free on one card"
+            )
         most = offers.aggregate(most=Max("num_gpus"))["most"] or 0
         return f"{head}; {having} but only {most} free"
     if deployment.max_price_per_gpu_hour is not None:
@@ -183,7 +227,7 @@ def queue_reason(deployment: Deployment) -> str:
     if not reliable.exists():
         best = roomy.aggregate(best=Max("reliability"))["best"]
         return f"{head}; {having} with room, but reliability at most {best:.3f}"
-    if not reliable.filter(disk_per_unit__gte=deployment.disk_gb / gpus).exists():
+    if not reliable.filter(disk_per_unit__gte=_disk_per_unit(deployment)).exists():
         return (
             f"{head}; {having} with room, but none with {deployment.disk_gb} GB of disk "
             f"for {_plural(gpus, 'GPU')}"

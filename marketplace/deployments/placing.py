@@ -28,9 +28,9 @@ from billing.usd import format_usd
 from marketplace.deployments.conditions import matching_offers, placement_request, queue_reason
 from marketplace.models import Deployment, Offer, Rental, Replica
 from marketplace.models.deployments import ReplicaState
-from marketplace.services.pricing import quote_at
+from marketplace.services.pricing import quote_at, slice_rate
 from marketplace.services.renting import RentalRequest, rentals_create
-from scheduler.placement import MachineSnapshot, Planner
+from scheduler.placement import Card, MachineSnapshot, Placement, Planner
 from scheduler.services import NoCapacity
 
 logger = logging.getLogger(__name__)
@@ -47,6 +47,7 @@ class Fleet:
     def __init__(self, offers: QuerySet[Offer]):
         self._offers = offers
         self.prices: dict[int, tuple[int, int]] = {}
+        self.card_memory: dict[int, int] = {}  # sharing machines' cards, for a slice's rate
 
     @classmethod
     def matching(cls, deployment: Deployment) -> Fleet:
@@ -61,27 +62,53 @@ class Fleet:
         """Renting picks the GPUs itself, so the free GPUs need only be counted, not named."""
         rows = self._offers.values_list(
             "machine_id", "gpu_name", "num_gpus", "price_per_gpu_hour", "reliability",
-            "geolocation", "min_gpus", "disk_per_unit", "storage_cost",
+            "geolocation", "min_gpus", "disk_per_unit", "storage_cost", "sharing", "cards",
+            "min_slice_core_percent",
         )  # fmt: skip
         snapshots = []
-        for machine_id, name, free, price, reliability, region, min_gpus, disk, storage in rows:
+        for (
+            machine_id, name, free, price, reliability, region, min_gpus, disk, storage,
+            sharing, cards, min_slice,
+        ) in rows:  # fmt: skip
+            free_ids, card_rows = tuple(range(free)), ()
+            if sharing:  # the offer's cards by index; whole free ones are the whole units
+                card_rows = tuple(
+                    Card(c["gpu_index"], c["free_core_percent"], c["free_memory_mb"],
+                         c["memory_mb"])
+                    for c in cards
+                )  # fmt: skip
+                free_ids = tuple(c.gpu_id for c in card_rows if c.whole_free)
+                self.card_memory[machine_id] = max((c.memory_mb for c in card_rows), default=1)
             snapshots.append(
                 MachineSnapshot(
                     machine_id=machine_id,
                     gpu_name=name.upper(),
-                    free_gpu_ids=tuple(range(free)),
+                    free_gpu_ids=free_ids,
                     price_per_gpu_hour=price,
                     reliability=reliability,
                     region=region,
                     min_gpus=min_gpus,
                     disk_per_gpu_gb=disk,
+                    cards=card_rows,
+                    min_slice_core_percent=min_slice,
                 )  # fmt: skip
             )
             self.prices[machine_id] = (price, storage)
         return Planner(snapshots)
 
+    def release(self, placement: Placement) -> None:
+        """Give a placement back to the snapshot (its rental was refused after all)."""
+        if placement.gpu_slice is not None:
+            [card] = placement.gpu_ids
+            self.planner.release_slice(placement.machine_id, card, placement.gpu_slice)
+        else:
+            self.planner.release(placement.machine_id, placement.gpu_ids)
+
     def replica_cost(self, deployment: Deployment, machine_id: int) -> int:
         price, storage = self.prices[machine_id]
+        size = deployment.gpu_slice
+        if size is not None:
+            price = slice_rate(price, size, self.card_memory.get(machine_id, 1))
         return quote_at(
             price_per_gpu_hour=price,
             storage_price_per_gb_month=storage,
@@ -110,9 +137,12 @@ class Placing:
 class _Planned:
     placing: Placing
     replica: Replica
-    machine_id: int
-    gpu_ids: tuple[int, ...]
+    placement: Placement
     cost: int
+
+    @property
+    def machine_id(self) -> int:
+        return self.placement.machine_id
 
 
 def place_queued(placings: list[Placing], fleet: Fleet) -> None:
@@ -145,11 +175,11 @@ def _plan(placing: Placing, fleet: Fleet) -> list[_Planned]:
         cost = fleet.replica_cost(deployment, placement.machine_id)
         over = _over_budget(placing, cost)
         if over:
-            fleet.planner.release(placement.machine_id, placement.gpu_ids)
+            fleet.release(placement)
             placing.reason = over
             break
         placing.avoid.add(placement.machine_id)
-        planned.append(_Planned(placing, replica, placement.machine_id, placement.gpu_ids, cost))
+        planned.append(_Planned(placing, replica, placement, cost))
         if placing.committed is not None:
             placing.committed += cost
     return planned
@@ -182,7 +212,7 @@ def _rent(planned: list[_Planned], fleet: Fleet) -> set[int]:
             continue
         _unspend(p)
         if isinstance(outcome, InsufficientCredit):
-            fleet.planner.release(p.machine_id, p.gpu_ids)
+            fleet.release(p.placement)
             p.placing.reason = f"not enough credit to place a replica: {outcome}"
             short_of_credit.add(p.placing)
         else:  # OfferUnavailable, NoCapacity, ValidationError: this machine, not the replica
@@ -241,4 +271,6 @@ def rental_request(deployment: Deployment, machine_id: int) -> RentalRequest:
         ports=list(deployment.ports),
         entrypoint=deployment.entrypoint,
         args=list(deployment.args),
+        gpu_slice=deployment.gpu_slice,
+        card_policy=deployment.card_policy,
     )

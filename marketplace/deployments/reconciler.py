@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -59,6 +60,11 @@ GONE_INSTANCE_STATES = (InstanceState.DESTROYING, InstanceState.DESTROYED)
 RECENT_FAILURES = timedelta(minutes=10)
 BACKOFF_START = timedelta(seconds=10)
 BACKOFF_MAX = timedelta(minutes=5)
+
+# Who hears that a replica started running or ended (the cluster gateway's routes): called in
+# the pass's transaction, before an ended replica's rental is destroyed, so a hook's on-commit
+# work runs before the destroy is queued.
+replica_service_hooks: list[Callable[[Replica], None]] = []
 
 
 def deployment_reconcile(*, deployment_id: int, wait: bool = True) -> bool:
@@ -253,6 +259,8 @@ def replica_follow_instance(replica: Replica) -> bool:
     if state == R.RUNNING and replica.started_at is None:
         replica.started_at = timezone.now()
     replica.save(update_fields=["state", "started_at"])
+    if state == R.RUNNING:
+        _tell_hooks(replica)
     return True
 
 
@@ -265,7 +273,13 @@ def replica_end(replica: Replica, state: str, reason: str) -> bool:
     replica.reason = reason[:300]
     replica.ended_at = timezone.now()
     replica.save(update_fields=["state", "reason", "exit_code", "ended_at"])
+    _tell_hooks(replica)
     return True
+
+
+def _tell_hooks(replica: Replica) -> None:
+    for hook in replica_service_hooks:
+        hook(replica)
 
 
 def _destroy_ended_rentals(deployment: Deployment) -> bool:

@@ -25,6 +25,7 @@ from marketplace.models.deployments import (
 from marketplace.services.renting import MAX_RENTAL_HOURS, MIN_RENTAL_HOURS
 from marketplace.validation import validate_launch
 from scheduler.models import LaunchMode
+from scheduler.placement import BINPACK, CARD_POLICIES
 
 MAX_REPLICAS = 256
 MAX_GPUS_PER_REPLICA = 64
@@ -56,6 +57,10 @@ class DeploymentSpec:
     backoff_limit: int = 6
     duration_hours: float = 1.0
     budget: int | None = None
+    # A slice of one card per replica (API: gpu_share), and which card it goes on.
+    slice_core_percent: int | None = None
+    slice_memory_mb: int | None = None
+    card_policy: str = BINPACK
 
 
 SPEC_FIELDS = tuple(f.name for f in fields(DeploymentSpec))
@@ -108,6 +113,7 @@ def deployment_validate(spec: DeploymentSpec) -> DeploymentSpec:
         errors["max_price_per_gpu_hour"] = "Must not be negative."
     if spec.budget is not None and spec.budget < 0:
         errors["budget_usd"] = "Must not be negative."
+    errors.update(_slice_errors(spec))
     for name, values, longest in (
         ("gpu_names", spec.gpu_names, 120),
         ("regions", spec.regions, 64),
@@ -126,6 +132,25 @@ def deployment_validate(spec: DeploymentSpec) -> DeploymentSpec:
         gpu_names=[v.strip() for v in spec.gpu_names],
         regions=[v.strip() for v in spec.regions],
     )
+
+
+def _slice_errors(spec: DeploymentSpec) -> dict[str, str]:
+    """A slice per replica is one card's share: sizes in range, one GPU, a known card policy."""
+    errors = {}
+    if spec.card_policy not in CARD_POLICIES:
+        errors["card_policy"] = f"Choose one of {', '.join(CARD_POLICIES)}."
+    if spec.slice_core_percent is None and spec.slice_memory_mb is None:
+        return errors
+    if not (
+        isinstance(spec.slice_core_percent, int)
+        and isinstance(spec.slice_memory_mb, int)
+        and 1 <= spec.slice_core_percent <= 100
+        and spec.slice_memory_mb >= 1
+    ):
+        errors["gpu_share"] = "Give core_percent from 1 to 100 and memory_mb of at least 1."
+    elif spec.gpus_per_replica != 1:
+        errors["gpus_per_replica"] = "A replica with a GPU slice takes part of one GPU: use 1."
+    return errors
 
 
 def spec_of(deployment: Deployment) -> DeploymentSpec:

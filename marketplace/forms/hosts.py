@@ -76,6 +76,13 @@ class MachineTermsForm(ConsoleForm):
         return timezone.make_aware(datetime.combine(day, time(23, 59))) if day else None
 
 
+class MachineSharingForm(ConsoleForm):
+    """GPU sharing on or off (a checkbox: absent means off) and the smallest slice."""
+
+    enabled = forms.BooleanField(required=False)
+    min_core_percent = WholeNumberField(default=10)
+
+
 class MaintenanceWindowForm(ConsoleForm):
     starts_at = UtcMomentField()
     ends_at = UtcMomentField()

@@ -142,16 +142,40 @@ class RentForm(SerializerForm):
     ports = TextFormatField(ports_from_text)
     registry_username = forms.CharField(required=False)
     registry_password = forms.CharField(required=False, strip=False)
+    # "slice" rents part of one card (offers that share) instead of num_gpus whole GPUs.
+    rent_kind = forms.CharField(required=False)
+    core_percent = WholeNumberText()
+    memory_mb = WholeNumberText()
+    card_policy = forms.CharField(required=False)
+    # One of the team's volumes on this machine, and where it goes (/data when left empty).
+    volume = forms.CharField(required=False)
+    volume_target = forms.CharField(required=False)
 
     def __init__(self, data: Any, *, machine_id: int) -> None:
         self.machine_id = machine_id
         super().__init__(data)
+        if data.get("rent_kind") == "slice":  # part of one GPU: the GPU count is not asked
+            self.fields["num_gpus"] = WholeNumberText(absent=1)
 
     def serializer_data(self) -> dict[str, Any]:
         data = {**self.cleaned_data, "machine_id": self.machine_id}
         if not data["launch_mode"]:
             del data["launch_mode"]  # the serializer's default: the image's entrypoint
+        core, memory = data.pop("core_percent"), data.pop("memory_mb")
+        if data.pop("rent_kind") == "slice":
+            data["gpu_share"] = {"core_percent": core, "memory_mb": memory}
+            del data["num_gpus"]
+        if not data["card_policy"]:
+            del data["card_policy"]
+        volume, target = data.pop("volume").strip(), data.pop("volume_target").strip()
+        data["volumes"] = [{"volume": volume, "target": target or "/data"}] if volume else []
         return data
+
+    def _add_serializer_error(self, field: str, messages: list[str]) -> None:
+        if field == "gpu_share":  # its parts have inputs of their own; the message names them
+            self.add_error(None, [f"GPU slice: {m}" for m in messages])
+            return
+        super()._add_serializer_error(field, messages)
 
     def rental_request(self) -> RentalRequest:
         self.parsed()

@@ -1,9 +1,12 @@
 from marketplace.models.accounts import ApiKey, Invitation, Membership, Role, Team, User
+from marketplace.models.clusters import Cluster
 from marketplace.models.deployments import Deployment, Replica
 from marketplace.models.rentals import Offer, Rental, SshKey
+from marketplace.models.volumes import Volume, VolumeMount, VolumeState, VolumeVersion
 
 __all__ = [
     "ApiKey",
+    "Cluster",
     "Deployment",
     "Rental",
     "Invitation",
@@ -14,4 +17,8 @@ __all__ = [
     "SshKey",
     "Team",
     "User",
+    "Volume",
+    "VolumeMount",
+    "VolumeState",
+    "VolumeVersion",
 ]

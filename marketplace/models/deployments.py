@@ -13,6 +13,7 @@ from django.db import models
 from django.db.models import Q
 
 from scheduler.models import LaunchMode
+from scheduler.placement import SliceSize
 
 
 class DeploymentMode(models.TextChoices):
@@ -57,6 +58,12 @@ class Deployment(models.Model):
     # Conditions a machine must meet to run a replica.
     gpu_names = models.JSONField(default=list, blank=True, help_text="any model when empty")
     gpus_per_replica = models.PositiveSmallIntegerField(default=1)
+    # A slice of one card per replica instead of whole GPUs (gpus_per_replica is then 1), on
+    # machines that share their cards; card_policy picks the card (binpack: the fullest that
+    # fits, spread: the emptiest) after ``policy`` picked the machine.
+    slice_core_percent = models.PositiveSmallIntegerField(null=True, blank=True)
+    slice_memory_mb = models.PositiveIntegerField(null=True, blank=True)
+    card_policy = models.CharField(max_length=16, default="binpack")
     max_price_per_gpu_hour = models.BigIntegerField(
         null=True, blank=True, help_text="micro-dollars; no cap when null"
     )
@@ -100,6 +107,20 @@ class Deployment(models.Model):
             ),
             models.CheckConstraint(condition=Q(disk_gb__gte=1), name="deployment_disk_min1"),
             models.CheckConstraint(
+                condition=Q(slice_core_percent=None, slice_memory_mb=None)
+                | Q(
+                    gpus_per_replica=1,
+                    slice_core_percent__gte=1,
+                    slice_core_percent__lte=100,
+                    slice_memory_mb__gte=1,
+                ),
+                name="deployment_whole_gpus_or_one_slice",
+            ),
+            models.CheckConstraint(
+                condition=Q(card_policy__in=["binpack", "spread"]),
+                name="deployment_card_policy_known",
+            ),
+            models.CheckConstraint(
                 condition=Q(duration_hours__gt=0), name="deployment_hours_positive"
             ),
             models.CheckConstraint(
@@ -117,6 +138,13 @@ class Deployment(models.Model):
     @property
     def is_job(self) -> bool:
         return self.mode in (DeploymentMode.JOB, DeploymentMode.CONTAINER)
+
+    @property
+    def gpu_slice(self) -> SliceSize | None:
+        """The slice each replica takes, or None for whole GPUs."""
+        if self.slice_core_percent is None:
+            return None
+        return SliceSize(self.slice_core_percent, self.slice_memory_mb)
 
 
 class ReplicaState(models.TextChoices):

@@ -132,6 +132,9 @@ class Offer(models.Model):
     cpu_cores_per_unit = models.FloatField()
     cpu_ram_per_unit = models.FloatField(help_text="GB")
     disk_per_unit = models.FloatField(help_text="GB")
+    disk_enforced = models.BooleanField(
+        default=False, help_text="the host caps a rental's disk at its size (storage quotas)"
+    )
     price_per_gpu_hour = models.BigIntegerField(help_text="micro-dollars")
     dph_total = models.BigIntegerField(help_text="micro-dollars per hour for all free units")
     storage_cost = models.BigIntegerField(help_text="micro-dollars per GB-month")
@@ -142,6 +145,15 @@ class Offer(models.Model):
     cuda_max_good = models.FloatField(default=0)
     verified = models.BooleanField(default=False)
     score = models.FloatField(default=0, db_index=True)
+    # Slices (fractional GPUs), on a machine that shares its cards: the most one slice can
+    # take now, as a fraction of a card (the smaller of its compute and memory shares free on
+    # the best card) and as compute percent and MB free on one card; each card's free share.
+    sharing = models.BooleanField(default=False)
+    gpu_frac = models.FloatField(default=0, help_text="largest free fraction of one card")
+    slice_core_percent = models.PositiveSmallIntegerField(default=0)
+    slice_memory_mb = models.PositiveIntegerField(default=0)
+    min_slice_core_percent = models.PositiveSmallIntegerField(default=0)
+    cards = models.JSONField(default=list, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:

@@ -14,7 +14,7 @@ from marketplace.events import publish_team_event
 from marketplace.models import Rental
 from marketplace.services.clocks import rentals_follow_machine
 from marketplace.services.offers import offer_refresh
-from scheduler.services import live_gpu_allocations
+from scheduler.services import live_gpu_allocations, sliced_gpu_ids
 
 
 @receiver(machine_status_changed, dispatch_uid="marketplace.machine_status_changed")
@@ -39,9 +39,12 @@ def on_machine_changed(sender, *, machine_id, team_id=None, what="", **kwargs):
 
 
 def rented_gpus(machine_ids: list[int]) -> dict[int, str]:
-    """Which GPUs live allocations hold, for the provider's occupancy grid."""
+    """Which GPUs live allocations or slices hold, for the provider's occupancy grid (a card
+    with slices on it earns and takes no whole rental: it counts as rented)."""
     taken = live_gpu_allocations().filter(gpu__machine_id__in=machine_ids)
-    return dict.fromkeys(taken.values_list("gpu_id", flat=True), "rented")
+    rented = dict.fromkeys(taken.values_list("gpu_id", flat=True), "rented")
+    rented.update(dict.fromkeys(sliced_gpu_ids(machine_ids), "rented"))
+    return rented
 
 
 register_occupancy(rented_gpus)

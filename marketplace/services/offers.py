@@ -12,7 +12,8 @@ from django.utils import timezone
 from billing.money import MICRO_PER_DOLLAR
 from hosts.models import Gpu, Machine, MachineStatus
 from marketplace.models import Offer
-from scheduler.services import live_gpu_allocations
+from scheduler.placement import Card
+from scheduler.services import live_gpu_allocations, machine_cards
 
 
 def short_gpu_name(name: str) -> str:
@@ -53,13 +54,17 @@ def offers_refresh(
     taken = set(
         live_gpu_allocations().filter(gpu__machine_id__in=ids).values_list("gpu_id", flat=True)
     )
+    cards = machine_cards(machines)  # sharing machines only: no query when none shares
+    taken.update(card.gpu_id for each in cards.values() for card in each if not card.whole_free)
     now = timezone.now()
     offers = []
     for machine in machines:
         present = sorted(gpus[machine.pk])
         machine.present_gpu_count = len(present)  # the unit sizes divide by it: no query each
         free = sum(1 for _, pk, _, _ in present if pk not in taken)
-        offers.append(Offer(machine_id=machine.pk, **_offer_values(machine, present, free, now)))
+        values = _offer_values(machine, present, free, now)
+        values.update(_slice_values(machine, present, cards.get(machine.pk, []), values))
+        offers.append(Offer(machine_id=machine.pk, **values))
     return Offer.objects.bulk_create(
         offers,
         update_conflicts=True,
@@ -70,10 +75,48 @@ def offers_refresh(
 
 OFFER_FIELDS = (
     "provider_team_id", "rentable", "gpu_name", "num_gpus", "total_gpus", "min_gpus", "gpu_ram",
-    "cpu_cores_per_unit", "cpu_ram_per_unit", "disk_per_unit", "price_per_gpu_hour", "dph_total",
-    "storage_cost", "reliability", "end_date", "geolocation", "driver_version", "cuda_max_good",
-    "verified", "score",
+    "cpu_cores_per_unit", "cpu_ram_per_unit", "disk_per_unit", "disk_enforced",
+    "price_per_gpu_hour", "dph_total", "storage_cost", "reliability", "end_date", "geolocation",
+    "driver_version", "cuda_max_good", "verified", "score", "sharing", "gpu_frac",
+    "slice_core_percent", "slice_memory_mb", "min_slice_core_percent", "cards",
 )  # fmt: skip
+
+
+def _slice_values(machine: Machine, present: list, cards: list[Card], whole: dict) -> dict:
+    """The offer's slice columns: on a sharing machine, what one slice can take now and each
+    shareable card's free share (cards rented whole are not listed). A machine with slices
+    free is rentable even when no whole GPU is."""
+    if not machine.sharing_enabled:
+        return {"sharing": False, "gpu_frac": 0.0, "slice_core_percent": 0,
+                "slice_memory_mb": 0, "min_slice_core_percent": 0, "cards": []}  # fmt: skip
+    index = {pk: gpu_index for gpu_index, pk, _, _ in present}
+    usable = [c for c in cards if c.free_core >= machine.sharing_min_core_percent]
+    frac = max(
+        (min(c.free_core / 100, c.free_memory_mb / max(c.memory_mb, 1)) for c in usable),
+        default=0.0,
+    )
+    open_for_rent = bool(
+        machine.listed
+        and machine.status == MachineStatus.ONLINE
+        and (machine.end_date is None or machine.end_date > timezone.now())
+    )
+    return {
+        "sharing": True,
+        "rentable": whole["rentable"] or (open_for_rent and bool(usable)),
+        "gpu_frac": round(frac, 4),
+        "slice_core_percent": max((c.free_core for c in usable), default=0),
+        "slice_memory_mb": max((c.free_memory_mb for c in usable), default=0),
+        "min_slice_core_percent": machine.sharing_min_core_percent,
+        "cards": [
+            {
+                "gpu_index": index.get(c.gpu_id),
+                "free_core_percent": c.free_core,
+                "free_memory_mb": c.free_memory_mb,
+                "memory_mb": c.memory_mb,
+            }
+            for c in sorted(cards, key=lambda c: index.get(c.gpu_id, 0))
+        ],
+    }
 
 
 def _offer_values(machine: Machine, present: list, free: int, now) -> dict:
@@ -101,6 +144,7 @@ def _offer_values(machine: Machine, present: list, free: int, now) -> dict:
         "cpu_cores_per_unit": machine.unit_cpus if total else 0,
         "cpu_ram_per_unit": round(machine.unit_memory_mb / 1024, 2) if total else 0,
         "disk_per_unit": float(machine.unit_disk_gb) if total else 0,
+        "disk_enforced": machine.disk_enforced,
         "price_per_gpu_hour": machine.price_per_gpu_hour,
         "dph_total": dph_total,
         "storage_cost": machine.storage_price_per_gb_month,

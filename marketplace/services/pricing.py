@@ -4,10 +4,12 @@ seconds, at the machine's prices (renting) or the rental's (extending)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from fractions import Fraction
 
 from billing.money import usage_owed
 from hosts.models import Machine
 from marketplace.models import Rental
+from scheduler.placement import SliceSize, slice_fraction
 
 SECONDS_PER_MONTH = 30 * 24 * 3600
 
@@ -26,6 +28,14 @@ class Quote:
     @property
     def total(self) -> int:
         return self.gpu + self.storage
+
+
+def slice_rate(price_per_gpu_hour: int, size: SliceSize, card_memory_mb: int) -> int:
+    """A slice's hourly rate in micro-dollars: the card's rate × the larger of its compute and
+    memory fractions, rounded once (half up). It is the rental's rate for its one unit, fixed at
+    renting, so metering, invoices and earnings treat it as any rental's."""
+    exact = price_per_gpu_hour * slice_fraction(size.core_percent, size.memory_mb, card_memory_mb)
+    return int(exact + Fraction(1, 2))  # floor(x + ½): half up, for x ≥ 0
 
 
 def rental_quote(*, machine: Machine, gpu_count: int, disk_gb: int, hours: float) -> Quote:

@@ -30,10 +30,18 @@ from marketplace.models import Rental, Team
 from marketplace.models.rentals import rental_reference
 from marketplace.services.clocks import ENDED_STATES
 from marketplace.services.offers import offers_refresh
-from marketplace.services.pricing import Quote, extension_quote, rental_quote
+from marketplace.services.pricing import (
+    Quote,
+    extension_quote,
+    quote_at,
+    rental_quote,
+    slice_rate,
+)
 from marketplace.services.registries import registry_check, registry_login_seal
+from marketplace.services.volumes import MountRequest, mounts_check, mounts_lock_ready, mounts_write
 from marketplace.validation import label_check, validate_launch
 from scheduler.models import Instance, InstanceEvent, InstanceState, LaunchMode
+from scheduler.placement import BINPACK, CARD_POLICIES, SliceSize, slice_fraction
 from scheduler.services import (
     JUPYTER_CONTAINER_PORT,
     SSH_CONTAINER_PORT,
@@ -41,6 +49,7 @@ from scheduler.services import (
     NoCapacity,
     allocations_write,
 )
+from scheduler.services.allocations import SliceTaken
 from scheduler.work import work_enqueue_on_commit
 
 MAX_RENTAL_HOURS = 24 * 365
@@ -67,6 +76,11 @@ class RentalRequest:
     registry_username: str = ""
     registry_password: str = ""
     label: str = ""
+    # A slice of one card instead of whole GPUs (gpu_count is then 1), placed on the card
+    # ``card_policy`` picks: binpack the fullest that fits, spread the emptiest.
+    gpu_slice: SliceSize | None = None
+    card_policy: str = BINPACK
+    volumes: tuple[MountRequest, ...] = ()
 
 
 def rental_create(*, team: Team, request: RentalRequest) -> Rental:
@@ -94,6 +108,7 @@ def rentals_create(orders: list[RentalOrder]) -> list[Rental | Exception]:
     """
     outcomes: list[Rental | Exception | None] = [None] * len(orders)
     credentials = _check_orders(orders, outcomes)  # before any lock: a name lookup may be slow
+    mounts = _check_mounts(orders, outcomes)
     with transaction.atomic():
         pending = [i for i, outcome in enumerate(outcomes) if outcome is None]
         machine_ids = sorted({orders[i][1].machine_id for i in pending})
@@ -103,6 +118,7 @@ def rentals_create(orders: list[RentalOrder]) -> list[Rental | Exception]:
             .filter(pk__in=machine_ids)
             .order_by("pk")
         }
+        pending = _mounts_still_ready(pending, mounts, outcomes)
         room = MachineRoom(list(machines.values()))
         now = timezone.now()
         windows = _maintenance_windows(machine_ids, now)
@@ -113,13 +129,15 @@ def rentals_create(orders: list[RentalOrder]) -> list[Rental | Exception]:
             try:
                 terms = _accept(request, machines.get(request.machine_id), room, windows, now)
                 if credit[team.pk] < terms.quote.total:
-                    room.give_back(request.machine_id, terms.gpu_ids, terms.ports)
+                    room.give_back(request.machine_id, terms.gpu_ids, terms.ports, terms.slice_)
                     raise InsufficientCredit(needed=terms.quote.total, available=credit[team.pk])
             except (OfferUnavailable, ValidationError, NoCapacity, InsufficientCredit) as error:
                 outcomes[i] = error
                 continue
             credit[team.pk] -= terms.quote.total
-            accepted.append(_Accepted(i, team, request, machines[request.machine_id], terms))
+            accepted.append(
+                _Accepted(i, team, request, machines[request.machine_id], terms, mounts.get(i, []))
+            )
         for i, rental in zip(
             [a.index for a in accepted], _rentals_write(accepted, credentials, now), strict=True
         ):
@@ -133,6 +151,8 @@ class _Terms:
     gpu_ids: list[int]
     ports: list[tuple[int, int]]
     quote: Quote
+    price_per_gpu_hour: int  # the machine's; a slice's rate is the card's times its fraction
+    slice_: SliceTaken | None = None
 
 
 @dataclass(frozen=True)
@@ -142,6 +162,40 @@ class _Accepted:
     request: RentalRequest
     machine: Machine
     terms: _Terms
+    mounts: list = ()  # (Volume, path inside) the rental mounts
+
+
+def _check_mounts(orders: list[RentalOrder], outcomes: list) -> dict[int, list]:
+    """The volumes each order mounts, checked against its team's (the outcome of one that
+    fails is its error)."""
+    mounts = {}
+    for i, (team, request) in enumerate(orders):
+        if outcomes[i] is not None or not request.volumes:
+            continue
+        try:
+            mounts[i] = mounts_check(
+                team=team, machine_id=request.machine_id, requested=list(request.volumes)
+            )
+        except ValidationError as error:
+            outcomes[i] = error
+    return mounts
+
+
+def _mounts_still_ready(pending: list[int], mounts: dict[int, list], outcomes: list) -> list[int]:
+    """Lock the volumes the orders mount, after the machines; an order whose volume was
+    deleted meanwhile is refused."""
+    wanted = [volume.pk for i in pending for volume, _ in mounts.get(i, [])]
+    if not wanted:
+        return pending
+    ready = mounts_lock_ready(wanted)
+    still = []
+    for i in pending:
+        gone = [volume.pk for volume, _ in mounts.get(i, []) if volume.pk not in ready]
+        if gone:
+            outcomes[i] = ValidationError({"volumes": f"Volume {gone[0]} was deleted."})
+        else:
+            still.append(i)
+    return still
 
 
 def _check_orders(orders: list[RentalOrder], outcomes: list) -> dict[int, dict[str, str]]:
@@ -195,13 +249,62 @@ def _accept(
         raise OfferUnavailable("This machine is not offered for rent right now.")
     machine.present_gpu_count = room.present[machine.pk]
     ends_at = _validate_terms(
-        machine=machine, request=request, now=now, windows=windows[machine.pk]
+        machine=machine,
+        request=request,
+        now=now,
+        windows=windows[machine.pk],
+        largest_card_memory_mb=room.largest_card_memory_mb[machine.pk],
     )
+    if request.gpu_slice is not None:
+        return _accept_slice(request, machine, room, ends_at)
     gpu_ids, ports = room.take(machine.pk, request.gpu_count, _container_ports(request))
     quote = rental_quote(
         machine=machine, gpu_count=request.gpu_count, disk_gb=request.disk_gb, hours=request.hours
     )
-    return _Terms(ends_at=ends_at, gpu_ids=gpu_ids, ports=ports, quote=quote)
+    return _Terms(
+        ends_at=ends_at,
+        gpu_ids=gpu_ids,
+        ports=ports,
+        quote=quote,
+        price_per_gpu_hour=machine.price_per_gpu_hour,
+    )
+
+
+def _accept_slice(
+    request: RentalRequest, machine: Machine, room: MachineRoom, ends_at: datetime
+) -> _Terms:
+    """A slice's terms: a card with room for it (``card_policy`` picks which), its rate (the
+    card's times its fraction), and the disk its fraction of a unit allows."""
+    size = request.gpu_slice
+    slice_ = room.take_slice(machine.pk, size.core_percent, size.memory_mb, request.card_policy)
+    card_memory = room.card_memory_mb(slice_.gpu_id)
+    rate = slice_rate(machine.price_per_gpu_hour, size, card_memory)
+    fraction = slice_fraction(size.core_percent, size.memory_mb, card_memory)
+    max_disk = max(int(machine.unit_disk_gb * fraction), 1)
+    try:
+        if request.disk_gb > max_disk:
+            raise ValidationError(
+                {"disk_gb": f"Choose between 1 and {max_disk} GB for this slice of a card."}
+            )
+        _, ports = room.take(machine.pk, 0, _container_ports(request))
+    except (ValidationError, NoCapacity):
+        room.give_back(machine.pk, [], [], slice_)
+        raise
+    quote = quote_at(
+        price_per_gpu_hour=rate,
+        storage_price_per_gb_month=machine.storage_price_per_gb_month,
+        gpu_count=1,
+        disk_gb=request.disk_gb,
+        hours=request.hours,
+    )
+    return _Terms(
+        ends_at=ends_at,
+        gpu_ids=[],
+        ports=ports,
+        quote=quote,
+        price_per_gpu_hour=rate,
+        slice_=slice_,
+    )
 
 
 def _rentals_write(
@@ -213,9 +316,12 @@ def _rentals_write(
         return []
     instances = [_instance_for(a, credentials[a.index], now) for a in accepted]
     insert_models(Instance, instances)
+    for a, instance in zip(accepted, instances, strict=True):
+        if a.mounts:
+            mounts_write(instance, a.mounts)
     allocations_write(
         [
-            (instance, a.terms.gpu_ids, a.terms.ports)
+            (instance, a.terms.gpu_ids, a.terms.ports, a.terms.slice_)
             for a, instance in zip(accepted, instances, strict=True)
         ]
     )
@@ -227,7 +333,7 @@ def _rentals_write(
                 amount=a.terms.quote.total,
                 reference=rental_reference(instance.pk),
                 idempotency_key=f"rental:{instance.uuid}:hold",
-                description=f"{a.request.gpu_count}× GPU on machine {a.machine.pk} for {a.request.hours:g} h",
+                description=f"{_what_rented(a.request)} on machine {a.machine.pk} for {a.request.hours:g} h",
                 machine_reference=machine_reference(a.machine.pk),
             )
             for a, instance in zip(accepted, instances, strict=True)
@@ -240,7 +346,7 @@ def _rentals_write(
             machine=a.machine,
             instance=instance,
             gpu_count=a.request.gpu_count,
-            price_per_gpu_hour=a.machine.price_per_gpu_hour,
+            price_per_gpu_hour=a.terms.price_per_gpu_hour,
             storage_price_per_gb_month=a.machine.storage_price_per_gb_month,
             disk_gb=a.request.disk_gb,
             starts_at=now,
@@ -270,6 +376,13 @@ def _rentals_write(
     return rentals
 
 
+def _what_rented(request: RentalRequest) -> str:
+    size = request.gpu_slice
+    if size is None:
+        return f"{request.gpu_count}× GPU"
+    return f"{size.core_percent}% / {size.memory_mb} MB slice of a GPU"
+
+
 def _tell_consoles(instances: list[Instance]) -> None:
     """The teams' consoles list the new instances at once (sent only if this commits): one
     event per team, which refreshes its lists once however many replicas a batch placed;
@@ -297,6 +410,9 @@ def _instance_for(accepted: _Accepted, credential: dict[str, str], now: datetime
         args=list(request.args or []),
         env=dict(request.env or {}),
         disk_gb=request.disk_gb,
+        slice_core_percent=request.gpu_slice.core_percent if request.gpu_slice else None,
+        slice_memory_mb=request.gpu_slice.memory_mb if request.gpu_slice else None,
+        volumes=[[volume.docker_name, target] for volume, target in accepted.mounts],
         registry_credential=credential,
         jupyter_token=secrets.token_urlsafe(24)
         if request.launch_mode == LaunchMode.JUPYTER
@@ -324,13 +440,20 @@ def _validate_request(request: RentalRequest) -> None:
 
 
 def _validate_terms(
-    *, machine: Machine, request: RentalRequest, now: datetime, windows: list
+    *,
+    machine: Machine,
+    request: RentalRequest,
+    now: datetime,
+    windows: list,
+    largest_card_memory_mb: int,
 ) -> datetime:
     """The rental's end, or ValidationError naming each term it breaks. ``windows`` are the
     machine's maintenance windows (start, end) that end after ``now``."""
     errors: dict[str, str] = {}
     present = machine.gpu_count
-    if request.gpu_count < max(machine.min_gpus, 1):
+    if request.gpu_slice is not None:
+        errors.update(_slice_errors(machine, request, largest_card_memory_mb))
+    elif request.gpu_count < max(machine.min_gpus, 1):
         errors["num_gpus"] = f"This machine rents at least {machine.min_gpus} GPU(s) at a time."
     elif request.gpu_count > present:
         errors["num_gpus"] = f"This machine has {present} GPU(s)."
@@ -353,11 +476,37 @@ def _validate_terms(
     ):
         errors["duration_hours"] = "The rental would overlap a maintenance window of this machine."
     max_disk = int(machine.unit_disk_gb * max(request.gpu_count, 1))
-    if not (1 <= request.disk_gb <= max(max_disk, 1)):
+    if request.gpu_slice is not None:
+        if request.disk_gb < 1:  # its most is its fraction of a unit, checked on its card
+            errors["disk_gb"] = "Choose at least 1 GB."
+    elif not (1 <= request.disk_gb <= max(max_disk, 1)):
         errors["disk_gb"] = f"Choose between 1 and {max_disk} GB for {request.gpu_count} GPU(s)."
     if errors:
         raise ValidationError(errors)
     return ends_at
+
+
+def _slice_errors(machine: Machine, request: RentalRequest, largest: int) -> dict[str, str]:
+    """What refuses a slice on this machine whatever its cards hold now (400s; a card too full
+    now is a 409 from ``MachineRoom.take_slice``)."""
+    size = request.gpu_slice
+    if not machine.sharing_enabled:
+        return {
+            "gpu_share": "This machine does not share its GPUs; rent whole GPUs (num_gpus) "
+            "or choose an offer with gpu_frac."
+        }
+    if request.gpu_count != 1:
+        return {"num_gpus": "A slice is part of one GPU: leave num_gpus out or set it to 1."}
+    if request.card_policy not in CARD_POLICIES:
+        return {"card_policy": f"Choose one of {', '.join(CARD_POLICIES)}."}
+    low = machine.sharing_min_core_percent
+    if not (low <= size.core_percent <= 100):
+        return {"gpu_share": f"core_percent: this machine shares from {low} to 100 percent."}
+    if not (1 <= size.memory_mb <= largest):
+        return {
+            "gpu_share": f"memory_mb: this machine's cards have {largest} MB; ask for 1 to {largest}."
+        }
+    return {}
 
 
 def _container_ports(request: RentalRequest) -> list[int]:

@@ -9,6 +9,7 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
 from django.db import transaction
+from django.db.models import Count, Sum
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import path
@@ -24,13 +25,16 @@ from marketplace.fleet import EARNINGS_DAYS, fleet_summary, machine_earnings_by_
 from marketplace.forms.hosts import (
     HostKeyConfirmForm,
     MachineAddForm,
+    MachineSharingForm,
     MachineTermsForm,
     MaintenanceCancelForm,
     MaintenanceWindowForm,
 )
+from marketplace.host_usage import machine_gpu_usage, machine_port_usage
 from marketplace.models import Role
 from marketplace.tenancy import team_object_or_404, team_objects
 from marketplace.views.console import error_text, require_role
+from scheduler import services as scheduler
 
 if TYPE_CHECKING:
     from celery import Task
@@ -90,6 +94,7 @@ def machine_detail(request: HttpRequest, pk: int) -> HttpResponse:
     context = {
         "machine": machine,
         "cells": cells,
+        "slices": machine_slices(machine),
         "rented": sum(state == "rented" for _, state in cells),
         "unit_memory_gb": machine.unit_memory_mb / 1024,
         "events": machine.events.all()[:40],
@@ -116,6 +121,28 @@ def machine_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "reliability_days": services.RELIABILITY_WINDOW.days,
     }
     return render(request, "hosts/machine_detail.html", context)
+
+
+def machine_slices(machine: Machine) -> list[dict]:
+    """Each card that slices hold now: its index, the slices' compute and memory in use (the
+    provider sees how full each shared card is; whose slices they are is the renters' own)."""
+    rows = (
+        scheduler.live_gpu_slices()
+        .filter(gpu__machine=machine)
+        .values("gpu__index", "gpu__memory_mib")
+        .annotate(slices=Count("pk"), core=Sum("core_percent"), memory=Sum("memory_mb"))
+        .order_by("gpu__index")
+    )
+    return [
+        {
+            "index": row["gpu__index"],
+            "slices": row["slices"],
+            "core": row["core"],
+            "memory": row["memory"],
+            "card_memory": row["gpu__memory_mib"],
+        }
+        for row in rows
+    ]
 
 
 # --- machine actions: one handler per button of the machine page ----------------------------
@@ -186,6 +213,22 @@ def save_terms(request: HttpRequest, machine: Machine) -> None:
     messages.success(request, "Terms saved. They apply to new rentals.")
 
 
+def set_sharing(request: HttpRequest, machine: Machine) -> None:
+    sharing = MachineSharingForm(request.POST).parsed()
+    scheduler.machine_sharing_set(
+        machine_id=machine.pk,
+        enabled=sharing["enabled"],
+        min_core_percent=sharing["min_core_percent"],
+    )
+    _when_committed(tasks.machine_mps_follow, machine)
+    messages.success(
+        request,
+        "GPU sharing on: renters can rent slices of the cards no whole rental holds."
+        if sharing["enabled"]
+        else "GPU sharing off: whole GPUs only.",
+    )
+
+
 def list_machine(request: HttpRequest, machine: Machine) -> None:
     services.machine_set_listed(machine_id=machine.pk, listed=True)
     messages.success(request, "Listed: renters can find it now.")
@@ -205,6 +248,7 @@ MACHINE_ACTIONS: dict[str, MachineAction] = {
     "maintenance-cancel": cancel_maintenance,
     "remove": remove_machine,
     "terms": save_terms,
+    "sharing": set_sharing,
     "list": list_machine,
     "unlist": unlist_machine,
 }
@@ -227,9 +271,25 @@ def machine_action(request: HttpRequest, pk: int, action: str) -> HttpResponse:
     return response or redirect("machine-detail", pk=machine.pk)
 
 
+@login_required
+def machine_usage(request: HttpRequest, pk: int) -> HttpResponse:
+    """The machine page's usage card (loaded after the page: it reads nvidia-smi now)."""
+    machine = team_object_or_404(request.team, Machine.objects.all(), pk=pk)
+    return render(
+        request,
+        "hosts/_machine_usage.html",
+        {
+            "machine": machine,
+            "gpu_usage": machine_gpu_usage(machine, viewer_team_id=request.team.pk),
+            "port_usage": machine_port_usage(machine, viewer_team_id=request.team.pk),
+        },
+    )
+
+
 urlpatterns = [
     path("machines/", machines, name="machines"),
     path("machines/add/", machine_add, name="machine-add"),
     path("machines/<int:pk>/", machine_detail, name="machine-detail"),
+    path("machines/<int:pk>/usage/", machine_usage, name="machine-usage"),
     path("machines/<int:pk>/<str:action>/", machine_action, name="machine-action"),
 ]

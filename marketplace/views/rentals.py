@@ -17,7 +17,7 @@ from billing.money import format_usd
 from hosts.runtime import CommandFailed, HostUnreachable
 from marketplace import offer_query, selectors
 from marketplace.forms.rentals import ExecForm, ExtendForm, RentForm, SshKeyForm, SshKeyRemoveForm
-from marketplace.models import Offer, Role, SshKey
+from marketplace.models import Offer, Role, SshKey, Volume, VolumeState
 from marketplace.selectors import instance_connection
 from marketplace.services.clocks import ENDED_STATES
 from marketplace.services.metering import rental_owed
@@ -124,6 +124,7 @@ def offers(request: HttpRequest) -> HttpResponse:
         "fields": offer_query.FIELDS,
         "launch_modes": LaunchMode.choices,
         "can_rent": request.membership.allows(Role.MEMBER),
+        "volumes": team_objects(request.team, Volume.objects.filter(state=VolumeState.READY)),
     }
     # A bad query is the renter's error: 400, with the position, token and reason shown.
     return render(request, "marketplace/offers.html", context, status=400 if error else 200)

@@ -13,8 +13,13 @@ from scheduler.services.allocations import (
     allocations_write,
     gpu_allocation_reclaim,
     gpu_allocation_release,
+    holding_gpus,
     instance_gpu_uuids,
+    instance_holds_gpus,
     live_gpu_allocations,
+    live_gpu_slices,
+    machine_cards,
+    sliced_gpu_ids,
 )
 from scheduler.services.container_spec import (
     JUPYTER_BOOTSTRAP,
@@ -34,6 +39,7 @@ from scheduler.services.expiry import instance_expire
 from scheduler.services.launch import instance_launch, instance_launch_fail
 from scheduler.services.leased_work import WorkOutcome
 from scheduler.services.reconcile import machine_reconcile, machines_needing_reconcile
+from scheduler.services.sharing import machine_sharing_set
 from scheduler.services.start import START_LEASE, instance_start, start_under_way
 from scheduler.services.stop_destroy import (
     instance_destroy,
@@ -73,7 +79,13 @@ __all__ = [
     "instance_stop_request",
     "instance_transition",
     "live_gpu_allocations",
+    "live_gpu_slices",
+    "holding_gpus",
+    "instance_holds_gpus",
+    "machine_cards",
+    "sliced_gpu_ids",
     "machine_reconcile",
+    "machine_sharing_set",
     "machines_needing_reconcile",
     "start_under_way",
 ]

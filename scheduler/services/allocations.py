@@ -1,8 +1,10 @@
-"""Allocations of GPUs and host ports to instances.
+"""Allocations of GPUs, GPU slices and host ports to instances.
 
 Allocation happens inside the caller's transaction with the machine row locked, so two renters
-racing for the last GPU are serialized; the partial unique constraints on the allocation tables
-are the backstop. ``live_gpu_allocations`` is the one query for GPUs held now.
+racing for the last GPU (or the last slice of a card) are serialized; the partial unique
+constraints and the card triggers on the allocation tables are the backstop.
+``live_gpu_allocations`` is the one query for whole GPUs held now, ``live_gpu_slices`` for
+slices, and ``holding_gpus`` asks whether an instance holds either.
 """
 
 from __future__ import annotations
@@ -10,12 +12,13 @@ from __future__ import annotations
 from collections import defaultdict
 
 from django.db import IntegrityError, transaction
-from django.db.models import Exists, OuterRef, QuerySet
+from django.db.models import Exists, OuterRef, Q, QuerySet, Sum
 from django.utils import timezone
 
 from hosts.models import Gpu, Machine
 from hosts.ports import pick_free_ports
-from scheduler.models import GpuAllocation, Instance, PortAllocation
+from scheduler.models import GpuAllocation, GpuSlice, Instance, PortAllocation
+from scheduler.placement import BINPACK, Card, pick_card
 from scheduler.services.errors import NoCapacity
 
 
@@ -23,11 +26,78 @@ def live_gpu_allocations() -> QuerySet[GpuAllocation]:
     return GpuAllocation.objects.filter(released_at=None)
 
 
+def live_gpu_slices() -> QuerySet[GpuSlice]:
+    return GpuSlice.objects.filter(released_at=None)
+
+
+def holding_gpus(**lookups) -> Q:
+    """Instances (``instance=OuterRef(...)`` and any other lookups both tables share) holding a
+    whole GPU or a slice now."""
+    return Q(Exists(live_gpu_allocations().filter(**lookups))) | Q(
+        Exists(live_gpu_slices().filter(**lookups))
+    )
+
+
+def instance_holds_gpus(instance: Instance) -> bool:
+    return (
+        live_gpu_allocations().filter(instance=instance).exists()
+        or live_gpu_slices().filter(instance=instance).exists()
+    )
+
+
+def sliced_gpu_ids(machine_ids) -> set[int]:
+    """Cards that live slices hold (no whole-GPU rental may take them)."""
+    return set(
+        live_gpu_slices().filter(gpu__machine_id__in=machine_ids).values_list("gpu_id", flat=True)
+    )
+
+
+def machine_cards(machines: list[Machine]) -> dict[int, list[Card]]:
+    """The cards slices may take on the sharing machines among ``machines``: every present card
+    no whole-GPU rental holds, with what its live slices leave free. Two queries."""
+    ids = [machine.pk for machine in machines if machine.sharing_enabled]
+    cards: dict[int, list[Card]] = defaultdict(list)
+    if not ids:
+        return cards
+    used = {
+        row["gpu_id"]: (row["core"], row["memory"])
+        for row in live_gpu_slices()
+        .filter(gpu__machine_id__in=ids)
+        .values("gpu_id")
+        .annotate(core=Sum("core_percent"), memory=Sum("memory_mb"))
+    }
+    taken = live_gpu_allocations().filter(gpu=OuterRef("pk"))
+    rows = (
+        Gpu.objects.filter(machine_id__in=ids, present=True)
+        .exclude(Exists(taken))
+        .order_by("machine_id", "index")
+        .values_list("machine_id", "pk", "memory_mib")
+    )
+    for machine_id, gpu_id, memory_mib in rows:
+        core, memory = used.get(gpu_id, (0, 0))
+        cards[machine_id].append(Card(gpu_id, 100 - core, memory_mib - memory, memory_mib))
+    return cards
+
+
+class SliceTaken:
+    """A slice ``MachineRoom.take_slice`` handed out: its card and its size."""
+
+    __slots__ = ("gpu_id", "core_percent", "memory_mb", "was_whole_free")
+
+    def __init__(self, gpu_id: int, core_percent: int, memory_mb: int, was_whole_free: bool):
+        self.gpu_id = gpu_id
+        self.core_percent = core_percent
+        self.memory_mb = memory_mb
+        self.was_whole_free = was_whole_free
+
+
 class MachineRoom:
-    """What is free on locked machines now: their present GPUs no live allocation holds (in
-    index order) and their host ports in use, read in two statements for any number of
-    machines. ``take`` hands out GPUs and ports in memory, so a batch of rentals on one machine
-    never gets the same GPU or port twice; ``allocations_write`` writes what was taken.
+    """What is free on locked machines now: their present GPUs no live allocation or slice
+    holds (in index order), the cards of sharing machines with what their slices leave free,
+    and their host ports in use, read in a few statements for any number of machines. ``take``
+    and ``take_slice`` hand out GPUs, slices and ports in memory, so a batch of rentals on one
+    machine never gets the same GPU, share of a card or port twice; ``allocations_write``
+    writes what was taken.
 
     The caller holds the machines' row locks (``select_for_update``) in its transaction, so
     what is read stays true until it commits; the partial unique constraints on the
@@ -37,20 +107,27 @@ class MachineRoom:
     def __init__(self, machines: list[Machine]):
         ids = [machine.pk for machine in machines]
         self._machines = {machine.pk: machine for machine in machines}
+        # Slices live only on sharing machines (sharing cannot be turned off while any do).
+        self.cards = machine_cards(machines)
+        self._card_of = {card.gpu_id: card for cards in self.cards.values() for card in cards}
+        sliced = {gpu_id for gpu_id, card in self._card_of.items() if not card.whole_free}
         taken = live_gpu_allocations().filter(gpu=OuterRef("pk"))
         self.present: dict[int, int] = defaultdict(int)
         self._gpu_order: dict[int, list[int]] = defaultdict(list)
         self.free_gpu_ids: dict[int, list[int]] = defaultdict(list)
+        self.largest_card_memory_mb: dict[int, int] = defaultdict(int)
         gpus = (
             Gpu.objects.filter(machine_id__in=ids, present=True)
             .annotate(taken=Exists(taken))
             .order_by("machine_id", "index")
-            .values_list("machine_id", "pk", "taken")
+            .values_list("machine_id", "pk", "taken", "memory_mib")
         )
-        for machine_id, gpu_id, is_taken in gpus:
+        for machine_id, gpu_id, is_taken, memory_mib in gpus:
+            largest = self.largest_card_memory_mb[machine_id]
+            self.largest_card_memory_mb[machine_id] = max(largest, memory_mib)
             self.present[machine_id] += 1
             self._gpu_order[machine_id].append(gpu_id)
-            if not is_taken:
+            if not is_taken and gpu_id not in sliced:
                 self.free_gpu_ids[machine_id].append(gpu_id)
         self.used_ports: dict[int, set[int]] = defaultdict(set)
         used = PortAllocation.objects.filter(machine_id__in=ids, released_at=None).values_list(
@@ -80,30 +157,80 @@ class MachineRoom:
         gpu_ids = free[:gpu_count]
         del free[:gpu_count]
         used.update(host_ports)
+        if machine_id in self.cards:  # whole cards are no longer there for slices
+            self.cards[machine_id] = [c for c in self.cards[machine_id] if c.gpu_id not in gpu_ids]
         return gpu_ids, list(zip(container_ports, host_ports, strict=True))
 
-    def give_back(self, machine_id: int, gpu_ids: list[int], ports: list[tuple[int, int]]) -> None:
-        """Undo a ``take`` whose rental was refused after all (short of credit)."""
+    def take_slice(
+        self, machine_id: int, core_percent: int, memory_mb: int, policy: str = BINPACK
+    ) -> SliceTaken:
+        """A slice of one card of the machine, the card chosen by ``policy`` (binpack: the
+        fullest that fits; spread: the emptiest), or NoCapacity saying what is free."""
+        cards = self.cards.get(machine_id, [])
+        card = pick_card(cards, core_percent, memory_mb, policy)
+        if card is None:
+            best_core = max((c.free_core for c in cards), default=0)
+            best_memory = max((c.free_memory_mb for c in cards), default=0)
+            raise NoCapacity(
+                f"No card of machine {machine_id} has {core_percent}% of its compute and "
+                f"{memory_mb} MB free now (at most {best_core}% and {best_memory} MB free "
+                "on one card)."
+            )
+        was_whole_free = card.whole_free
+        card.take(core_percent, memory_mb)
+        if was_whole_free:
+            self.free_gpu_ids[machine_id].remove(card.gpu_id)
+        return SliceTaken(card.gpu_id, core_percent, memory_mb, was_whole_free)
+
+    def card_memory_mb(self, gpu_id: int) -> int:
+        return self._card_of[gpu_id].memory_mb
+
+    def give_back(
+        self,
+        machine_id: int,
+        gpu_ids: list[int],
+        ports: list[tuple[int, int]],
+        slice_: SliceTaken | None = None,
+    ) -> None:
+        """Undo a ``take`` or ``take_slice`` whose rental was refused after all (short of
+        credit)."""
         index = {gpu_id: n for n, gpu_id in enumerate(self._gpu_order[machine_id])}
         free = self.free_gpu_ids[machine_id]
-        free[:] = sorted({*free, *gpu_ids}, key=index.__getitem__)
+        returned = set(gpu_ids)
+        if slice_ is not None:
+            self._card_of[slice_.gpu_id].give_back(slice_.core_percent, slice_.memory_mb)
+            if slice_.was_whole_free:
+                returned.add(slice_.gpu_id)
+        free[:] = sorted({*free, *returned}, key=index.__getitem__)
         self.used_ports[machine_id].difference_update(host_port for _, host_port in ports)
 
 
 def allocations_write(
-    rows: list[tuple[Instance, list[int], list[tuple[int, int]]]],
+    rows: list[tuple[Instance, list[int], list[tuple[int, int]], SliceTaken | None]],
 ) -> None:
-    """Write the GPU and port allocations ``MachineRoom.take`` handed out: (instance, GPU ids,
-    [(container port, host port)]) per rental, in two statements."""
+    """Write the GPU, slice and port allocations ``MachineRoom`` handed out: (instance, GPU
+    ids, [(container port, host port)], slice or None) per rental, in three statements."""
     try:
         with transaction.atomic():  # savepoint: a constraint violation is a clean 409
             GpuAllocation.objects.bulk_create(
                 [
                     GpuAllocation(instance=instance, gpu_id=gpu_id)
-                    for instance, gpu_ids, _ in rows
+                    for instance, gpu_ids, _, _ in rows
                     for gpu_id in gpu_ids
                 ]
             )
+            slices = [
+                GpuSlice(
+                    instance=instance,
+                    gpu_id=slice_.gpu_id,
+                    core_percent=slice_.core_percent,
+                    memory_mb=slice_.memory_mb,
+                )
+                for instance, _, _, slice_ in rows
+                if slice_ is not None
+            ]
+            if slices:
+                GpuSlice.objects.bulk_create(slices)
             PortAllocation.objects.bulk_create(
                 [
                     PortAllocation(
@@ -112,7 +239,7 @@ def allocations_write(
                         host_port=host_port,
                         container_port=container_port,
                     )
-                    for instance, _, ports in rows
+                    for instance, _, ports, _ in rows
                     for container_port, host_port in ports
                 ]
             )
@@ -121,12 +248,17 @@ def allocations_write(
 
 
 def gpu_allocation_release(*, instance: Instance) -> int:
-    return live_gpu_allocations().filter(instance=instance).update(released_at=timezone.now())
+    """Give back the instance's GPUs (or its slice); how many rows were released."""
+    now = timezone.now()
+    released = live_gpu_allocations().filter(instance=instance).update(released_at=now)
+    if instance.is_slice:
+        released += live_gpu_slices().filter(instance=instance).update(released_at=now)
+    return released
 
 
 def allocation_release_all(*, instance: Instance) -> None:
     now = timezone.now()
-    live_gpu_allocations().filter(instance=instance).update(released_at=now)
+    gpu_allocation_release(instance=instance)
     PortAllocation.objects.filter(instance=instance, released_at=None).update(released_at=now)
 
 
@@ -136,6 +268,8 @@ def gpu_allocation_reclaim(*, instance: Instance) -> list[Gpu]:
     Raises NoCapacity when another rental holds one of them now. Locks the machine row.
     """
     Machine.objects.select_for_update().get(pk=instance.machine_id)
+    if instance.is_slice:
+        return [_slice_reclaim(instance)]
     last = (
         GpuAllocation.objects.filter(instance=instance)
         .exclude(released_at=None)
@@ -164,7 +298,33 @@ def gpu_allocation_reclaim(*, instance: Instance) -> list[Gpu]:
     return gpus
 
 
+def _slice_reclaim(instance: Instance) -> Gpu:
+    """Take back a stopped slice's share of its card (its container is pinned to it): the
+    card's triggers refuse it when whole renters or other slices have taken what it needs."""
+    last = GpuSlice.objects.filter(instance=instance).order_by("-released_at").first()
+    if last is None:
+        raise NoCapacity("This instance holds no GPU slice to take back.")
+    gpu = Gpu.objects.filter(pk=last.gpu_id, present=True).first()
+    if gpu is None:
+        raise NoCapacity("Its GPU is missing from the machine.")
+    try:
+        with transaction.atomic():
+            GpuSlice.objects.create(
+                instance=instance,
+                gpu=gpu,
+                core_percent=last.core_percent,
+                memory_mb=last.memory_mb,
+            )
+    except IntegrityError as error:
+        raise NoCapacity(
+            "Its card is taken by a whole-GPU rental or other slices now; try again later."
+        ) from error
+    return gpu
+
+
 def instance_gpu_uuids(instance: Instance) -> list[str]:
+    if instance.is_slice:
+        return list(live_gpu_slices().filter(instance=instance).values_list("gpu__uuid", flat=True))
     return list(
         live_gpu_allocations()
         .filter(instance=instance)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from django.conf import settings
 
-from hosts.runtime import ContainerSpec, DockerHost
+from hosts.runtime import ContainerSpec, DockerHost, GpuSliceSpec
 from scheduler.models import Instance, LaunchMode
-from scheduler.services.allocations import instance_gpu_uuids
+from scheduler.placement import slice_fraction
+from scheduler.services.allocations import instance_gpu_uuids, live_gpu_slices
 from scheduler.services.errors import LaunchModeUnavailable
 
 SSH_CONTAINER_PORT = 22
@@ -44,9 +45,20 @@ def extra_container_labels() -> dict[str, str]:
 
 
 def container_spec_for(instance: Instance, *, ssh_keys: list[str] | None = None) -> ContainerSpec:
-    """The container an instance runs: its units' limits, pinned GPUs, published ports."""
+    """The container an instance runs: its units' limits, pinned GPUs, published ports. A slice
+    gets its fraction of one unit, is pinned to its card and carries the MPS limits."""
     machine = instance.machine
     n = instance.gpu_count
+    gpu_slice = None
+    if instance.is_slice:
+        gpu_slice = GpuSliceSpec(instance.slice_core_percent, instance.slice_memory_mb)
+        card_memory = (
+            live_gpu_slices()
+            .filter(instance=instance)
+            .values_list("gpu__memory_mib", flat=True)
+            .first()
+        )
+        n = slice_fraction(gpu_slice.core_percent, gpu_slice.memory_mb, card_memory or 1)
     env = dict(instance.env)
     args = list(instance.args)
     entrypoint = instance.entrypoint or None
@@ -73,15 +85,18 @@ def container_spec_for(instance: Instance, *, ssh_keys: list[str] | None = None)
         labels=labels,
         env=env,
         ports=ports,
-        cpus=round(machine.unit_cpus * n, 2),
-        memory_mb=machine.unit_memory_mb * n,
-        shm_mb=machine.unit_shm_mb * n,
+        cpus=max(round(float(machine.unit_cpus * n), 2), 0.01),
+        memory_mb=max(int(machine.unit_memory_mb * n), 6),
+        shm_mb=max(int(machine.unit_shm_mb * n), 1),
         gpu_uuids=instance_gpu_uuids(instance),
+        gpu_slice=gpu_slice,
         entrypoint=entrypoint,
         args=args,
-        # Recorded on the container as a label; Docker cannot cap a container's disk on most
-        # storage drivers (see hosts.runtime.container_spec.DISK_LABEL), so the page says it is not enforced.
+        volumes=[(name, target) for name, target in instance.volumes],
+        # Recorded on the container as a label, and capped where the host's storage driver can
+        # (the probe's disk_enforced; see hosts.runtime.container_spec.DISK_LABEL).
         disk_gb=instance.disk_gb,
+        disk_enforced=machine.disk_enforced,
     )
 
 

@@ -5,12 +5,17 @@ from __future__ import annotations
 import logging
 import re
 
-from django.db.models import Exists, OuterRef, Q, QuerySet
+from django.db.models import OuterRef, Q, QuerySet
 
 from hosts.models import Machine, MachineStatus
 from hosts.runtime import CommandFailed, DockerHost
 from scheduler.models import GPU_HOLDING_STATES, Instance, InstanceState
-from scheduler.services.allocations import live_gpu_allocations
+from scheduler.services.allocations import (
+    holding_gpus,
+    instance_holds_gpus,
+    live_gpu_allocations,
+    live_gpu_slices,
+)
 from scheduler.services.expiry import LIVE_STATES
 from scheduler.services.start import start_under_way
 from scheduler.services.transitions import instance_transition
@@ -39,12 +44,11 @@ def machine_reconcile(*, machine_id: int) -> int:
     for instance in watched:
         changed += _follow_container(instance, containers.get(instance.container_name))
     running_uuids = [c.instance for c in containers.values() if c.running and c.instance]
-    holding = live_gpu_allocations().filter(instance=OuterRef("pk"))
     ended = (
         Instance.objects.filter(machine=machine)
         # Destroying is its own worker's to finish; the live states are followed above.
         .exclude(state__in=[*LIVE_STATES, InstanceState.DESTROYING])
-        .filter(Q(uuid__in=running_uuids) | Exists(holding))
+        .filter(Q(uuid__in=running_uuids) | holding_gpus(instance=OuterRef("pk")))
         # A start under way has its GPUs and (re)started container on purpose; stopping it and
         # freeing them would leave it running on GPUs someone else can rent.
         .exclude(start_under_way())
@@ -114,7 +118,7 @@ def _end_leftover_container(host: DockerHost, instance: Instance, container) -> 
         reason = f"Its container was still running on the host; {what} it"
     else:
         reason = "Its container is confirmed stopped"
-    if live_gpu_allocations().filter(instance=instance).exists():
+    if instance_holds_gpus(instance):
         reason += "; its GPUs are free again"
     moved = instance_transition(
         instance_id=instance.pk,
@@ -136,6 +140,11 @@ def machines_needing_reconcile() -> QuerySet[Machine]:
         .exclude(instance__state__in=GPU_HOLDING_STATES)
         .values("instance__machine_id")
     )
+    unconfirmed_slices = (
+        live_gpu_slices()
+        .exclude(instance__state__in=GPU_HOLDING_STATES)
+        .values("instance__machine_id")
+    )
     return Machine.objects.filter(status=MachineStatus.ONLINE).filter(
-        Q(pk__in=live) | Q(pk__in=unconfirmed)
+        Q(pk__in=live) | Q(pk__in=unconfirmed) | Q(pk__in=unconfirmed_slices)
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from django.db import transaction
-from django.db.models import Exists, OuterRef
+from django.db.models import OuterRef, Q
 from django.utils import timezone
 
 from hosts.models import Machine
@@ -14,7 +14,8 @@ from scheduler.models import Instance, InstanceState
 from scheduler.services.allocations import (
     gpu_allocation_reclaim,
     gpu_allocation_release,
-    live_gpu_allocations,
+    holding_gpus,
+    instance_holds_gpus,
 )
 from scheduler.services.containers import remove_quietly
 from scheduler.services.errors import InvalidTransition
@@ -27,7 +28,7 @@ from scheduler.services.transitions import instance_transition
 START_LEASE = timedelta(minutes=10)
 
 
-def start_under_way() -> Exists:
+def start_under_way() -> Q:
     """Filter for stopped instances that instance_start has taken GPUs back for and not yet
     moved on.
 
@@ -35,12 +36,10 @@ def start_under_way() -> Exists:
     instance are a start's (for START_LEASE). Its container may already run: it is the
     start's, not a leftover, and its GPUs must not be freed under it.
     """
-    return Exists(
-        live_gpu_allocations().filter(
-            instance=OuterRef("pk"),
-            instance__state=InstanceState.STOPPED,
-            created_at__gt=timezone.now() - START_LEASE,
-        )
+    return holding_gpus(
+        instance=OuterRef("pk"),
+        instance__state=InstanceState.STOPPED,
+        created_at__gt=timezone.now() - START_LEASE,
     )
 
 
@@ -95,8 +94,7 @@ def instance_start(*, instance_id: int) -> Instance:
     with transaction.atomic():
         current = Instance.objects.select_for_update().get(pk=instance_id)
         still_ours = current.state == from_state and (
-            from_state != InstanceState.STOPPED
-            or live_gpu_allocations().filter(instance=current).exists()
+            from_state != InstanceState.STOPPED or instance_holds_gpus(current)
         )
         if still_ours:
             return instance_transition(

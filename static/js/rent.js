@@ -11,20 +11,40 @@
     return "$" + (micro / 1e6).toFixed(micro % 10000 === 0 ? 2 : 4);
   }
 
+  function slicing() {
+    return current && current.sharing && form.querySelector("input[name=rent_kind]:checked").value === "slice";
+  }
+
   function updatePrice() {
     if (!current) return;
-    var gpus = parseInt(form.num_gpus.value, 10) || 0;
+    var slice = slicing();
+    document.getElementById("slice-fields").hidden = !slice;
+    document.getElementById("whole-gpus").hidden = slice;
+    form.num_gpus.required = !slice;
+    var gpus = slice ? 1 : parseInt(form.num_gpus.value, 10) || 0;
     var hours = parseFloat(form.duration_hours.value) || 0;
     var disk = parseInt(form.disk_gb.value, 10) || 0;
-    // Same arithmetic as the server's quote: rate × GPUs × hours + storage for the same time.
-    var gpu = Math.round(current.price * gpus * hours);
-    var storage = Math.round(current.storage * disk * hours / 720);
     var problems = [];
-    if (gpus < current.min || gpus > current.free) problems.push("Choose " + current.min + "–" + current.free + " GPUs.");
-    if (disk > current.disk * Math.max(gpus, 1)) problems.push("At most " + current.disk * Math.max(gpus, 1) + " GB of disk for " + gpus + " GPU(s).");
+    var rate = current.price * gpus, units = Math.max(gpus, 1);
+    if (slice) {
+      // The server's rule: the card's rate × the larger of the compute and memory shares.
+      var core = parseInt(form.core_percent.value, 10) || 0;
+      var memory = parseInt(form.memory_mb.value, 10) || 0;
+      units = Math.max(core / 100, memory / current.cardMemory);
+      rate = Math.round(current.price * units);
+      if (core < current.minSlice || core > current.sliceCore) problems.push("Choose " + current.minSlice + "–" + current.sliceCore + " % of the card's compute.");
+      if (memory < 1 || memory > current.sliceMemory) problems.push("At most " + current.sliceMemory + " MB of the card's memory is free on one card.");
+    } else if (gpus < current.min || gpus > current.free) {
+      problems.push("Choose " + current.min + "–" + current.free + " GPUs.");
+    }
+    // Same arithmetic as the server's quote: rate × hours + storage for the same time.
+    var gpu = Math.round(rate * hours);
+    var storage = Math.round(current.storage * disk * hours / 720);
+    var maxDisk = Math.max(Math.floor(current.disk * units), 1);
+    if (disk > maxDisk) problems.push("At most " + maxDisk + " GB of disk for " + (slice ? "this slice." : gpus + " GPU(s)."));
     if (current.end && hours * 3600e3 > new Date(current.end) - Date.now()) problems.push("The machine is offered until " + new Date(current.end).toLocaleString() + ".");
     priceBox.innerHTML = "<strong>" + money(gpu + storage) + "</strong> held now: " + money(gpu) + " GPU time (" +
-      money(current.price * gpus) + "/hour) + " + money(storage) + " storage. Unused credit is released at the end." +
+      money(rate) + "/hour) + " + money(storage) + " storage. Unused credit is released at the end." +
       (problems.length ? '<div class="error">' + problems.join(" ") + "</div>" : "");
     document.getElementById("rent-confirm").disabled = problems.length > 0;
   }
@@ -35,11 +55,23 @@
     current = {
       machine: button.dataset.machine, free: +button.dataset.free, min: +button.dataset.min || 1,
       price: +button.dataset.price, storage: +button.dataset.storage, disk: +button.dataset.disk,
-      end: button.dataset.end,
+      end: button.dataset.end, sharing: button.dataset.sharing === "1",
+      sliceCore: +button.dataset.sliceCore || 0, sliceMemory: +button.dataset.sliceMemory || 0,
+      minSlice: +button.dataset.minSlice || 1, cardMemory: +button.dataset.cardMemoryMb || 1,
     };
+    document.getElementById("rent-kind").hidden = !current.sharing;
+    form.querySelector("input[name=rent_kind][value=whole]").checked = current.free > 0 || !current.sharing;
+    form.querySelector("input[name=rent_kind][value=slice]").checked = current.free === 0 && current.sharing;
     form.action = "/offers/" + current.machine + "/rent/";
     document.getElementById("rent-gpu").textContent = button.dataset.gpu;
     document.getElementById("rent-machine").textContent = current.machine;
+    document.getElementById("rent-disk-note").hidden = button.dataset.diskEnforced === "1";
+    if (form.volume) {  // only the team's volumes on this machine can be mounted
+      Array.prototype.forEach.call(form.volume.options, function (option) {
+        option.hidden = option.value !== "" && option.dataset.machine !== current.machine;
+      });
+      form.volume.value = "";
+    }
     form.num_gpus.min = current.min;
     form.num_gpus.max = current.free;
     form.num_gpus.value = Math.max(current.min, 1);

@@ -403,3 +403,49 @@ def test_log_caps_are_sane(field, value):
     with pytest.raises(InvalidContainerSpec) as caught:
         spec(**{field: value})
     assert caught.value.field == field
+
+
+SLICE_CARD = "GPU-6f0d2a52-6c1e-4c57-9a51-9b7c3f1d2e80"
+
+
+def test_a_slice_gets_its_mps_limits_and_the_daemons_pipes_read_only_and_nothing_else():
+    from hosts.runtime import GpuSliceSpec
+
+    argv = docker_run_argv(
+        spec(
+            gpu_uuids=[SLICE_CARD],
+            gpu_slice=GpuSliceSpec(core_percent=25, memory_mb=8192),
+            env={"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "100", "Cuda_Mps_Pipe_Directory": "/x"},
+        ),
+        machine_id=7,
+        nvidia_runtime=True,
+    )
+    envs = [argv[i + 1] for i, flag in enumerate(argv) if flag == "--env"]
+    assert envs == [
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25",
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=8192M",
+        "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps",
+    ]
+    mounts = [argv[i + 1] for i, flag in enumerate(argv) if flag == "--mount"]
+    assert mounts == ["type=bind,source=/run/gpumkt-mps/pipe,target=/tmp/nvidia-mps,readonly"]
+    assert argv[argv.index("--gpus") + 1] == f'"device={SLICE_CARD}"'
+    # A whole-GPU container never gets them.
+    whole = docker_run_argv(spec(gpu_uuids=[SLICE_CARD]), machine_id=7, nvidia_runtime=True)
+    assert "--mount" not in whole and not any("CUDA_MPS" in arg for arg in whole)
+
+
+@pytest.mark.parametrize(
+    "gpus, core, memory, field",
+    [
+        ([SLICE_CARD, SLICE_CARD.replace("6f", "7f")], 25, 100, "gpu_slice"),
+        ([SLICE_CARD], 0, 100, "gpu_slice.core_percent"),
+        ([SLICE_CARD], 101, 100, "gpu_slice.core_percent"),
+        ([SLICE_CARD], 50, 0, "gpu_slice.memory_mb"),
+    ],
+)
+def test_a_slice_spec_is_one_card_and_sane_sizes(gpus, core, memory, field):
+    from hosts.runtime import GpuSliceSpec
+
+    with pytest.raises(InvalidContainerSpec) as refused:
+        spec(gpu_uuids=gpus, gpu_slice=GpuSliceSpec(core_percent=core, memory_mb=memory))
+    assert refused.value.field == field

@@ -33,12 +33,27 @@ def _label_test_containers(settings):
     remove_containers(label)
 
 
+def engines() -> list[dict[str, str] | None]:
+    """The environments that reach each Docker Engine tests use: the system's, and the
+    enforced-disk one once it runs."""
+    from hosts.devtools.simulation import QUOTA_DOCKER_SOCKET
+
+    found: list[dict[str, str] | None] = [None]
+    if Path(QUOTA_DOCKER_SOCKET.removeprefix("unix://")).exists():
+        found.append({**os.environ, "DOCKER_HOST": QUOTA_DOCKER_SOCKET})
+    return found
+
+
 def remove_containers(label: str) -> None:
-    ids = subprocess.run(
-        ["docker", "ps", "-aq", "--filter", f"label={label}"], capture_output=True, text=True
-    ).stdout.split()
-    if ids:
-        subprocess.run(["docker", "rm", "--force", *ids], capture_output=True)
+    for env in engines():
+        ids = subprocess.run(
+            ["docker", "ps", "-aq", "--filter", f"label={label}"],
+            capture_output=True,
+            text=True,
+            env=env,
+        ).stdout.split()
+        if ids:
+            subprocess.run(["docker", "rm", "--force", *ids], capture_output=True, env=env)
 
 
 @pytest.fixture
@@ -120,13 +135,20 @@ def funded_team(team, owner) -> Team:
     return team
 
 
-def docker_inspect(container_id: str) -> dict:
+def docker(*argv: str, machine: Machine | None = None, check: bool = True):
+    """``docker …`` on the engine a machine's sessions reach (the system's by default)."""
+    env = None
+    if machine is not None and machine.disk_enforced:
+        from hosts.devtools.simulation import QUOTA_DOCKER_SOCKET
+
+        env = {**os.environ, "DOCKER_HOST": QUOTA_DOCKER_SOCKET}
+    return subprocess.run(["docker", *argv], capture_output=True, text=True, check=check, env=env)
+
+
+def docker_inspect(container_id: str, machine: Machine | None = None) -> dict:
     import json
 
-    out = subprocess.run(
-        ["docker", "inspect", container_id], capture_output=True, text=True, check=True
-    ).stdout
-    return json.loads(out)[0]
+    return json.loads(docker("inspect", container_id, machine=machine).stdout)[0]
 
 
 def containers_named(name: str) -> list[str]:

@@ -140,3 +140,68 @@ def test_a_machine_that_refuses_under_its_lock_is_left_for_the_next_one():
     assert replica.instance.machine_id == dear.pk
     assert not Instance.objects.filter(machine=cheap).exists()
     assert_ledger_consistent()
+
+
+def sharing_paper_machine(provider, *, gpus: int = 2, price: int = 500_000) -> Machine:
+    machine = paper_machine(provider, gpus=gpus, price=price)
+    Machine.objects.filter(pk=machine.pk).update(mps_available=True, sharing_enabled=True)
+    offer_refresh(machine_id=machine.pk)
+    return machine
+
+
+def slice_spec(name: str, replicas: int, core: int, memory: int, **fields) -> DeploymentSpec:
+    return DeploymentSpec(
+        name=name, image="gpumkt/busybox:latest", entrypoint="sh", args=["-c", "sleep 1d"],
+        gpu_names=["RTX 4090"], replica_count=replicas, duration_hours=1.0, disk_gb=5,
+        slice_core_percent=core, slice_memory_mb=memory, **fields,
+    )  # fmt: skip
+
+
+def test_a_deployment_of_slices_packs_cards_and_queues_with_the_reason_when_they_are_full():
+    from scheduler.models import GpuSlice
+
+    provider = TeamFactory(name="Sharing Host")
+    whole_only = paper_machine(provider, gpus=2)  # does not share: never takes a slice
+    machines = [sharing_paper_machine(provider, gpus=2) for _ in range(2)]
+    team = TeamFactory(name="Inference")
+    fund(team, 100)
+    deployment = deployment_create(
+        team=team, spec=slice_spec("quarters", 10, 25, 4000, policy="binpack")
+    )
+    mine = placed(deployment)
+    assert len(mine) == 10
+    slices = GpuSlice.objects.filter(instance__team=team, released_at=None)
+    per_card: dict[int, int] = {}
+    for row in slices:
+        per_card[row.gpu_id] = per_card.get(row.gpu_id, 0) + row.core_percent
+    # Binpack at both tiers: two cards full, a third half, the whole-only machine untouched.
+    assert sorted(per_card.values()) == [50, 100, 100]
+    assert {r.instance.machine_id for r in mine} <= {m.pk for m in machines}
+    assert not GpuAllocation.objects.filter(gpu__machine=whole_only, released_at=None).exists()
+    # Each replica is a rental at the card's rate × 25 %.
+    assert {r.instance.rental.price_per_gpu_hour for r in mine} == {125_000}
+
+    more = deployment_create(team=team, spec=slice_spec("more", 3, 60, 4000, card_policy="spread"))
+    [big] = placed(more)  # only the last whole card has 60 % free
+    assert big.instance.gpu_slices.get().gpu_id not in per_card
+    more.refresh_from_db()
+    assert more.queue_reason == (
+        "no RTX 4090 sharing a card with 60% and 4000 MB free; 3 machines have RTX 4090 "
+        "but at most 50% and 20564 MB free on one card"
+    )
+    assert_ledger_consistent()
+
+
+def test_a_slice_deployment_is_refused_by_name_for_bad_sizes():
+    from django.core.exceptions import ValidationError
+
+    team = TeamFactory()
+    for bad, field in (
+        (slice_spec("x", 1, 0, 100), "gpu_share"),
+        (slice_spec("x", 1, 25, 100, gpus_per_replica=2), "gpus_per_replica"),
+        (slice_spec("x", 1, 25, 100, card_policy="tightest"), "card_policy"),
+    ):
+        with pytest.raises(ValidationError) as refused:
+            deployment_create(team=team, spec=bad)
+        assert field in refused.value.message_dict
+    assert not Replica.objects.exists()

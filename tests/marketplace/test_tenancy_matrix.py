@@ -40,13 +40,25 @@ from django.utils import timezone
 from django.utils.html import escape
 
 from billing.credits import credit_grant
-from billing.holds import hold_capture_usage
+from billing.holds import hold_capture_usage, hold_create
 from billing.models import Entry, Hold, TopUp
 from billing.selectors import invoice_months, team_balance
 from hosts.models import Gpu, Machine, MaintenanceWindow
 from hosts.services import maintenance_window_add
+from marketplace.clusters.services import ClusterSpec, cluster_create
 from marketplace.deployments.services import DeploymentSpec, deployment_create
-from marketplace.models import ApiKey, Deployment, Invitation, Membership, Replica, SshKey, Team
+from marketplace.models import (
+    ApiKey,
+    Cluster,
+    Deployment,
+    Invitation,
+    Membership,
+    Replica,
+    SshKey,
+    Team,
+    Volume,
+    VolumeVersion,
+)
 from marketplace.services.accounts import api_key_create, invitation_create
 from marketplace.services.offers import offer_refresh
 from marketplace.services.renting import RentalRequest, rental_create
@@ -322,6 +334,150 @@ def check_deployments(c: Checker) -> None:
     assert after == before
 
 
+def _acme_cluster(c: Checker):
+    # A GPU no machine has: its replicas wait, so nothing is placed or launched here.
+    return cluster_create(
+        team=c.acme.team,
+        spec=ClusterSpec(name="acme-svc", image="busybox:latest", gpu_names=["No Such GPU"],
+                         service_port=8080),
+    )  # fmt: skip
+
+
+def check_clusters(c: Checker) -> None:
+    """Acme's cluster answers 404 on every cluster route, to every outsider client, and stays
+    as it was; the outsider's list does not show it."""
+    cluster = _acme_cluster(c)
+    base = f"/api/v1/clusters/{cluster.pk}/"
+    before = c.rows(Cluster.objects.filter(pk=cluster.pk)), c.rows(Deployment.objects.all())
+    for client in c.outsider_api_clients():
+        assert client.get(base).status_code == 404
+        assert (
+            client.patch(base, '{"image": "evil"}', content_type="application/json").status_code
+            == 404
+        )
+        assert (
+            client.post(
+                f"{base}scale/", '{"replicas": 9}', content_type="application/json"
+            ).status_code
+            == 404
+        )
+        assert (
+            client.put(
+                f"{base}endpoint/", '{"port": 22}', content_type="application/json"
+            ).status_code
+            == 404
+        )
+        assert client.delete(f"{base}endpoint/").status_code == 404
+        assert client.post(f"{base}stop/").status_code == 404
+        assert client.post(f"{base}resume/").status_code == 404
+        assert (
+            client.post(
+                f"{base}extend/", '{"hours": 5}', content_type="application/json"
+            ).status_code
+            == 404
+        )
+        assert client.get(f"{base}replicas/").status_code == 404
+        assert client.delete(base).status_code == 404
+        listed = client.get("/api/v1/clusters/").json()["results"]
+        assert cluster.pk not in [x["id"] for x in listed]
+    for client in c.members():
+        assert client.get(base).json()["id"] == cluster.pk
+    after = c.rows(Cluster.objects.filter(pk=cluster.pk)), c.rows(Deployment.objects.all())
+    assert after == before
+
+
+def check_console_clusters(c: Checker) -> None:
+    """The console's cluster pages: Acme's members see Acme's cluster; the outsider neither
+    sees it listed nor reaches its page or its buttons (404)."""
+    cluster = _acme_cluster(c)
+    base = f"/clusters/{cluster.pk}/"
+    for client in c.members():
+        assert f'href="{base}"' in client.get("/clusters/").content.decode()
+        assert client.get(base).status_code == 200
+    outsider = c.outsider()
+    assert "acme-svc" not in outsider.get("/clusters/").content.decode()
+    before = c.rows(Cluster.objects.filter(pk=cluster.pk))
+    assert outsider.get(base).status_code == 404
+    for action in ("scale", "endpoint", "endpoint-close", "stop", "resume", "extend"):
+        assert (
+            outsider.post(
+                f"{base}{action}/", {"replicas": "9", "port": "22", "hours": "1"}
+            ).status_code
+            == 404
+        )
+    assert c.rows(Cluster.objects.filter(pk=cluster.pk)) == before
+
+
+def check_gateway_auth(c: Checker) -> None:
+    """The gateway's auth answer: Acme's members (session or key) pass for Acme's cluster; the
+    outsider's session and key get the same 401 as a cluster that does not exist."""
+    from marketplace.clusters import auth
+
+    cluster = _acme_cluster(c)
+    url = f"/gateway/auth/{cluster.pk}/"
+    auth.forget()
+    for client in c.members():
+        assert client.get(url).status_code == 200
+    missing = c.outsider().get("/gateway/auth/999999999/")
+    assert missing.status_code == 401
+    for client in c.outsider_api_clients():
+        refused = client.get(url)
+        assert (refused.status_code, refused.content) == (401, missing.content)
+
+
+def check_volumes(c: Checker) -> None:
+    """Acme's volume answers 404 on every volume route to every outsider client, is in no
+    list of theirs, and stays as it was; Acme's members read it. (Made as rows: the worlds'
+    machines are not reachable, and nothing here may connect to them.)"""
+    machine = c.acme.machine
+    volume = Volume(team=c.acme.team, provider_team=machine.team, machine=machine,
+                    name="acme-data", size_gb=5, storage_price_per_gb_month=100_000,
+                    ends_at=timezone.now() + timedelta(days=1), clock_since=timezone.now())  # fmt: skip
+    volume.save()
+    volume.hold_id = hold_create(
+        team_id=c.acme.team.pk, provider_team_id=machine.team_id, amount=1000,
+        reference=f"volume:{volume.pk}", idempotency_key=f"matrix-volume-{volume.pk}",
+    ).pk  # fmt: skip
+    volume.save()
+    VolumeVersion.objects.create(volume=volume, number=1, size_gb=5, change="created")
+    base = f"/api/v1/volumes/{volume.pk}/"
+    before = c.rows(Volume.objects.all()), c.rows(VolumeVersion.objects.all())
+    for client in c.outsider_api_clients():
+        assert client.get(base).status_code == 404
+        body = '{"size_gb": 9}'
+        assert client.patch(base, body, content_type="application/json").status_code == 404
+        assert client.delete(base).status_code == 404
+        assert client.get(f"{base}versions/").status_code == 404
+        assert client.get(f"{base}usage/").status_code == 404
+        listed = client.get("/api/v1/volumes/").json()["results"]
+        assert volume.pk not in [v["id"] for v in listed]
+    for client in [c.outsider()]:  # the console's forms, with Acme's volume id
+        for action in ("resize", "delete"):
+            data = {"action": action, "volume": volume.pk, "size_gb": 9}
+            assert client.post("/volumes/", data).status_code == 404
+        assert "acme-data" not in client.get("/volumes/").content.decode()
+    for client in c.members():
+        assert "acme-data" in client.get("/volumes/").content.decode()
+        assert client.get(base).json()["name"] == "acme-data"
+        assert [v["size_gb"] for v in client.get(f"{base}versions/").json()] == [5]
+    assert (c.rows(Volume.objects.all()), c.rows(VolumeVersion.objects.all())) == before
+
+
+def check_machine_usage(c: Checker) -> None:
+    """A machine's GPU and port usage answers 404 to outsiders (API and console); Acme's
+    members read its ports, where Acme's own rental is named. (Members' GPU reads ask the
+    host's nvidia-smi, and the worlds' machines are not reachable: tests/marketplace/
+    test_host_usage.py reads them from a real host.)"""
+    machine = c.acme.machine
+    for client in c.outsider_api_clients():
+        for route in ("gpus", "ports"):
+            assert client.get(f"/api/v1/machines/{machine.pk}/{route}/").status_code == 404
+    assert c.outsider().get(f"/machines/{machine.pk}/usage/").status_code == 404
+    for client in c.members()[:1]:  # the machines API is for admins and up
+        ports = client.get(f"/api/v1/machines/{machine.pk}/ports/").json()
+        assert ports["machine_id"] == machine.pk and ports["used"] == 0
+
+
 def check_console_deployments(c: Checker) -> None:
     """The console's deployment pages: Acme's members see Acme's deployment; the outsider
     neither sees it listed nor reaches it (404 for the page, scale, stop and replica stop),
@@ -411,6 +567,9 @@ MATRIX: dict[str, list[Check]] = {
         Custom(check_console_deployments),
     ],
     "deployments-matching": [Custom(check_console_deployments_matching)],
+    "clusters": [console_page(lambda w: "/clusters/"), Custom(check_console_clusters)],
+    "cluster-detail": [Custom(check_console_clusters)],
+    "cluster-action": [Custom(check_console_clusters)],
     "deployment-detail": [Custom(check_console_deployments)],
     "deployment-action": [Custom(check_console_deployments)],
     "deployment-replica-stop": [Custom(check_console_deployments)],
@@ -489,6 +648,23 @@ MATRIX: dict[str, list[Check]] = {
     ],
     "api-instance-detail": [Obj(api_inst()), Obj(api_inst(), "delete")],
     "api-deployment-list": [Custom(check_deployments)],
+    "api-cluster-list": [Custom(check_clusters)],
+    "api-cluster-detail": [Custom(check_clusters)],
+    "api-cluster-scale": [Custom(check_clusters)],
+    "api-cluster-endpoint": [Custom(check_clusters)],
+    "api-cluster-stop": [Custom(check_clusters)],
+    "api-cluster-resume": [Custom(check_clusters)],
+    "api-cluster-extend": [Custom(check_clusters)],
+    "api-cluster-replicas": [Custom(check_clusters)],
+    "gateway-auth": [Custom(check_gateway_auth)],
+    "volumes": [console_page(lambda w: "/volumes/"), Custom(check_volumes)],
+    "machine-usage": [Custom(check_machine_usage)],
+    "api-machine-gpus": [Custom(check_machine_usage)],
+    "api-machine-ports": [Custom(check_machine_usage)],
+    "api-volume-list": [Custom(check_volumes)],
+    "api-volume-detail": [Custom(check_volumes)],
+    "api-volume-versions": [Custom(check_volumes)],
+    "api-volume-usage": [Custom(check_volumes)],
     "api-deployment-detail": [Custom(check_deployments)],
     "api-deployment-stop": [Custom(check_deployments)],
     "api-deployment-replicas": [Custom(check_deployments)],
@@ -530,6 +706,7 @@ MATRIX: dict[str, list[Check]] = {
         )
     ],  # fmt: skip
     "api-machine-listing": [Obj(api_mach("listing/"), "put", {"listed": False})],
+    "api-machine-sharing": [Obj(api_mach("sharing/"), "put", {"enabled": False})],
     "api-machine-maintenance": [
         Obj(api_mach("maintenance/")),
         Obj(

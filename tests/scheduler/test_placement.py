@@ -5,7 +5,17 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scheduler.placement import MachineSnapshot, PlacementRequest, Planner, place_all
+from scheduler.placement import (
+    BINPACK,
+    CHEAPEST,
+    SPREAD,
+    Card,
+    MachineSnapshot,
+    PlacementRequest,
+    Planner,
+    SliceSize,
+    place_all,
+)
 
 
 def machine(machine_id, gpus, price, reliability=0.99, name="RTX 4090", region="US", first=None):
@@ -119,3 +129,105 @@ def test_every_policy_places_what_fits_and_never_a_gpu_twice(sizes, asks, policy
         used.add(placement.machine_id)
         gpus.extend(placement.gpu_ids)
     assert len(gpus) == len(set(gpus))
+
+
+# --- slices: two-tier placement ---------------------------------------------------------------
+
+CARD = 24564
+
+
+def sharing_machine(machine_id, gpus, price=500_000, min_core=10, sliced=()):
+    """A sharing machine's snapshot; ``sliced`` is (card index, compute %, MB) already taken."""
+    first = machine_id * 100
+    ids = tuple(range(first, first + gpus))
+    used = {first + index: (core, memory) for index, core, memory in sliced}
+    cards = tuple(
+        Card(i, 100 - used.get(i, (0, 0))[0], CARD - used.get(i, (0, 0))[1], CARD) for i in ids
+    )
+    whole = tuple(i for i in ids if i not in used)
+    return MachineSnapshot(
+        machine_id, "RTX 4090", whole, price, 0.99, "US", cards=cards,
+        min_slice_core_percent=min_core,
+    )  # fmt: skip
+
+
+def slice_ask(core, memory=1024, policy=BINPACK, card_policy=BINPACK, **fields):
+    return PlacementRequest(
+        1, gpu_slice=SliceSize(core, memory), policy=policy, card_policy=card_policy, **fields
+    )
+
+
+def test_binpack_at_card_level_leaves_more_whole_cards_free_than_spread():
+    """The same trace of slices over two 4-card machines: card-level binpack stacks them and
+    keeps cards whole for whole-GPU renters; spread puts each on the emptiest card."""
+    trace = [25, 25, 50, 10, 40, 25, 25, 30, 20, 50]
+    whole_free = {}
+    for card_policy in (BINPACK, SPREAD):
+        planner = Planner([sharing_machine(1, 4), sharing_machine(2, 4, price=600_000)])
+        placed = [planner.place(slice_ask(core, card_policy=card_policy)) for core in trace]
+        assert all(p is not None and p.gpu_slice is not None for p in placed)
+        cards = {card for p in placed for card in p.gpu_ids}
+        whole_free[card_policy] = 8 - len(cards)
+        # What stays whole is what whole renters get.
+        big = planner.place(PlacementRequest(gpu_count=whole_free[card_policy]))
+        assert big is None or not cards & set(big.gpu_ids)
+    # 300 % of slices: binpack fills three cards of the first machine; spread touches all four
+    # of its cards (the machine-level policy, binpack, keeps both on the first machine).
+    assert whole_free[BINPACK] == 5 and whole_free[SPREAD] == 4
+
+
+def test_machine_level_binpack_fills_the_fullest_sharing_machine_spread_the_emptiest():
+    machines = [
+        sharing_machine(1, 2),
+        sharing_machine(2, 2, sliced=[(0, 60, 1024), (1, 100, CARD)]),
+        sharing_machine(3, 1, sliced=[(0, 10, 1024)]),
+    ]
+    assert Planner(machines).place(slice_ask(30)).machine_id == 2  # its best card: 40 % free
+    assert Planner(machines).place(slice_ask(30, policy=SPREAD)).machine_id == 1
+    assert Planner(machines).place(slice_ask(50)).machine_id == 3  # 90 % free beats 100 %
+
+
+def test_slices_and_whole_gpus_never_share_a_card_and_a_card_never_overfills():
+    planner = Planner([sharing_machine(1, 2, min_core=20)])
+    assert planner.place(slice_ask(10)) is None  # under the machine's smallest slice
+    first = planner.place(slice_ask(60))
+    assert planner.place(PlacementRequest(gpu_count=2)) is None  # one card is sliced now
+    whole = planner.place(PlacementRequest(gpu_count=1))
+    assert whole.gpu_ids != first.gpu_ids
+    assert planner.place(slice_ask(50)) is None  # 40 % left on the sliced card, none elsewhere
+    assert planner.place(slice_ask(40, memory=CARD)) is None  # memory counts too
+    assert planner.place(slice_ask(40)).gpu_ids == first.gpu_ids
+    # Given back, a slice's card is whole again once its last slice is gone.
+    planner.release(1, whole.gpu_ids)
+    planner.release_slice(1, first.gpu_ids[0], SliceSize(60, 1024))
+    assert planner.place(PlacementRequest(gpu_count=2)) is None
+    planner.release_slice(1, first.gpu_ids[0], SliceSize(40, 1024))
+    assert planner.place(PlacementRequest(gpu_count=2)).gpu_ids == (100, 101)
+
+
+@settings(max_examples=60)
+@given(
+    asks=st.lists(
+        st.tuples(st.booleans(), st.integers(1, 100), st.integers(1, CARD), st.integers(1, 3)),
+        max_size=60,
+    ),
+    policy=st.sampled_from([CHEAPEST, BINPACK, SPREAD]),
+    card_policy=st.sampled_from([BINPACK, SPREAD]),
+)
+def test_no_card_ever_goes_over_100_percent_or_is_both(asks, policy, card_policy):
+    planner = Planner([sharing_machine(m, 3, min_core=1) for m in (1, 2)])
+    core, memory, whole = {}, {}, set()
+    for is_slice, percent, mb, count in asks:
+        if is_slice:
+            placed = planner.place(slice_ask(percent, mb, policy, card_policy))
+            if placed:
+                [card] = placed.gpu_ids
+                core[card] = core.get(card, 0) + percent
+                memory[card] = memory.get(card, 0) + mb
+        else:
+            placed = planner.place(PlacementRequest(gpu_count=count, policy=policy))
+            if placed:
+                assert whole.isdisjoint(placed.gpu_ids)
+                whole.update(placed.gpu_ids)
+    assert all(v <= 100 for v in core.values()) and all(v <= CARD for v in memory.values())
+    assert whole.isdisjoint(core)

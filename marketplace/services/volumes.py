@@ -1,0 +1,300 @@
+"""Volumes: create, resize, delete, mount at renting, and their metering.
+
+Each write changes the host over the pooled SSH connection inside its transaction: a host that
+does not answer fails the request (503) and rolls everything back, so the rows never claim a
+volume the host lacks. The size is enforced on the host (``hosts.runtime.volumes``); money
+follows the rentals' rules: a hold for the size × the period at creation, topped up when the
+volume grows, captured per GB-second by the metering sweep, released when it is deleted.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.utils import timezone
+
+from billing import holds
+from hosts.models import Machine, MachineStatus
+from hosts.runtime import InvalidContainerSpec
+from hosts.runtime.container_spec import validate_volumes
+from hosts.runtime.volumes import MAX_VOLUME_GB, HostVolumes, VolumeUsage
+from marketplace.events import publish_team_events
+from marketplace.fleet import machine_reference
+from marketplace.models import Team, Volume, VolumeMount, VolumeState, VolumeVersion
+from marketplace.models.volumes import volume_reference
+from marketplace.services.pricing import storage_owed
+from scheduler.models import Instance, InstanceState
+
+DEFAULT_VOLUME_HOURS = 30 * 24
+MAX_VOLUME_HOURS = 24 * 365
+MAX_MOUNTS = 8
+
+
+class VolumeInUse(Exception):
+    http_status = 409
+    error_code = "volume_in_use"
+
+
+def _owed(volume: Volume, now: datetime) -> int:
+    return storage_owed(
+        price_per_gb_month=volume.storage_price_per_gb_month,
+        disk_gb=1,
+        seconds=volume.gb_seconds_at(now),
+    )
+
+
+def volume_meter(*, volume: Volume, now: datetime | None = None) -> int:
+    """Capture the storage owed so far beyond what was captured (0 on a repeated run)."""
+    if volume.settled_at is not None:
+        return 0
+    return holds.hold_capture_usage(
+        hold_id=volume.hold_id, kind="storage", owed_total=_owed(volume, now or timezone.now())
+    )
+
+
+def volumes_meter_sweep(*, now: datetime | None = None) -> int:
+    """The metering sweep's share for volumes: capture every open volume's storage."""
+    now = now or timezone.now()
+    total = 0
+    for volume in Volume.objects.filter(settled_at=None).order_by("pk").iterator():
+        total += volume_meter(volume=volume, now=now)
+    return total
+
+
+def _check_name(name: str) -> str:
+    name = (name or "").strip()
+    if not 1 <= len(name) <= 64 or not name.isprintable():
+        raise ValidationError({"name": "Give a name of 1 to 64 printable characters."})
+    return name
+
+
+def _check_size(size_gb: object) -> int:
+    if (
+        not isinstance(size_gb, int)
+        or isinstance(size_gb, bool)
+        or not 1 <= size_gb <= MAX_VOLUME_GB
+    ):
+        raise ValidationError({"size_gb": f"A whole number of GB from 1 to {MAX_VOLUME_GB}."})
+    return size_gb
+
+
+def _version(volume: Volume, size_gb: int, change: str, user) -> VolumeVersion:
+    number = (volume.versions.order_by("-number").values_list("number", flat=True).first()) or 0
+    return VolumeVersion.objects.create(
+        volume=volume, number=number + 1, size_gb=size_gb, change=change, created_by=user
+    )
+
+
+def _tell(volume: Volume, what: str) -> None:
+    publish_team_events(
+        "volume.changed",
+        [(volume.team_id, {"id": volume.pk, "change": what, "size_gb": volume.size_gb})],
+    )
+
+
+@transaction.atomic
+def volume_create(
+    *, team: Team, user, machine_id: int, name: str, size_gb: int, hours: float
+) -> Volume:
+    """A volume of ``size_gb`` on a rentable machine, held for ``hours`` of storage."""
+    name, size_gb = _check_name(name), _check_size(size_gb)
+    if not (
+        isinstance(hours, int | float) and math.isfinite(hours) and 1 <= hours <= MAX_VOLUME_HOURS
+    ):
+        raise ValidationError({"duration_hours": f"From 1 to {MAX_VOLUME_HOURS} hours."})
+    machine = Machine.objects.select_for_update().filter(pk=machine_id).first()
+    if machine is None or not machine.listed or machine.status != MachineStatus.ONLINE:
+        raise ValidationError({"machine_id": "This machine is not offered for rent right now."})
+    now = timezone.now()
+    ends_at = now + timedelta(hours=hours)
+    if machine.end_date and ends_at > machine.end_date:
+        raise ValidationError(
+            {
+                "duration_hours": f"The machine is offered until {machine.end_date:%Y-%m-%d %H:%M} UTC."
+            }
+        )
+    if Volume.objects.filter(
+        team=team, machine=machine, name=name, state=VolumeState.READY
+    ).exists():
+        raise ValidationError({"name": "Your team has a volume of this name on this machine."})
+    amount = storage_owed(
+        price_per_gb_month=machine.storage_price_per_gb_month,
+        disk_gb=size_gb,
+        seconds=round(hours * 3600),
+    )
+    volume = Volume(
+        team=team,
+        provider_team_id=machine.team_id,
+        machine=machine,
+        name=name,
+        size_gb=size_gb,
+        storage_price_per_gb_month=machine.storage_price_per_gb_month,
+        ends_at=ends_at,
+        clock_since=now,
+    )
+    # The hold's reference names the volume's id, so the row comes first (its hold id is
+    # set before the transaction ends; a failed hold rolls both back).
+    volume.save()
+    hold = holds.hold_create(
+        team_id=team.pk,
+        provider_team_id=machine.team_id,
+        amount=amount,
+        reference=volume_reference(volume.pk),
+        idempotency_key=f"volume:{volume.uuid}:hold",
+        description=f"Volume {name}: {size_gb} GB on machine {machine.pk} for {hours:g} h",
+        machine_reference=machine_reference(machine.pk),
+    )
+    volume.hold_id = hold.pk
+    volume.save(update_fields=["hold_id"])
+    _version(volume, size_gb, "created", user)
+    HostVolumes(machine).create(volume.docker_name, size_gb)
+    _tell(volume, "created")  # sent on commit
+    return volume
+
+
+def volume_usage(volume: Volume) -> VolumeUsage:
+    return HostVolumes(volume.machine).usage(volume.docker_name)
+
+
+def _live_mounts(volume: Volume):
+    return VolumeMount.objects.filter(volume=volume).exclude(
+        instance__state=InstanceState.DESTROYED
+    )
+
+
+@transaction.atomic
+def volume_resize(*, volume: Volume, size_gb: int, user) -> Volume:
+    """Grow or shrink to ``size_gb``: a new version. Growing holds the extra GB for the rest
+    of the period (402 if short); shrinking is refused while more than the new size is
+    stored. Done on the host while mounted and in use."""
+    size_gb = _check_size(size_gb)
+    volume = Volume.objects.select_for_update().select_related("machine").get(pk=volume.pk)
+    if volume.state != VolumeState.READY:
+        raise ValidationError({"size_gb": "This volume was deleted."})
+    if size_gb == volume.size_gb:
+        raise ValidationError({"size_gb": f"The volume is {size_gb} GB already."})
+    now = timezone.now()
+    if now >= volume.ends_at:
+        raise ValidationError(
+            {"size_gb": "This volume's period has ended; it can only be deleted."}
+        )
+    if size_gb < volume.size_gb:
+        used = volume_usage(volume).used_bytes
+        if used > size_gb * 1024**3:
+            raise ValidationError(
+                {
+                    "size_gb": f"The volume stores {used / 1024**3:.2f} GB, more than {size_gb} GB; "
+                    "delete data first."
+                }
+            )
+    else:
+        extra = storage_owed(
+            price_per_gb_month=volume.storage_price_per_gb_month,
+            disk_gb=size_gb - volume.size_gb,
+            seconds=int((volume.ends_at - now).total_seconds()),
+        )
+        if extra:
+            holds.hold_extend(
+                hold_id=volume.hold_id,
+                amount=extra,
+                idempotency_key=f"volume:{volume.uuid}:resize:{volume.versions.count() + 1}",
+            )
+    change = f"{'grown' if size_gb > volume.size_gb else 'shrunk'} from {volume.size_gb} GB"
+    volume.gb_seconds = volume.gb_seconds_at(now)
+    volume.clock_since = min(now, volume.ends_at)
+    volume.size_gb = size_gb
+    volume.save(update_fields=["gb_seconds", "clock_since", "size_gb"])
+    _version(volume, size_gb, change, user)
+    HostVolumes(volume.machine).resize(volume.docker_name, size_gb)
+    _tell(volume, "resized")  # sent on commit
+    return volume
+
+
+@transaction.atomic
+def volume_delete(*, volume: Volume) -> Volume:
+    """Remove it from its host and settle: what was used is captured, the rest released.
+    Refused (409) while a rental that is not destroyed mounts it."""
+    volume = Volume.objects.select_for_update().select_related("machine").get(pk=volume.pk)
+    if volume.state == VolumeState.DELETED:
+        return volume
+    mounted = list(_live_mounts(volume).values_list("instance_id", flat=True))
+    if mounted:
+        raise VolumeInUse(
+            f"Instance {', '.join(map(str, mounted))} mounts this volume; destroy it first."
+        )
+    now = timezone.now()
+    volume_meter(volume=volume, now=now)
+    holds.hold_release(hold_id=volume.hold_id)
+    volume.gb_seconds = volume.gb_seconds_at(now)
+    volume.clock_since = None
+    volume.state, volume.deleted_at, volume.settled_at = VolumeState.DELETED, now, now
+    volume.save(update_fields=["gb_seconds", "clock_since", "state", "deleted_at", "settled_at"])
+    HostVolumes(volume.machine).remove(volume.docker_name)
+    _tell(volume, "deleted")  # sent on commit
+    return volume
+
+
+# --- mounting at renting -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MountRequest:
+    volume_id: int
+    target: str
+
+
+def mounts_check(
+    *, team: Team, machine_id: int, requested: list[MountRequest]
+) -> list[tuple[Volume, str]]:
+    """The team's volumes a rental asks for, each at its path: ValidationError naming
+    ``volumes`` for another team's or a deleted volume (as if it did not exist), one on
+    another machine, a path that is not allowed, or the same volume twice."""
+    if not requested:
+        return []
+    if len(requested) > MAX_MOUNTS:
+        raise ValidationError({"volumes": f"At most {MAX_MOUNTS} volumes."})
+    found = {
+        volume.pk: volume
+        for volume in Volume.objects.filter(
+            team=team, state=VolumeState.READY, pk__in=[m.volume_id for m in requested]
+        )
+    }
+    pairs = []
+    for mount in requested:
+        volume = found.get(mount.volume_id)
+        if volume is None:
+            raise ValidationError({"volumes": f"Your team has no volume {mount.volume_id}."})
+        if volume.machine_id != machine_id:
+            raise ValidationError(
+                {
+                    "volumes": f"Volume {volume.pk} is on machine {volume.machine_id}; rent there to mount it."
+                }
+            )
+        pairs.append((volume, mount.target))
+    if len({volume.pk for volume, _ in pairs}) != len(pairs):
+        raise ValidationError({"volumes": "The same volume is mounted twice."})
+    try:
+        validate_volumes([(volume.docker_name, target) for volume, target in pairs])
+    except InvalidContainerSpec as error:
+        raise ValidationError({"volumes": error.reason}) from error
+    return pairs
+
+
+def mounts_lock_ready(volume_ids: list[int]) -> set[int]:
+    """Lock the volumes a batch of rentals mounts (a delete waits, or is waited for) and
+    return those still ready."""
+    return set(
+        Volume.objects.select_for_update()
+        .filter(pk__in=sorted(set(volume_ids)), state=VolumeState.READY)
+        .values_list("pk", flat=True)
+    )
+
+
+def mounts_write(instance: Instance, pairs: list[tuple[Volume, str]]) -> None:
+    VolumeMount.objects.bulk_create(
+        [VolumeMount(volume=volume, instance=instance, target=target) for volume, target in pairs]
+    )

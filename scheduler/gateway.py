@@ -1,0 +1,274 @@
+"""The gateway's routes: which replicas answer a cluster's URL, and the Caddy config that says so.
+
+The gateway is Caddy 2 (a real reverse proxy from Debian). Its config is JSON pushed over its
+admin API; every change reloads gracefully (connections in flight finish on the old config).
+Each cluster with a service port gets one route, ``/clusters/<id>/service/*``:
+
+1. ``forward_auth``: a sub-request to the web servers' ``/gateway/auth/<id>/`` with the
+   caller's headers; a 2xx lets the request through, anything else (401) is answered as is.
+2. The platform's own credentials are taken off the request (the caller's API key and session
+   cookie are for the platform, not for the renter's container).
+3. ``reverse_proxy`` over the replicas' published ports, round robin, with active health
+   checks (a replica that stops answering leaves the rotation within a second or two), passive
+   ones (a replica that refuses a connection is skipped for a while) and retries on another
+   replica for a request that could not reach one (so a replica that died between two health
+   checks costs a retry, not a failed request).
+
+Anything else under ``/clusters/`` answers the same 401 as a refused request: a caller
+without access cannot tell a cluster that exists from one that does not.
+
+This module builds the config (pure) and speaks to the admin API (stdlib HTTP); which
+clusters exist and who may call them is the marketplace's business.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from scheduler.models import PortAllocation
+
+SERVER = "gateway"
+UNAUTHORIZED_BODY = '{"detail": "Authentication required."}'
+# Caddy's durations are nanoseconds.
+SECOND = 1_000_000_000
+
+
+@dataclass(frozen=True)
+class ClusterRoute:
+    cluster_id: int
+    upstreams: tuple[str, ...]  # "address:port" of each running replica's published port
+    running: bool = True  # a stopped cluster keeps its URL: authenticated, then 503
+
+
+def instance_upstreams(instance_ids: Iterable[int], container_port: int) -> dict[int, str]:
+    """``address:host_port`` where each instance publishes ``container_port``, by instance."""
+    rows = PortAllocation.objects.filter(
+        instance_id__in=list(instance_ids), container_port=container_port, released_at=None
+    ).values_list("instance_id", "machine__address", "host_port")
+    return {instance_id: f"{address}:{port}" for instance_id, address, port in rows}
+
+
+def answers(upstream: str, path: str = "/", timeout: float = 1.0) -> bool:
+    """Whether an HTTP server at ``upstream`` answers at all (any status): a replica is added
+    to the rotation only once it does."""
+    host, _, port = upstream.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout) as conn:
+            conn.settimeout(timeout)
+            conn.sendall(f"HEAD {path} HTTP/1.0\r\nHost: {host}\r\n\r\n".encode())
+            return conn.recv(12).startswith(b"HTTP/")
+    except (OSError, ValueError):
+        return False
+
+
+def answering(upstreams: Iterable[str], known: set[str]) -> set[str]:
+    """Those of ``upstreams`` the gateway already routes to (its health checks watch them), or
+    that answer now."""
+    new = [u for u in upstreams if u not in known]
+    if not new:
+        return set(upstreams)
+    with ThreadPoolExecutor(max_workers=min(len(new), 16)) as pool:
+        ok = {u for u, up in zip(new, pool.map(answers, new), strict=True) if up}
+    return {u for u in upstreams if u in known or u in ok}
+
+
+def _unauthorized() -> dict:
+    return {
+        "handler": "static_response",
+        "status_code": 401,
+        "headers": {
+            "Content-Type": ["application/json"],
+            "Www-Authenticate": ['Bearer realm="cluster"'],
+        },
+        "body": UNAUTHORIZED_BODY,
+    }
+
+
+def _forward_auth(cluster_id: int, auth_upstream: str) -> dict:
+    """Caddy's ``forward_auth`` directive, as ``caddy adapt`` writes it in JSON."""
+    return {
+        "handler": "reverse_proxy",
+        "upstreams": [{"dial": auth_upstream}],
+        "rewrite": {"method": "GET", "uri": f"/gateway/auth/{cluster_id}/"},
+        "headers": {
+            "request": {
+                "set": {
+                    "Host": [auth_upstream],
+                    "X-Forwarded-Method": ["{http.request.method}"],
+                    "X-Forwarded-Uri": ["{http.request.uri}"],
+                },
+                "delete": ["Content-Length"],
+            }
+        },
+        "handle_response": [
+            {"match": {"status_code": [2]}, "routes": [{"handle": [{"handler": "headers"}]}]}
+        ],
+    }
+
+
+def _strip_platform_credentials(session_cookie: str) -> list[dict]:
+    """Routes that take the platform's API key and session cookie off a request before it
+    goes to the renter's container."""
+    return [
+        {
+            "match": [{"header_regexp": {"Authorization": {"pattern": "^Bearer gpk_"}}}],
+            "handle": [{"handler": "headers", "request": {"delete": ["Authorization"]}}],
+        },
+        {
+            "handle": [
+                {
+                    "handler": "headers",
+                    "request": {
+                        "replace": {
+                            "Cookie": [
+                                {"search_regexp": f"(^|;\\s*){session_cookie}=[^;]*", "replace": ""}
+                            ]
+                        }
+                    },
+                }
+            ]
+        },
+    ]
+
+
+def _balancer(upstreams: tuple[str, ...], health_path: str) -> dict:
+    return {
+        "handler": "reverse_proxy",
+        "upstreams": [{"dial": u} for u in upstreams],
+        "load_balancing": {
+            "selection_policy": {"policy": "round_robin"},
+            # A request that could not reach a replica (refused, reset before an answer) is
+            # tried on another for up to 5 s: a dying replica costs retries, not failures.
+            "try_duration": 5 * SECOND,
+            "try_interval": SECOND // 20,
+        },
+        "health_checks": {
+            "active": {"uri": health_path, "interval": SECOND, "timeout": SECOND},
+            "passive": {"fail_duration": 10 * SECOND, "max_fails": 1},
+        },
+    }
+
+
+def cluster_routes(
+    routes: Iterable[ClusterRoute], *, auth_upstream: str, session_cookie: str, health_path="/"
+) -> list[dict]:
+    """The gateway server's routes for these clusters, then the 401 for any other cluster."""
+    out = []
+    for route in sorted(routes, key=lambda r: r.cluster_id):
+        prefix = f"/clusters/{route.cluster_id}/service"
+        handle: list[dict] = [
+            {"handler": "rewrite", "strip_path_prefix": prefix},
+            _forward_auth(route.cluster_id, auth_upstream),
+        ]
+        if route.running and route.upstreams:
+            handle += [
+                {"handler": "subroute", "routes": _strip_platform_credentials(session_cookie)},
+                _balancer(route.upstreams, health_path),
+            ]
+        else:
+            why = "is stopped" if not route.running else "has no replica answering yet"
+            handle.append(
+                {
+                    "handler": "static_response",
+                    "status_code": 503,
+                    "headers": {"Content-Type": ["application/json"], "Retry-After": ["5"]},
+                    "body": json.dumps({"detail": f"The cluster {why}."}),
+                }
+            )
+        out.append(
+            {
+                "@id": f"cluster-{route.cluster_id}",
+                "match": [{"path": [prefix, f"{prefix}/*"]}],
+                "handle": [{"handler": "subroute", "routes": [{"handle": handle}]}],
+                "terminal": True,
+            }
+        )
+    out.append({"match": [{"path": ["/clusters/*"]}], "handle": [_unauthorized()]})
+    return out
+
+
+def gateway_config(*, admin: str, listen: str, routes: list[dict]) -> dict:
+    """A whole Caddy config: the admin API on ``admin``, one HTTP server on ``listen``."""
+    return {
+        "admin": {"listen": admin},
+        "apps": {
+            "http": {
+                "servers": {
+                    SERVER: {
+                        "listen": [listen],
+                        "routes": routes,
+                        "automatic_https": {"disable": True},
+                        "metrics": {},
+                    }
+                }
+            }
+        },
+    }
+
+
+class GatewayUnavailable(Exception):
+    """The gateway's admin API did not take the config."""
+
+
+class CaddyAdmin:
+    """Caddy's admin API (``http://<admin>/``): load a whole config, read and replace routes."""
+
+    def __init__(self, admin: str, timeout: float = 5.0):
+        self.host, _, port = admin.rpartition(":")
+        self.port = int(port)
+        self.timeout = timeout
+
+    def _call(self, method: str, path: str, body: object | None = None) -> bytes:
+        data = None if body is None else json.dumps(body).encode()
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
+        try:
+            conn.request(method, path, body=data, headers={"Content-Type": "application/json"})
+            response = conn.getresponse()
+            raw = response.read()
+        except OSError as error:
+            raise GatewayUnavailable(f"{method} {path}: {error}") from error
+        finally:
+            conn.close()
+        if response.status >= 300:
+            raise GatewayUnavailable(f"{method} {path}: {response.status} {raw[:300]!r}")
+        return raw
+
+    def load(self, config: dict) -> None:
+        self._call("POST", "/load", config)
+
+    def routes(self) -> list[dict]:
+        raw = self._call("GET", f"/config/apps/http/servers/{SERVER}/routes")
+        return json.loads(raw or b"null") or []
+
+    def set_routes(self, routes: list[dict]) -> None:
+        self._call("PATCH", f"/config/apps/http/servers/{SERVER}/routes", routes)
+
+    def upstreams(self) -> list[dict]:
+        """Caddy's view of every upstream: address, requests in flight, recent fails."""
+        return json.loads(self._call("GET", "/reverse_proxy/upstreams") or b"[]")
+
+    def metrics(self) -> str:
+        return self._call("GET", "/metrics").decode()
+
+
+def routed_upstreams(routes: list[dict]) -> set[str]:
+    """The replica addresses a pushed route list balances over."""
+    found: set[str] = set()
+
+    def walk(node: object) -> None:
+        if isinstance(node, dict):
+            if node.get("handler") == "reverse_proxy" and "load_balancing" in node:
+                found.update(u["dial"] for u in node.get("upstreams", []))
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(routes)
+    return found

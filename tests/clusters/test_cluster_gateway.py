@@ -1,0 +1,299 @@
+"""Clusters through the real gateway: Caddy 2 in front, Django answering its forward-auth,
+replicas on simulated hosts (real sshd + Docker) running busybox httpd that answers with its
+container's name."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections import Counter
+
+import pytest
+from django.test import Client
+
+from billing.models import Hold
+from billing.selectors import team_balance
+from marketplace.models import ApiKey, Cluster, Rental
+from marketplace.services.accounts import api_key_create, api_key_revoke
+from marketplace.services.pricing import quote_at
+from marketplace.tasks import clusters_tick
+from scheduler import services as scheduler
+from scheduler.gateway import instance_upstreams
+from tests.billing.ledger_checks import assert_ledger_consistent
+from tests.clusters.support import CLUSTER, IMAGE, Load, call, routed, routes_settle
+from tests.conftest import key_client
+from tests.factories import TeamFactory, UserFactory, add_member
+from tests.marketplace.conftest import PRICE_PER_GPU_HOUR, STORAGE_PER_GB_MONTH, machine_for
+
+pytestmark = [pytest.mark.system, pytest.mark.django_db(transaction=True)]
+
+NEW_IMAGE = "gpumkt/busybox:rolled"
+
+
+@pytest.fixture(scope="session")
+def cluster_hosts(sim_host_factory):
+    """Three 2-GPU simulated hosts shared by the tests here (each lists its own machines)."""
+    return [sim_host_factory(gpus=2) for _ in range(3)]
+
+
+@pytest.fixture
+def machines(cluster_hosts, provider_team):
+    return [machine_for(host, provider_team) for host in cluster_hosts]
+
+
+def bearer(secret: str) -> dict:
+    return {"Authorization": f"Bearer {secret}"}
+
+
+def key_secret(team, access=ApiKey.Access.READ) -> str:
+    membership = team.memberships.first()
+    return api_key_create(membership=membership, name="svc", access=access).secret
+
+
+def create(client, **overrides) -> dict:
+    response = client.post("/api/v1/clusters/", {**CLUSTER, **overrides}, format="json")
+    assert response.status_code == 201, response.content
+    return response.json()
+
+
+def path_of(url: str) -> str:
+    return "/" + url.split("/", 3)[3]
+
+
+def test_a_cluster_url_balances_over_its_replicas_and_answers_only_its_team(
+    funded_team, owner, machines, gateway
+):
+    client = key_client(funded_team)
+    created = create(client)
+    assert (created["state"], created["replicas"], created["running"]) == ("running", 3, 3)
+    assert created["url"] == f"{gateway.url}/clusters/{created['id']}/service/"
+    path = path_of(created["url"])
+    first_instances = list(
+        Cluster.objects.get(pk=created["id"]).deployment.replicas.values_list(
+            "instance_id", flat=True
+        )
+    )
+    routes_settle(gateway.admin, created["id"], 3)
+    key = bearer(key_secret(funded_team))
+
+    names = Counter(call(gateway.listen, path, key)[1] for _ in range(300))
+    containers = {
+        r.instance.container_name: r.instance.container_id
+        for r in Cluster.objects.get(pk=created["id"]).deployment.replicas.select_related(
+            "instance"
+        )
+    }
+    # Every one of the 3 replicas answered, about a third each (round robin).
+    assert len(names) == 3 and all(90 <= n <= 110 for n in names.values()), names
+    assert {name[:12] for name in names} == {cid[:12] for cid in containers.values()}
+
+    # No credentials, a wrong key, another team's key: the same 401 as a cluster that does not
+    # exist, so nothing tells an outsider the cluster is there.
+    outsider_team = TeamFactory(name="Other")
+    add_member(outsider_team, UserFactory(username="other"), "owner")
+    nobody = call(gateway.listen, path)
+    assert nobody[0] == 401
+    assert call(gateway.listen, path, bearer("gpk_nope_nope"))[0] == 401
+    assert call(gateway.listen, path, bearer(key_secret(outsider_team))) == nobody
+    assert call(gateway.listen, "/clusters/999999/service/", key) == nobody
+    # A member's console session passes; an outsider's does not.
+    member = Client()
+    member.force_login(owner)
+    cookie = {"Cookie": f"sessionid={member.cookies['sessionid'].value}"}
+    assert call(gateway.listen, path, cookie)[0] == 200
+    stranger = Client()
+    stranger.force_login(outsider_team.memberships.get().user)
+    assert (
+        call(gateway.listen, path, {"Cookie": f"sessionid={stranger.cookies['sessionid'].value}"})[
+            0
+        ]
+        == 401
+    )
+
+    # A revoked key stops working within the auth cache's few seconds.
+    revoked = key_secret(funded_team)
+    assert call(gateway.listen, path, bearer(revoked))[0] == 200
+    api_key_revoke(
+        membership=funded_team.memberships.first(),
+        api_key=ApiKey.objects.get(prefix=revoked.split("_")[1]),
+    )
+    time.sleep(2.2)
+    assert call(gateway.listen, path, bearer(revoked))[0] == 401
+
+    # The port changes (the replicas roll to publish 8081) while requests flow: the URL
+    # stays and never fails.
+    with Load(gateway.listen, path, key, rate=20) as load:
+        moved = client.put(
+            f"/api/v1/clusters/{created['id']}/endpoint/", {"port": 8081}, format="json"
+        )
+        assert moved.status_code == 200, moved.content
+        assert (moved.json()["url"], moved.json()["service_port"]) == (created["url"], 8081)
+        routes_settle(gateway.admin, created["id"], 3)
+        time.sleep(1)
+    assert load.failed == [] and len(load.results) > 20
+    # Every replica routed now is a new one, publishing 8081, and the old ones are gone.
+    running = Cluster.objects.get(pk=created["id"]).deployment.replicas.filter(state="running")
+    instance_ids = [r.instance_id for r in running]
+    assert routed(gateway.admin, created["id"]) == set(
+        instance_upstreams(instance_ids, 8081).values()
+    )
+    assert len(instance_ids) == 3 and not set(instance_ids) & set(first_instances)
+
+    # Stop: nothing runs, the URL still answers its team (503, it is stopped); resume: the
+    # same URL serves again.
+    stopped = client.post(f"/api/v1/clusters/{created['id']}/stop/")
+    assert (stopped.json()["state"], stopped.json()["running"]) == ("stopped", 0)
+    assert call(gateway.listen, path, key)[0] == 503
+    assert call(gateway.listen, path)[0] == 401
+    resumed = client.post(f"/api/v1/clusters/{created['id']}/resume/")
+    assert (resumed.json()["state"], resumed.json()["running"], resumed.json()["url"]) == (
+        "running",
+        3,
+        created["url"],
+    )
+    routes_settle(gateway.admin, created["id"], 3)
+    assert {call(gateway.listen, path, key)[0] for _ in range(10)} == {200}
+
+
+def test_a_killed_replica_is_replaced_while_requests_flow(funded_team, machines, gateway):
+    """20 requests/s through the URL while one replica's container is killed: the gateway
+    retries a request that reached the dead replica on another one, its health checks take
+    the replica out, the monitor sees it die and a new one is placed and added once it
+    answers. Measured bound: 0 failed requests (asserted ≤ 1%, a slow machine's margin)."""
+    client = key_client(funded_team)
+    created = create(client)
+    path = path_of(created["url"])
+    before = routes_settle(gateway.admin, created["id"], 3)
+    key = bearer(key_secret(funded_team))
+    cluster = Cluster.objects.get(pk=created["id"])
+    victim = cluster.deployment.replicas.select_related("instance").first()
+
+    with Load(gateway.listen, path, key, rate=20) as load:
+        time.sleep(1)
+        subprocess.run(
+            ["docker", "kill", victim.instance.container_id], check=True, capture_output=True
+        )
+        time.sleep(1)  # requests meet the dead replica before the monitor looks
+        scheduler.machine_reconcile(machine_id=victim.instance.machine_id)  # as its beat does
+        after = routes_settle(gateway.admin, created["id"], 3)
+        time.sleep(2)
+    victim.refresh_from_db()
+    assert victim.state == "failed" and victim.exit_code == 137
+    assert len(after) == 3 and after != before  # the new replica took the dead one's place
+    names = Counter(body for status, body in load.results if status == 200)
+    print(f"kill under load: {len(load.failed)} of {len(load.results)} requests failed")
+    assert len(load.results) >= 60
+    assert len(load.failed) <= len(load.results) // 100, load.failed
+    # The last requests are spread over three live replicas again.
+    tail = Counter(body for _, body in load.results[-30:])
+    assert len(tail) == 3 and victim.instance.container_id[:12] not in tail, (tail, names)
+
+
+def test_scaling_holds_for_new_replicas_and_releases_what_stopped_ones_did_not_use(
+    funded_team, machines
+):
+    client = key_client(funded_team)
+    created = create(client, service_port=None)
+    assert created["url"] is None
+    base = f"/api/v1/clusters/{created['id']}/"
+    funded = team_balance(funded_team.pk).total
+
+    grown = client.post(f"{base}scale/", {"replicas": 5}, format="json")
+    assert (grown.status_code, grown.json()["running"]) == (200, 5), grown.content
+    rentals = list(Rental.objects.filter(instance__replica__deployment_id=created["deployment_id"]))
+    holds = {h.pk: h for h in Hold.objects.filter(pk__in=[r.hold_id for r in rentals])}
+    assert len(holds) == 5
+    for rental in rentals:  # each replica holds rate × GPUs × its hours, disk included
+        seconds = (rental.ends_at - rental.starts_at).total_seconds()
+        quote = quote_at(
+            price_per_gpu_hour=PRICE_PER_GPU_HOUR,
+            storage_price_per_gb_month=STORAGE_PER_GB_MONTH,
+            gpu_count=1,
+            disk_gb=1,
+            hours=seconds / 3600,
+        )
+        assert holds[rental.hold_id].amount == quote.total
+    balance = team_balance(funded_team.pk)
+    assert balance.held == sum(h.amount for h in holds.values())
+    assert balance.total == funded  # holding moves credit, it spends none
+
+    shrunk = client.post(f"{base}scale/", {"replicas": 2}, format="json")
+    assert (shrunk.json()["replicas"], shrunk.json()["running"]) == (2, 2)
+    stopped = Rental.objects.filter(
+        instance__replica__deployment_id=created["deployment_id"],
+        instance__replica__state="stopped",
+    )
+    assert stopped.count() == 3
+    captured = 0
+    for rental in stopped:
+        hold = Hold.objects.get(pk=rental.hold_id)
+        assert rental.settled_at is not None and hold.status != "open"
+        # What it used is captured, to the micro-dollar; the rest is released.
+        used = hold.captured_gpu + hold.captured_storage
+        assert used + hold.released == hold.amount and hold.released > 0
+        captured += used
+    still = Hold.objects.filter(status="open", pk__in=[r.hold_id for r in rentals])
+    assert still.count() == 2
+    balance = team_balance(funded_team.pk)
+    assert balance.held == sum(h.amount - h.captured_gpu - h.captured_storage for h in still)
+    assert balance.total == funded - captured - sum(
+        h.captured_gpu + h.captured_storage for h in still
+    )
+    assert_ledger_consistent()
+
+
+def test_a_rolling_update_of_the_image_fails_no_request(funded_team, machines, gateway):
+    """The image changes under 20 requests/s: one new replica at a time starts beside the
+    old ones, joins the gateway once it answers, and an old one leaves the gateway before it
+    is stopped: no request fails."""
+    subprocess.run(["docker", "tag", IMAGE, NEW_IMAGE], check=True, capture_output=True)
+    client = key_client(funded_team)
+    created = create(client)
+    path = path_of(created["url"])
+    routes_settle(gateway.admin, created["id"], 3)
+    key = bearer(key_secret(funded_team))
+    with Load(gateway.listen, path, key, rate=20) as load:
+        time.sleep(1)
+        patched = client.patch(
+            f"/api/v1/clusters/{created['id']}/", {"image": NEW_IMAGE}, format="json"
+        )
+        assert patched.status_code == 200, patched.content
+        routes_settle(gateway.admin, created["id"], 3)
+        time.sleep(1)
+    print(f"rolling update under load: {len(load.failed)} of {len(load.results)} requests failed")
+    assert load.failed == [] and len(load.results) >= 40
+    running = Cluster.objects.get(pk=created["id"]).deployment.replicas.filter(state="running")
+    assert sorted(r.instance.image for r in running) == [NEW_IMAGE] * 3
+
+
+def test_autoscaling_follows_the_request_rate_between_its_bounds(
+    funded_team, machines, gateway, settings
+):
+    """Over the target per replica the cluster grows within 30 s (to its maximum here);
+    idle, it shrinks back to its minimum."""
+    settings.CLUSTER_SCALE_DOWN_WINDOW = 5
+    client = key_client(funded_team)
+    created = create(client, replicas=2, min_replicas=2, max_replicas=4, target_rps_per_replica=4)
+    path = path_of(created["url"])
+    routes_settle(gateway.admin, created["id"], 2)
+    key = bearer(key_secret(funded_team))
+    cluster = Cluster.objects.get(pk=created["id"])
+
+    with Load(gateway.listen, path, key, rate=25):  # 25/s over 2 replicas: 12.5 each, target 4
+        started = time.monotonic()
+        while cluster.replicas < 4:
+            assert time.monotonic() - started < 30, "not scaled up within 30 s"
+            time.sleep(1)
+            clusters_tick()  # as the beat does every 5 s
+            cluster.refresh_from_db()
+        assert client.get(f"/api/v1/clusters/{created['id']}/").json()["running"] == 4
+        routes_settle(gateway.admin, created["id"], 4)
+
+    started = time.monotonic()
+    while cluster.replicas > 2:
+        assert time.monotonic() - started < 30, "not scaled down when idle"
+        time.sleep(1)
+        clusters_tick()
+        cluster.refresh_from_db()
+    assert client.get(f"/api/v1/clusters/{created['id']}/").json()["running"] == 2
+    routes_settle(gateway.admin, created["id"], 2)

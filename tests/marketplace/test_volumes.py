@@ -1,0 +1,112 @@
+"""Volumes on a real host: data outlives a rental, the size is a real limit that grows and
+shrinks, a team's volumes are its own, and the money follows the hold rules."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from datetime import timedelta
+
+import pytest
+from django.test import Client
+from django.utils import timezone
+
+from billing.models import Hold
+from hosts.runtime.volumes import VOLUME_DIR
+from marketplace.models import Volume, VolumeState
+from marketplace.models.volumes import volume_reference
+from marketplace.services.pricing import storage_owed
+from marketplace.services.volumes import volumes_meter_sweep
+from tests.conftest import client_for, key_client
+from tests.factories import TeamFactory, UserFactory, add_member
+from tests.marketplace.conftest import STORAGE_PER_GB_MONTH, fund
+from tests.marketplace.test_rental_lifecycle import rented
+
+pytestmark = [pytest.mark.system, pytest.mark.django_db(transaction=True)]
+
+FILL = "rm -f /data/big; dd if=/dev/zero of=/data/big bs=1M count=1100 2>&1"
+
+
+def run(client, instance, command: str) -> dict:
+    response = client.post(
+        f"/api/v1/instances/{instance.pk}/exec/", {"command": command}, format="json"
+    )
+    assert response.status_code == 200, response.content
+    return response.json()
+
+
+def test_a_volume_outlives_its_rental_and_its_size_is_enforced(funded_team, owner, machine):
+    client = key_client(funded_team)
+    made = client.post(
+        "/api/v1/volumes/",
+        {"machine_id": machine.pk, "name": "datasets", "size_gb": 1, "duration_hours": 24},
+        format="json",
+    )
+    assert made.status_code == 201, made.content
+    volume = Volume.objects.get(pk=made.json()["id"])
+    hold = Hold.objects.get(pk=volume.hold_id)
+    assert hold.reference == volume_reference(volume.pk) and hold.status == "open"
+    on_host = os.path.join(VOLUME_DIR, volume.docker_name)
+    assert os.path.ismount(on_host)
+    # Charged per GB-second from its own hold, once however often the sweep runs.
+    later = timezone.now() + timedelta(hours=1)
+    assert volumes_meter_sweep(now=later) > 0 and volumes_meter_sweep(now=later) == 0
+    seconds = int((later - volume.clock_since).total_seconds())
+    assert Hold.objects.get(pk=volume.hold_id).captured_storage == storage_owed(
+        price_per_gb_month=STORAGE_PER_GB_MONTH, disk_gb=1, seconds=seconds
+    )
+
+    mount = {"volumes": [{"volume": volume.pk, "target": "/data"}]}
+    first = rented(client, machine, **mount)
+    wrote = run(client, first, "head -c 1048576 /dev/urandom > /data/f && md5sum /data/f")
+    assert wrote["exit_code"] == 0, wrote
+    deleting = client.delete(f"/api/v1/volumes/{volume.pk}/")
+    assert deleting.status_code == 409 and str(first.pk) in deleting.json()["error"]["message"]
+    assert client.delete(f"/api/v1/instances/{first.pk}/").status_code == 202
+
+    second = rented(client, machine, **mount)
+    page = client_for(Client(), owner, funded_team).get("/volumes/").content.decode()
+    assert "datasets" in page and f'href="/instances/{second.pk}/"' in page
+    assert run(client, second, "md5sum /data/f")["output"] == wrote["output"]
+    full = run(client, second, FILL)
+    assert full["exit_code"] != 0 and "No space left on device" in full["output"], full
+
+    grown = client.patch(f"/api/v1/volumes/{volume.pk}/", {"size_gb": 2}, format="json")
+    assert grown.status_code == 200 and grown.json()["version"] == 2, grown.content
+    fits = run(client, second, FILL)
+    assert fits["exit_code"] == 0, fits
+    assert Hold.objects.get(pk=volume.hold_id).amount > hold.amount  # the extra GB is held
+    refused = client.patch(f"/api/v1/volumes/{volume.pk}/", {"size_gb": 1}, format="json")
+    assert refused.status_code == 400 and "size_gb" in refused.json()["error"]["fields"]
+    run(client, second, "rm /data/big")
+    shrunk = client.patch(f"/api/v1/volumes/{volume.pk}/", {"size_gb": 1}, format="json")
+    assert shrunk.status_code == 200, shrunk.content
+    versions = client.get(f"/api/v1/volumes/{volume.pk}/versions/").json()
+    assert [(v["number"], v["size_gb"]) for v in versions] == [(1, 1), (2, 2), (3, 1)]
+    assert run(client, second, "md5sum /data/f")["output"] == wrote["output"]
+
+    # Another team sees nothing of it and cannot mount it.
+    other = TeamFactory(name="Other")
+    add_member(other, UserFactory(username="other-owner"), "owner")
+    fund(other)
+    stranger = key_client(other)
+    assert stranger.get(f"/api/v1/volumes/{volume.pk}/").status_code == 404
+    assert stranger.get("/api/v1/volumes/").json()["results"] == []
+    taken = stranger.post(
+        "/api/v1/instances/",
+        {"machine_id": machine.pk, "num_gpus": 1, "image": "gpumkt/busybox:latest",
+         "duration_hours": 1, **mount},
+        format="json",
+    )  # fmt: skip
+    assert taken.status_code == 400 and "volumes" in taken.json()["error"]["fields"]
+
+    assert client.delete(f"/api/v1/instances/{second.pk}/").status_code == 202
+    assert client.delete(f"/api/v1/volumes/{volume.pk}/").status_code == 204
+    volume.refresh_from_db()
+    assert volume.state == VolumeState.DELETED
+    assert Hold.objects.get(pk=volume.hold_id).status == "released"
+    assert not os.path.exists(on_host) and not os.path.exists(on_host + ".img")
+    names = subprocess.run(
+        ["docker", "volume", "ls", "-q"], capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert volume.docker_name not in names
