@@ -38,7 +38,12 @@ from deploy.recipe import (
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-PG_BIN = Path("/usr/lib/postgresql/15/bin")
+# The newest PostgreSQL server Debian installed (15 on Debian 12).
+PG_BIN = max(
+    Path("/usr/lib/postgresql").glob("*/bin"),
+    key=lambda path: int(path.parent.name) if path.parent.name.isdigit() else 0,
+    default=Path("/usr/lib/postgresql/15/bin"),
+)
 
 
 def free_port() -> int:
@@ -212,6 +217,7 @@ class LocalCluster:
         self.web_ports = [free_port() for _ in range(webs)]
         self.worker_ports = [free_port() for _ in range(workers)]
         self.https_port = free_port()
+        auth_upstream = f"127.0.0.1:{self.web_ports[0]}" if webs else ""
         env = env_file_parse(ENV_EXAMPLE.read_text())
         env.update(
             {
@@ -224,8 +230,11 @@ class LocalCluster:
                 "GPUMKT_DOMAIN": "localhost",
                 "GPUMKT_UPSTREAMS": " ".join(f"127.0.0.1:{port}" for port in self.web_ports),
                 "GPUMKT_HTTPS_PORT": str(self.https_port),
+                "GATEWAY_URL": f"https://localhost:{self.https_port}",
+                "GATEWAY_AUTH_UPSTREAM": auth_upstream,
                 "GPUMKT_HTTP_PORT": str(free_port()),
-                "CADDY_ADMIN": f"localhost:{free_port()}",
+                "GATEWAY_ADMIN": f"localhost:{free_port()}",
+                "GATEWAY_LISTEN": f"127.0.0.1:{free_port()}",
                 "METRICS_TOKEN": secrets.token_urlsafe(16),
                 "PYTHONPATH": str(ROOT),
                 **(overrides or {}),

@@ -71,6 +71,8 @@ def routes_push() -> bool:
     if admin is None:
         return False
     try:
+        if settings.GATEWAY_LISTEN and admin.server_ensure(settings.GATEWAY_LISTEN):
+            logger.info("gateway server added to the proxy on %s", settings.GATEWAY_LISTEN)
         known = gateway.routed_upstreams(admin.routes())
         wanted = current_routes()
         routes = []

@@ -154,6 +154,15 @@ def test_the_recipes_processes_start_answer_their_probes_and_stop(tmp_path):
             assert status == 200 and "csrfmiddlewaretoken" in body
         for web in cluster.webs:  # round robin: both served the console
             assert "GET /accounts/login/" in web.tail(200_000), web.name
+        # The cluster gateway lives in the same Caddy: a route push (the beat's, every 30 s)
+        # adds its server beside the Caddyfile's site, and the site hands it /clusters/*.
+        pushed = cluster.manage(
+            "shell", "-c", "from marketplace.clusters.routes import routes_push; print(routes_push())"
+        )  # fmt: skip
+        assert pushed.strip().splitlines()[-1] == "True", pushed
+        status, body = cluster.get(cluster.front + "/clusters/1/service/")
+        assert (status, body) == (401, '{"detail": "Authentication required."}')
+        assert cluster.get(cluster.front + "/readyz")[0] == 200  # the site is still there
         # Plain HTTP on the proxy is sent to HTTPS.
         plain = http.client.HTTPConnection("localhost", int(cluster.env["GPUMKT_HTTP_PORT"]))
         plain.request("GET", "/accounts/login/")
