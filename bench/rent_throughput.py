@@ -25,7 +25,6 @@ import json
 import os
 import random
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -34,16 +33,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from deploy.cluster import LocalCluster, Redis  # noqa: E402
+from bench_common import (  # noqa: E402
+    private_redis,
+    scratch_database,
+    web_bench_environment,
+    web_processes,
+)
 
-REDIS = Redis(Path(tempfile.mkdtemp(prefix="gpumkt-rent-redis-")), persistent=False)
-os.environ.setdefault("DEBUG", "1")
-os.environ["DATABASE_URL"] = "postgres://gpumkt:gpumkt@127.0.0.1:5432/gpumkt_bench_rent"
-os.environ["DJANGO_SETTINGS_MODULE"] = "marketplace.settings"
-os.environ["REDIS_URL"] = REDIS.url
-os.environ["SECRET_KEY"] = "bench-rent-" + "k" * 50
-
-from bench_common import scratch_database  # noqa: E402
+REDIS = web_bench_environment("rent")
 
 BUDGET = 200.0
 MACHINES, GPUS_EACH, CLIENTS = 200, 8, 8
@@ -130,13 +127,8 @@ def client(port: int, key: str, machines: list[int], stop: threading.Event, tall
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=float, default=5.0)
-    args = parser.parse_args()
-    REDIS.start()
-    try:
-        with scratch_database():
-            run(args)
-    finally:
-        REDIS.stop()
+    with private_redis(REDIS), scratch_database():
+        run(parser.parse_args())
 
 
 def run(args) -> None:
@@ -145,23 +137,7 @@ def run(args) -> None:
     from billing.selectors import ledger_problems
 
     machines, keys = populate()
-    cluster = LocalCluster(
-        Path(tempfile.mkdtemp(prefix="gpumkt-rent-")),
-        database_url=os.environ["DATABASE_URL"],
-        redis_url=REDIS.url,
-        webs=2,
-        workers=0,
-        overrides={
-            "SECRET_KEY": os.environ["SECRET_KEY"],
-            "ALLOWED_HOSTS": "localhost",
-            "HTTPS_ONLY": "0",
-            "LOG_LEVEL": "WARNING",
-            "API_THROTTLE_WRITE": "10000000/min",
-        },
-    )
-    try:
-        for port in cluster.web_ports:
-            cluster.start_web(port)
+    with web_processes(REDIS, overrides={"API_THROTTLE_WRITE": "10000000/min"}) as cluster:
         stop = threading.Event()
         tallies = [{"rented": 0, "refused": 0, "failed": 0} for _ in range(CLIENTS)]
         threads = [
@@ -180,8 +156,6 @@ def run(args) -> None:
         for thread in threads:
             thread.join(timeout=60)
         elapsed = time.monotonic() - started
-    finally:
-        cluster.stop()
     rented = sum(t["rented"] for t in tallies)
     refused = sum(t["refused"] for t in tallies)
     failed = sum(t["failed"] for t in tallies)
