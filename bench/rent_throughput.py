@@ -127,6 +127,7 @@ def client(port: int, key: str, machines: list[int], stop: threading.Event, tall
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--clients", type=int, default=CLIENTS, help="API clients (budget: 8)")
     with private_redis(REDIS), scratch_database():
         run(parser.parse_args())
 
@@ -139,13 +140,13 @@ def run(args) -> None:
     machines, keys = populate()
     with web_processes(REDIS, overrides={"API_THROTTLE_WRITE": "10000000/min"}) as cluster:
         stop = threading.Event()
-        tallies = [{"rented": 0, "refused": 0, "failed": 0} for _ in range(CLIENTS)]
+        tallies = [{"rented": 0, "refused": 0, "failed": 0} for _ in range(args.clients)]
         threads = [
             threading.Thread(
                 target=client,
                 args=(cluster.web_ports[n % 2], keys[n], machines, stop, tallies[n]),
             )
-            for n in range(CLIENTS)
+            for n in range(args.clients)
         ]
         print(f"renting for {args.seconds:g} s …", flush=True)
         started = time.monotonic()
@@ -171,7 +172,7 @@ def run(args) -> None:
     rate = rented / elapsed
     load = os.getloadavg()[0]
     print(
-        f"{CLIENTS} clients over 2 web processes, {args.seconds:g} s: {rented} rentals committed "
+        f"{args.clients} clients over 2 web processes, {args.seconds:g} s: {rented} rentals committed "
         f"({rentals} in the database), {refused} refused (409: taken), {failed} failed; "
         f"{rate:.0f} rentals/s; double allocations {doubled}; ledger "
         f"{'; '.join(problems) or 'consistent'} (load average {load:.2f})"
