@@ -23,6 +23,8 @@ os.environ.setdefault("DATABASE_URL", "postgres://gpumkt:gpumkt@127.0.0.1:5432/g
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "marketplace.settings")
 os.environ.setdefault("CELERY_TASK_ALWAYS_EAGER", "1")
 os.environ.setdefault("ALLOWED_HOSTS", "testserver,localhost")
+# The API's throttles count in Redis: the test Redis's last database, as the other benches.
+os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6391/15")
 
 from bench_common import scratch_database  # noqa: E402
 
