@@ -104,3 +104,68 @@ def simulated_machine(gpus: int = 4) -> Iterator[object]:
             ).stdout.split()
             if ids:
                 subprocess.run(["docker", "rm", "-f", *ids], capture_output=True)
+
+
+def web_bench_environment(name: str):
+    """For a bench that starts web processes: a private Redis (not started yet), and this
+    process's Django pointed at it, at the scratch database ``gpumkt_bench_<name>`` and at a
+    secret key the web processes share (they read the sessions and keys this process makes).
+    Call before Django is set up."""
+    import tempfile
+    from pathlib import Path
+
+    from deploy.cluster import Redis
+
+    redis = Redis(Path(tempfile.mkdtemp(prefix=f"gpumkt-{name}-redis-")), persistent=False)
+    os.environ.setdefault("DEBUG", "1")
+    os.environ["DATABASE_URL"] = f"postgres://gpumkt:gpumkt@127.0.0.1:5432/gpumkt_bench_{name}"
+    os.environ["DJANGO_SETTINGS_MODULE"] = "marketplace.settings"
+    os.environ["REDIS_URL"] = redis.url
+    os.environ["SECRET_KEY"] = f"bench-{name}-" + "k" * 50
+    return redis
+
+
+@contextlib.contextmanager
+def private_redis(redis) -> Iterator[object]:
+    """The bench's private Redis, running for the block."""
+    redis.start()
+    try:
+        yield redis
+    finally:
+        redis.stop()
+
+
+@contextlib.contextmanager
+def web_processes(redis, *, overrides: dict[str, str] | None = None) -> Iterator[object]:
+    """Two web processes started from the recipe's unit (deploy/) on this bench's database,
+    Redis and secret key, plain HTTP; stopped at the end. ``BENCH_WEB_ENV`` (space-separated
+    ``KEY=value``) adds settings, e.g. to compare one."""
+    import tempfile
+    from pathlib import Path
+
+    from deploy.cluster import LocalCluster
+
+    extra = dict(
+        item.split("=", 1) for item in os.environ.get("BENCH_WEB_ENV", "").split() if "=" in item
+    )
+    cluster = LocalCluster(
+        Path(tempfile.mkdtemp(prefix="gpumkt-bench-web-")),
+        database_url=os.environ["DATABASE_URL"],
+        redis_url=redis.url,
+        webs=2,
+        workers=0,
+        overrides={
+            "SECRET_KEY": os.environ["SECRET_KEY"],
+            "ALLOWED_HOSTS": "localhost,127.0.0.1",
+            "HTTPS_ONLY": "0",
+            "LOG_LEVEL": "WARNING",
+            **(overrides or {}),
+            **extra,
+        },
+    )
+    try:
+        for port in cluster.web_ports:
+            cluster.start_web(port)
+        yield cluster
+    finally:
+        cluster.stop()

@@ -1,6 +1,6 @@
 """Bench: the metering sweep a worker runs, over 100,000 open rentals on PostgreSQL.
 
-Budget (DESIGN.md): a metering sweep over 100,000 running rentals in ≤ 10 s.
+Budget (DESIGN.md): a metering sweep over 100,000 running rentals in ≤ 2.5 s (issue 17; was 10 s).
 
     DATABASE_URL=postgres://gpumkt:gpumkt@127.0.0.1:5432/gpumkt_bench_metering \
         .venv/bin/python bench/metering.py
@@ -52,7 +52,7 @@ RENTER_TEAMS = max(1, CONTRACTS // 50)
 PROVIDER_TEAMS = max(1, CONTRACTS // 500)
 MACHINES = max(1, CONTRACTS // 125)
 STEADY_SWEEPS = int(os.environ.get("BENCH_SWEEPS", "4"))
-BUDGET_S = 10.0
+BUDGET_S = 2.5  # issue 17 (was 10 s)
 
 
 def populate(rng: random.Random, now) -> None:
@@ -288,7 +288,8 @@ def main() -> None:
         print(f"ledger checks: {'all hold' if not wrong else '; '.join(wrong)}")
         capturing.sort()
         worst = capturing[-1]
-        print(f"budget: ≤ {BUDGET_S:.0f} s for 100,000 running rentals → capturing sweeps"
+        print(f"load average {os.getloadavg()[0]:.2f} (2 cores shared)")
+        print(f"budget: ≤ {BUDGET_S:g} s for 100,000 running rentals → capturing sweeps"
               f" {capturing[0]:.2f}–{worst:.2f} s (median {statistics.median(capturing):.2f} s);"
               f" worst = {worst / BUDGET_S:.2f} × budget"
               f" ({'within' if worst <= BUDGET_S else 'OVER'} budget)")  # fmt: skip

@@ -1,10 +1,10 @@
-"""Offer search over 100,000 offers: filter + sort + a page of 64, measured server-side.
+"""Offer search over 1,000,000 offers: filter + sort + a page of 64, measured server-side.
 
-Budget (DESIGN.md): p50 ≤ 10 ms, p99 ≤ 30 ms. Runs the real API view (through Django's
+Budget (DESIGN.md, raised by issue 17): p50 ≤ 5 ms, p99 ≤ 15 ms. Runs the real API view (through Django's
 request handling, with an API key) against PostgreSQL; creates its data in a scratch
 database and drops it at the end.
 
-    .venv/bin/python bench/offer_search.py [--offers 100000] [--queries 300]
+    .venv/bin/python bench/offer_search.py [--offers 1000000] [--queries 300]
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ os.environ.setdefault("DATABASE_URL", "postgres://gpumkt:gpumkt@127.0.0.1:5432/g
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "marketplace.settings")
 os.environ.setdefault("CELERY_TASK_ALWAYS_EAGER", "1")
 os.environ.setdefault("ALLOWED_HOSTS", "testserver,localhost")
+# The API's throttles count in Redis: the test Redis's last database, as the other benches.
+os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6391/15")
 
 from bench_common import scratch_database  # noqa: E402
 
@@ -39,6 +41,10 @@ QUERIES = [
 GPUS = [("RTX 4090", 24.0, 0.45), ("RTX 3090", 24.0, 0.25), ("A100-SXM4-80GB", 80.0, 1.6),
         ("H100-SXM5-80GB", 80.0, 2.9), ("L40S", 48.0, 0.9), ("RTX A6000", 48.0, 0.6)]  # fmt: skip
 REGIONS = ["US", "CA", "EU", "AS", "SA", "OC"]
+
+
+# Issue 17 raised the budget: 1,000,000 offers (was 100,000), p50 ≤ 5 ms, p99 ≤ 15 ms.
+P50_BUDGET_MS, P99_BUDGET_MS = 5, 15
 
 
 def populate(count: int) -> str:
@@ -116,7 +122,7 @@ def measure(secret: str, queries: int) -> list[float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--offers", type=int, default=100_000)
+    parser.add_argument("--offers", type=int, default=1_000_000)
     parser.add_argument("--queries", type=int, default=400)
     args = parser.parse_args()
     with scratch_database():
@@ -129,9 +135,11 @@ def main() -> None:
     print(
         f"offer search, {args.offers:,} offers, {args.queries} queries (filter + sort + page of 64):"
     )
-    print(f"  p50 {p50:6.2f} ms   budget 10 ms   ratio {p50 / 10:.2f}")
-    print(f"  p99 {p99:6.2f} ms   budget 30 ms   ratio {p99 / 30:.2f}")
-    print("  within budget" if p50 <= 10 and p99 <= 30 else "  OVER BUDGET")
+    print(f"  p50 {p50:6.2f} ms   budget {P50_BUDGET_MS} ms   ratio {p50 / P50_BUDGET_MS:.2f}")
+    print(f"  p99 {p99:6.2f} ms   budget {P99_BUDGET_MS} ms   ratio {p99 / P99_BUDGET_MS:.2f}")
+    print(f"  load average {os.getloadavg()[0]:.2f} (2 cores shared)")
+    within = p50 <= P50_BUDGET_MS and p99 <= P99_BUDGET_MS
+    print("  within budget" if within else "  OVER BUDGET")
 
 
 if __name__ == "__main__":

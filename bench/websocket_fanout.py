@@ -20,7 +20,6 @@ import multiprocessing
 import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -28,17 +27,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from deploy.cluster import LocalCluster, Redis  # noqa: E402
+from bench_common import (  # noqa: E402
+    private_redis,
+    scratch_database,
+    web_bench_environment,
+    web_processes,
+)
 
-REDIS = Redis(Path(tempfile.mkdtemp(prefix="gpumkt-fanout-redis-")), persistent=False)
-os.environ.setdefault("DEBUG", "1")
-os.environ["DATABASE_URL"] = "postgres://gpumkt:gpumkt@127.0.0.1:5432/gpumkt_bench_fanout"
-os.environ["DJANGO_SETTINGS_MODULE"] = "marketplace.settings"
-os.environ["REDIS_URL"] = REDIS.url
-# The web processes must read the sessions this process signs.
-os.environ["SECRET_KEY"] = "bench-fanout-" + "k" * 50
-
-from bench_common import scratch_database  # noqa: E402
+REDIS = web_bench_environment("fanout")
 
 BUDGET_P99_MS = 50
 CLIENT_PROCESSES = 4
@@ -83,17 +79,11 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sockets", type=int, default=1000)
     parser.add_argument("--events", type=int, default=20)
-    args = parser.parse_args()
-    REDIS.start()
-    scratch = Path(tempfile.mkdtemp(prefix="gpumkt-fanout-"))
-    try:
-        with scratch_database():
-            run(args, scratch)
-    finally:
-        REDIS.stop()
+    with private_redis(REDIS), scratch_database():
+        run(parser.parse_args())
 
 
-def run(args, scratch: Path) -> None:
+def run(args) -> None:
     from asgiref.sync import async_to_sync
     from channels.layers import get_channel_layer
 
@@ -103,22 +93,7 @@ def run(args, scratch: Path) -> None:
     user = _user("fanout")
     team_id = user.memberships.get(team__personal=True).team_id
     cookie = session_cookie(user)
-    cluster = LocalCluster(
-        scratch,
-        database_url=os.environ["DATABASE_URL"],
-        redis_url=REDIS.url,
-        webs=2,
-        workers=0,
-        overrides={
-            "SECRET_KEY": os.environ["SECRET_KEY"],
-            "ALLOWED_HOSTS": "localhost,127.0.0.1",
-            "HTTPS_ONLY": "0",
-            "LOG_LEVEL": "WARNING",
-        },
-    )
-    try:
-        for port in cluster.web_ports:
-            cluster.start_web(port)
+    with web_processes(REDIS) as cluster:
         urls = [
             f"ws://127.0.0.1:{cluster.web_ports[n % 2]}/ws/events/" for n in range(args.sockets)
         ]
@@ -152,8 +127,6 @@ def run(args, scratch: Path) -> None:
         arrivals = [socket for _ in clients for socket in out.get(timeout=120)]
         for process in clients:
             process.join(timeout=30)
-    finally:
-        cluster.stop()
     latencies = []
     dropped = 0
     for socket in arrivals:

@@ -25,17 +25,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from deploy.recipe import (
+    CADDY_DROP_IN,
     CADDYFILE,
     ENV_EXAMPLE,
     Process,
     Recipe,
+    Unit,
+    command_line,
     env_file_parse,
     env_file_write,
     wait_for,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-PG_BIN = Path("/usr/lib/postgresql/15/bin")
+# The newest PostgreSQL server Debian installed (15 on Debian 12).
+PG_BIN = max(
+    Path("/usr/lib/postgresql").glob("*/bin"),
+    key=lambda path: int(path.parent.name) if path.parent.name.isdigit() else 0,
+    default=Path("/usr/lib/postgresql/15/bin"),
+)
 
 
 def free_port() -> int:
@@ -160,10 +168,17 @@ class Postgres:
 
 
 def caddy_process(recipe: Recipe) -> Process:
-    """Caddy as Debian's caddy.service runs it (``caddy run --environ --config``), with the
-    environment our drop-in hands it, storage in the scratch folder."""
+    """Caddy as Debian's caddy.service runs it with our drop-in: the drop-in's command line
+    and environment file, the Caddyfile and storage in the scratch folder."""
     caddyfile = recipe.scratch / "Caddyfile"
     shutil.copyfile(CADDYFILE, caddyfile)
+    drop_in = Unit.parse("gpumkt.conf", CADDY_DROP_IN.read_text())
+    command = [line for line in drop_in.values("ExecStart") if line][-1]
+    argv = [
+        str(caddyfile) if word == "/etc/caddy/Caddyfile" else word
+        for word in command_line(command, instance="", env={})
+    ]
+    argv[0] = shutil.which("caddy") or argv[0]
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "HOME": str(recipe.scratch),
@@ -174,7 +189,7 @@ def caddy_process(recipe: Recipe) -> Process:
     return Process(
         name="caddy.service",
         kind="notify",
-        starts=[["caddy", "run", "--environ", "--config", str(caddyfile)]],
+        starts=[argv],
         after_start=[],
         env=env,
         cwd=recipe.scratch,
@@ -202,6 +217,7 @@ class LocalCluster:
         self.web_ports = [free_port() for _ in range(webs)]
         self.worker_ports = [free_port() for _ in range(workers)]
         self.https_port = free_port()
+        auth_upstream = f"127.0.0.1:{self.web_ports[0]}" if webs else ""
         env = env_file_parse(ENV_EXAMPLE.read_text())
         env.update(
             {
@@ -214,8 +230,11 @@ class LocalCluster:
                 "GPUMKT_DOMAIN": "localhost",
                 "GPUMKT_UPSTREAMS": " ".join(f"127.0.0.1:{port}" for port in self.web_ports),
                 "GPUMKT_HTTPS_PORT": str(self.https_port),
+                "GATEWAY_URL": f"https://localhost:{self.https_port}",
+                "GATEWAY_AUTH_UPSTREAM": auth_upstream,
                 "GPUMKT_HTTP_PORT": str(free_port()),
-                "CADDY_ADMIN": f"localhost:{free_port()}",
+                "GATEWAY_ADMIN": f"localhost:{free_port()}",
+                "GATEWAY_LISTEN": f"127.0.0.1:{free_port()}",
                 "METRICS_TOKEN": secrets.token_urlsafe(16),
                 "PYTHONPATH": str(ROOT),
                 **(overrides or {}),

@@ -25,6 +25,7 @@ DEPLOY_DIR = Path(__file__).resolve().parent
 UNITS_DIR = DEPLOY_DIR / "systemd"
 ENV_EXAMPLE = DEPLOY_DIR / "gpumkt.env.example"
 CADDYFILE = DEPLOY_DIR / "Caddyfile"
+CADDY_DROP_IN = UNITS_DIR / "caddy.service.d" / "gpumkt.conf"
 
 INSTALL_DIR = "/opt/gpumkt"
 ENV_FILE = "/etc/gpumkt/gpumkt.env"

@@ -275,6 +275,13 @@ GATEWAY_AUTH_UPSTREAM = os.environ.get("GATEWAY_AUTH_UPSTREAM", "127.0.0.1:8000"
 # The Caddy server the clusters' routes go in front of: "gateway" where gateway_load made the
 # config (make run, tests); "srv0" behind the production Caddyfile (its one site).
 GATEWAY_SERVER = os.environ.get("GATEWAY_SERVER", "gateway")
+
+
+# Where the gateway's server listens when it shares a Caddy with other sites (production: the
+# front proxy, deploy/Caddyfile, which hands /clusters/* to it). Set, every route push first
+# puts the server back if Caddy was restarted or reloaded from its Caddyfile; empty (make run,
+# which loads the gateway's whole config with gateway_load) it is never added.
+GATEWAY_LISTEN = os.environ.get("GATEWAY_LISTEN", "")
 # How long the gateway's auth answers are remembered per credential: a revoked key or a
 # removed member stops working within this many seconds.
 GATEWAY_AUTH_CACHE_SECONDS = float(os.environ.get("GATEWAY_AUTH_CACHE_SECONDS", "2"))

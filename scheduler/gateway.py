@@ -212,22 +212,21 @@ def merged_routes(existing: list[dict], clusters: list[dict]) -> list[dict]:
     return clusters + [r for r in existing if not is_cluster_route(r)]
 
 
+def server_config(*, listen: str, routes: list[dict]) -> dict:
+    """The gateway's own HTTP server on ``listen``."""
+    return {
+        "listen": [listen],
+        "routes": routes,
+        "automatic_https": {"disable": True},
+        "metrics": {},
+    }
+
+
 def gateway_config(*, admin: str, listen: str, routes: list[dict]) -> dict:
     """A whole Caddy config: the admin API on ``admin``, one HTTP server on ``listen``."""
     return {
         "admin": {"listen": admin},
-        "apps": {
-            "http": {
-                "servers": {
-                    SERVER: {
-                        "listen": [listen],
-                        "routes": routes,
-                        "automatic_https": {"disable": True},
-                        "metrics": {},
-                    }
-                }
-            }
-        },
+        "apps": {"http": {"servers": {SERVER: server_config(listen=listen, routes=routes)}}},
     }
 
 
@@ -260,6 +259,16 @@ class CaddyAdmin:
 
     def load(self, config: dict) -> None:
         self._call("POST", "/load", config)
+
+    def server_ensure(self, listen: str) -> bool:
+        """Add the gateway's server to the running config, beside whatever else Caddy serves
+        (in production, the Caddyfile's site), unless it is there. True when it was added:
+        Caddy was (re)started or reloaded from its Caddyfile, which knows nothing of it."""
+        path = f"/config/apps/http/servers/{SERVER}"
+        if json.loads(self._call("GET", path) or b"null") is not None:
+            return False
+        self._call("POST", path, server_config(listen=listen, routes=[]))
+        return True
 
     def routes(self, server: str = SERVER) -> list[dict]:
         raw = self._call("GET", f"/config/apps/http/servers/{server}/routes")

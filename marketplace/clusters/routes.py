@@ -120,6 +120,8 @@ def routes_push() -> bool:
 
 def _push(admin: gateway.CaddyAdmin) -> tuple[bool, set[int]]:
     try:
+        if settings.GATEWAY_LISTEN and admin.server_ensure(settings.GATEWAY_LISTEN):
+            logger.info("gateway server added to the proxy on %s", settings.GATEWAY_LISTEN)
         existing = admin.routes(settings.GATEWAY_SERVER)
         known = gateway.routed_upstreams([r for r in existing if gateway.is_cluster_route(r)])
         wanted, running = current_routes()

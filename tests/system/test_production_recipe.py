@@ -19,6 +19,7 @@ import pytest
 
 from deploy.cluster import LocalCluster, Postgres, Redis
 from deploy.recipe import (
+    CADDY_DROP_IN,
     CADDYFILE,
     ENV_EXAMPLE,
     UNITS,
@@ -84,6 +85,16 @@ def test_a_command_line_is_expanded_as_systemd_expands_it():
     assert argv[8] == "--name" and re.fullmatch(r"w8001@.+", argv[9]) and argv[10] == "100%"
 
 
+def test_caddy_runs_without_printing_its_environment_to_the_journal():
+    """Debian's caddy.service runs ``caddy run --environ``, which logs every variable; the
+    drop-in hands Caddy the environment file (secrets included), so it replaces the command."""
+    drop_in = Unit.parse("gpumkt.conf", CADDY_DROP_IN.read_text())
+    assert drop_in.value("EnvironmentFile") == "/etc/gpumkt/gpumkt.env"
+    starts = drop_in.values("ExecStart")
+    assert starts[0] == "" and len(starts) == 2  # an empty line clears Debian's command
+    assert "--environ" not in starts[1] and "--config /etc/caddy/Caddyfile" in starts[1]
+
+
 def test_caddy_accepts_the_caddyfile_with_the_environment_file(recipe):
     env = {
         "PATH": os.environ["PATH"],
@@ -143,6 +154,15 @@ def test_the_recipes_processes_start_answer_their_probes_and_stop(tmp_path):
             assert status == 200 and "csrfmiddlewaretoken" in body
         for web in cluster.webs:  # round robin: both served the console
             assert "GET /accounts/login/" in web.tail(200_000), web.name
+        # The cluster gateway lives in the same Caddy: a route push (the beat's, every 30 s)
+        # adds its server beside the Caddyfile's site, and the site hands it /clusters/*.
+        pushed = cluster.manage(
+            "shell", "-c", "from marketplace.clusters.routes import routes_push; print(routes_push())"
+        )  # fmt: skip
+        assert pushed.strip().splitlines()[-1] == "True", pushed
+        status, body = cluster.get(cluster.front + "/clusters/1/service/")
+        assert (status, body) == (401, '{"detail": "Authentication required."}')
+        assert cluster.get(cluster.front + "/readyz")[0] == 200  # the site is still there
         # Plain HTTP on the proxy is sent to HTTPS.
         plain = http.client.HTTPConnection("localhost", int(cluster.env["GPUMKT_HTTP_PORT"]))
         plain.request("GET", "/accounts/login/")
