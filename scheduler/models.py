@@ -15,6 +15,7 @@ from django.db.models import Q
 class InstanceState(models.TextChoices):
     LAUNCHING = "launching", "Launching"
     RUNNING = "running", "Running"
+    PAUSED = "paused", "Paused"
     EXITED = "exited", "Exited"
     STOPPING = "stopping", "Stopping"
     STOPPED = "stopped", "Stopped"
@@ -31,7 +32,10 @@ S = InstanceState
 # moves the instance on once the host has confirmed.
 TRANSITIONS: dict[str, set[str]] = {
     S.LAUNCHING: {S.RUNNING, S.FAILED, S.STOPPING, S.EXPIRED, S.DESTROYING},
-    S.RUNNING: {S.EXITED, S.STOPPING, S.FAILED, S.EXPIRED, S.DESTROYING},
+    S.RUNNING: {S.PAUSED, S.EXITED, S.STOPPING, S.FAILED, S.EXPIRED, S.DESTROYING},
+    # Paused: the container's processes are frozen (docker pause) and it keeps its GPUs, which
+    # stay charged: nobody else can use them meanwhile.
+    S.PAUSED: {S.RUNNING, S.EXITED, S.STOPPING, S.FAILED, S.EXPIRED, S.DESTROYING},
     S.EXITED: {S.RUNNING, S.STOPPING, S.FAILED, S.EXPIRED, S.DESTROYING},
     S.STOPPING: {S.STOPPED, S.EXPIRED, S.DESTROYING},
     S.STOPPED: {S.LAUNCHING, S.RUNNING, S.EXPIRED, S.DESTROYING},
@@ -43,7 +47,7 @@ TRANSITIONS: dict[str, set[str]] = {
 
 # States in which the instance holds its GPUs. Stopping and destroying keep them until the host
 # confirms the container stopped: until then it may still run on them.
-GPU_HOLDING_STATES = {S.LAUNCHING, S.RUNNING, S.EXITED, S.STOPPING, S.DESTROYING}
+GPU_HOLDING_STATES = {S.LAUNCHING, S.RUNNING, S.PAUSED, S.EXITED, S.STOPPING, S.DESTROYING}
 
 # States whose work a worker carries out under a lease (scheduler.work): a worker that dies
 # mid-way loses its lease, and the work sweep hands the work to another.

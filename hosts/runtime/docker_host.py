@@ -84,6 +84,10 @@ class ContainerState:
     def running(self) -> bool:
         return self.state in ("running", "restarting")
 
+    @property
+    def paused(self) -> bool:
+        return self.state == "paused"
+
 
 def _container_ref(ref: str) -> str:
     if not CONTAINER_REF.fullmatch(ref or ""):
@@ -192,6 +196,19 @@ class DockerHost:
 
     def start(self, container: str) -> None:
         self._run(["docker", "start", _container_ref(container)])
+
+    def pause(self, container: str) -> None:
+        """Freeze every process of the container (the cgroup freezer); memory stays."""
+        self._run(["docker", "pause", _container_ref(container)])
+
+    def unpause(self, container: str) -> None:
+        self._run(["docker", "unpause", _container_ref(container)])
+
+    def restart(self, container: str, *, grace_seconds: int = 10) -> None:
+        self._run(
+            ["docker", "restart", "--time", str(grace_seconds), _container_ref(container)],
+            timeout=grace_seconds + 60,
+        )
 
     def remove(self, container: str) -> None:
         self._run(["docker", "rm", "--force", "--volumes", _container_ref(container)])

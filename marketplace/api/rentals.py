@@ -27,8 +27,11 @@ from marketplace.selectors import instance_connection, instance_logs
 from marketplace.services.pricing import rental_quote
 from marketplace.services.renter_actions import (
     instance_label,
+    rental_continue,
     rental_destroy_request,
     rental_exec,
+    rental_pause,
+    rental_restart,
     rental_start,
     rental_stop_request,
 )
@@ -518,6 +521,27 @@ class InstanceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScop
         instance = self.get_object()
         rental_start(instance=instance)
         return Response(self._as_now(instance))
+
+    @extend_schema(request=None, responses={200: InstanceSerializer})
+    @action(detail=True, methods=["post"])
+    def pause(self, request, pk=None):
+        """Freeze the container (docker pause): its GPUs stay allocated and charged."""
+        rental_pause(instance=self.get_object())
+        return Response(self._as_now(self.get_object()))
+
+    @extend_schema(request=None, responses={200: InstanceSerializer})
+    @action(detail=True, methods=["post"], url_path="continue", url_name="continue")
+    def continue_(self, request, pk=None):
+        """Unfreeze a paused container (docker unpause)."""
+        rental_continue(instance=self.get_object())
+        return Response(self._as_now(self.get_object()))
+
+    @extend_schema(request=None, responses={200: InstanceSerializer})
+    @action(detail=True, methods=["post"])
+    def restart(self, request, pk=None):
+        """Restart the container in place: same GPUs, ports and files; its command runs again."""
+        rental_restart(instance=self.get_object())
+        return Response(self._as_now(self.get_object()))
 
     @extend_schema(request=LabelSerializer, responses={200: InstanceSerializer})
     @action(detail=True, methods=["post"])

@@ -23,8 +23,11 @@ from marketplace.services.clocks import ENDED_STATES
 from marketplace.services.metering import rental_owed
 from marketplace.services.pricing import rental_quote
 from marketplace.services.renter_actions import (
+    rental_continue,
     rental_destroy_request,
     rental_exec,
+    rental_pause,
+    rental_restart,
     rental_start,
     rental_stop_request,
 )
@@ -231,7 +234,25 @@ def _destroy(request: HttpRequest, instance: Instance) -> HttpResponse:
 
 # The instance page's buttons, by the action in their URL. A handler says what happened in a
 # message; it returns where to go next, or None to stay on the instance's page.
+def _pause(request: HttpRequest, instance: Instance) -> None:
+    rental_pause(instance=instance)
+    messages.info(request, "Paused. Its GPUs stay allocated to you and are still charged.")
+
+
+def _continue(request: HttpRequest, instance: Instance) -> None:
+    rental_continue(instance=instance)
+    messages.success(request, "Running again.")
+
+
+def _restart(request: HttpRequest, instance: Instance) -> None:
+    rental_restart(instance=instance)
+    messages.success(request, "Restarted: its command runs again, with the same files.")
+
+
 INSTANCE_ACTIONS: dict[str, Callable[[HttpRequest, Instance], HttpResponse | None]] = {
+    "pause": _pause,
+    "continue": _continue,
+    "restart": _restart,
     "stop": _stop,
     "start": _start,
     "extend": _extend,

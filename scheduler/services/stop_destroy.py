@@ -14,7 +14,12 @@ from scheduler.services.leased_work import WorkOutcome, leased, waiting_for_host
 from scheduler.services.transitions import instance_transition, state_of
 
 # States a stop may be asked for in.
-STOPPABLE_STATES = {InstanceState.LAUNCHING, InstanceState.RUNNING, InstanceState.EXITED}
+STOPPABLE_STATES = {
+    InstanceState.LAUNCHING,
+    InstanceState.RUNNING,
+    InstanceState.PAUSED,
+    InstanceState.EXITED,
+}
 
 
 def instance_stop_request(
