@@ -197,6 +197,14 @@ class DockerHost:
     def start(self, container: str) -> None:
         self._run(["docker", "start", _container_ref(container)])
 
+    def commit(self, container: str, image: str) -> str:
+        """``docker commit`` the container as ``image`` (a full reference with a tag); the
+        container keeps running (paused for the moment of the commit, Docker's default)."""
+        validate_image(image)
+        return self._run(
+            ["docker", "commit", _container_ref(container), image], timeout=600
+        ).stdout.strip()
+
     def pause(self, container: str) -> None:
         """Freeze every process of the container (the cgroup freezer); memory stays."""
         self._run(["docker", "pause", _container_ref(container)])

@@ -1,10 +1,17 @@
 from marketplace.models.accounts import ApiKey, Invitation, Membership, Role, Team, User
 from marketplace.models.deployments import Deployment, Replica
 from marketplace.models.rentals import Offer, Rental, SshKey
-from marketplace.models.volumes import Volume, VolumeMount, VolumeState, VolumeVersion
+from marketplace.models.volumes import (
+    CommittedImage,
+    Volume,
+    VolumeMount,
+    VolumeState,
+    VolumeVersion,
+)
 
 __all__ = [
     "ApiKey",
+    "CommittedImage",
     "Deployment",
     "Rental",
     "Invitation",

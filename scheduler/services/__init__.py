@@ -43,6 +43,12 @@ from scheduler.services.stop_destroy import (
     instance_stop_request,
 )
 from scheduler.services.transitions import instance_report_progress, instance_transition
+from scheduler.services.versions import (
+    instance_version_begin,
+    instance_version_delete,
+    instance_version_prepare,
+    version_spec,
+)
 
 __all__ = [
     "JUPYTER_BOOTSTRAP",
@@ -76,6 +82,10 @@ __all__ = [
     "instance_stop",
     "instance_stop_request",
     "instance_transition",
+    "instance_version_begin",
+    "instance_version_delete",
+    "instance_version_prepare",
+    "version_spec",
     "live_gpu_allocations",
     "machine_reconcile",
     "machines_needing_reconcile",

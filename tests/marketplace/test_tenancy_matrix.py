@@ -553,7 +553,17 @@ MATRIX: dict[str, list[Check]] = {
             ),
         ),
     ],
-    "api-instance-detail": [Obj(api_inst()), Obj(api_inst(), "delete")],
+    "api-instance-detail": [
+        Obj(api_inst()),
+        Obj(api_inst(), "patch", {"env": {"PWNED": "1"}}),
+        Obj(api_inst(), "delete"),
+    ],
+    "api-instance-versions": [Obj(api_inst("versions/"))],
+    "api-instance-rollback": [Obj(api_inst("rollback/"), "post", {"version": 1})],
+    "api-instance-version": [Obj(api_inst("versions/1/"), "delete")],
+    "api-instance-commit": [
+        Obj(api_inst("commit/"), "post", {"repository": "stolen", "tag": "v1"})
+    ],
     "api-deployment-list": [Custom(check_deployments)],
     "volumes": [console_page(lambda w: "/volumes/"), Custom(check_volumes)],
     "machine-usage": [Custom(check_machine_usage)],
