@@ -12,6 +12,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from hosts.runtime import DockerHost, InvalidContainerSpec, validate_image
+from marketplace.events import publish_instance_event
 from marketplace.models import CommittedImage, Team
 from marketplace.services.registries import registry_check
 from marketplace.validation import validate_launch
@@ -109,6 +110,7 @@ def rental_rollback(*, instance: Instance, number: int, by: str) -> Instance:
 
 def rental_version_delete(*, instance: Instance, number: int) -> None:
     scheduler.instance_version_delete(instance_id=instance.pk, number=number)
+    publish_instance_event(instance.team_id, instance.pk, "instance.version", {"deleted": number})
 
 
 def rental_commit(*, instance: Instance, repository: str, tag: str, by: str) -> CommittedImage:
@@ -134,5 +136,8 @@ def rental_commit(*, instance: Instance, repository: str, tag: str, by: str) -> 
         machine=instance.machine,
         reference=reference,
         defaults={"instance_id": instance.pk, "version": instance.version, "created_by": by[:150]},
+    )
+    publish_instance_event(
+        instance.team_id, instance.pk, "instance.version", {"committed": reference}
     )
     return image

@@ -470,6 +470,10 @@ MATRIX: dict[str, list[Check]] = {
         Obj(inst("pause/"), "post"),
         Obj(inst("continue/"), "post"),
         Obj(inst("restart/"), "post"),
+        Obj(inst("new-version/"), "post", {"image": "evil:latest"}),
+        Obj(inst("rollback/"), "post", {"version": "1"}),
+        Obj(inst("delete-version/"), "post", {"version": "1"}),
+        Obj(inst("commit/"), "post", {"repository": "stolen"}),
         Obj(inst("destroy/"), "post"),
     ],
     "deployments": [

@@ -5,11 +5,12 @@ and a committed image is the team's own on that machine."""
 from __future__ import annotations
 
 import pytest
+from django.test import Client
 
 from hosts.devtools.simulation import SSH_IMAGE, ensure_ssh_image
 from marketplace.models import CommittedImage
 from scheduler.models import Instance
-from tests.conftest import key_client
+from tests.conftest import client_for, key_client
 from tests.factories import TeamFactory, UserFactory, add_member
 from tests.marketplace.conftest import containers_named, docker, docker_inspect, fund
 from tests.marketplace.test_rental_lifecycle import rented
@@ -21,7 +22,7 @@ def env_of(container: str) -> dict[str, str]:
     return dict(item.split("=", 1) for item in docker_inspect(container)["Config"]["Env"])
 
 
-def test_versions_rollback_delete_and_commit(funded_team, machine):
+def test_versions_rollback_delete_and_commit(funded_team, owner, machine):
     ensure_ssh_image()
     client = key_client(funded_team)
     first = rented(client, machine, env={"MODE": "one"})
@@ -36,6 +37,8 @@ def test_versions_rollback_delete_and_commit(funded_team, machine):
     assert docker_inspect(second.container_id)["Config"]["Image"] == SSH_IMAGE
     assert docker_inspect(first.container_id)["State"]["Status"] == "exited"  # kept, stopped
     assert client.patch(base, {"num_gpus": 2}, format="json").status_code == 400
+    page = client_for(Client(), owner, funded_team).get(f"/instances/{first.pk}/").content.decode()
+    assert "<del>MODE=one</del> → <ins>MODE=two</ins>" in page and 'data-version="1"' in page
 
     versions = client.get(f"{base}versions/").json()
     assert [(v["number"], v["state"], v["changed"]) for v in versions] == [
