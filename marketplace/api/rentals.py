@@ -444,7 +444,8 @@ class VersionPatchSerializer(serializers.Serializer):
         required=False,
         error_messages={"invalid_choice": LAUNCH_MODE_CHOICE},
     )
-    NOT_YET = ("num_gpus", "ports", "volumes", "disk_gb")
+    num_gpus = serializers.IntegerField(min_value=1, max_value=64, required=False)
+    NOT_YET = ("ports", "volumes", "disk_gb")
 
     def validate(self, data):
         refused = {
@@ -457,7 +458,11 @@ class VersionPatchSerializer(serializers.Serializer):
         if refused:
             raise serializers.ValidationError(refused)
         if not data:
-            raise serializers.ValidationError("Give at least one of image, env, entrypoint, args.")
+            raise serializers.ValidationError(
+                "Give at least one of image, env, entrypoint, args, launch_mode, num_gpus."
+            )
+        if "num_gpus" in data:
+            data["gpu_count"] = data.pop("num_gpus")
         return data
 
 

@@ -5,21 +5,34 @@ machine only). The console's and the API's one place for these writes."""
 
 from __future__ import annotations
 
+import logging
 import re
 
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
-from hosts.runtime import DockerHost, InvalidContainerSpec, validate_image
+from billing import holds
+from billing.money import usage_owed
+from hosts.models import Machine
+from hosts.runtime import (
+    CommandFailed,
+    DockerHost,
+    HostUnreachable,
+    InvalidContainerSpec,
+    validate_image,
+)
 from marketplace.events import publish_instance_event
-from marketplace.models import CommittedImage, Team
+from marketplace.models import CommittedImage, Rental, Team
+from marketplace.services.offers import offer_refresh
 from marketplace.services.registries import registry_check
 from marketplace.validation import validate_launch
 from scheduler import services as scheduler
-from scheduler.models import Instance, InstanceState, InstanceVersion, LaunchMode
-from scheduler.services import InvalidTransition
+from scheduler.models import GpuAllocation, Instance, InstanceState, InstanceVersion, LaunchMode
+from scheduler.services import InvalidTransition, MachineRoom, NoCapacity, allocations_write
 from scheduler.work import work_enqueue_on_commit
+
+logger = logging.getLogger(__name__)
 
 # A committed image is named for its team, so no other team's name can be the same, and a
 # rental naming another team's prefix is refused (``committed_image_check``).
@@ -80,17 +93,84 @@ def rental_new_version(*, instance: Instance, changes: dict, by: str, reason: st
     _within_period(instance)
     changed = sorted(name for name in spec if spec[name] != current[name])
     reason = reason or f"Version {instance.version + 1}: changed {', '.join(changed)}"
-    scheduler.instance_version_prepare(instance_id=instance.pk)
-    with transaction.atomic():
-        moved = scheduler.instance_version_begin(
-            instance_id=instance.pk,
-            expected_version=instance.version,
-            changes={name: spec[name] for name in changed},
-            by=by,
-            reason=reason,
-        )
-        work_enqueue_on_commit(instance.pk, InstanceState.LAUNCHING)
+    gpus = spec["gpu_count"]
+    if gpus != instance.gpu_count:
+        _check_gpu_count(instance, gpus)
+    prepared = scheduler.instance_version_prepare(instance_id=instance.pk)
+    try:
+        with transaction.atomic():
+            if gpus != instance.gpu_count:
+                _gpus_follow(instance, gpus)
+            moved = scheduler.instance_version_begin(
+                instance_id=instance.pk,
+                expected_version=instance.version,
+                changes={name: spec[name] for name in changed},
+                by=by,
+                reason=reason,
+            )
+            work_enqueue_on_commit(instance.pk, InstanceState.LAUNCHING)
+    except Exception:
+        # Refused after its container was stopped (GPUs taken meanwhile, short credit): the
+        # current version carries on.
+        _restart_quietly(prepared)
+        raise
     return moved
+
+
+def _restart_quietly(instance: Instance) -> None:
+    try:
+        DockerHost(instance.machine).start(instance.container_id or instance.container_name)
+    except (CommandFailed, HostUnreachable):
+        logger.warning("could not restart instance %s's container", instance.pk, exc_info=True)
+
+
+def _check_gpu_count(instance: Instance, gpus: int) -> None:
+    """A count the machine could give (checked again under its lock: ``_gpus_follow``)."""
+    machine = instance.machine
+    present = machine.gpu_count
+    if not isinstance(gpus, int) or not max(machine.min_gpus, 1) <= gpus <= present:
+        raise ValidationError(
+            {"num_gpus": f"From {max(machine.min_gpus, 1)} to {present} on this machine."}
+        )
+    extra = gpus - instance.gpu_count
+    free = len(MachineRoom([machine]).free_gpu_ids[machine.pk])
+    if extra > free:
+        raise NoCapacity(
+            f"{extra} more GPU(s) are needed on machine {machine.pk}, and {free} are free."
+        )
+
+
+def _gpus_follow(instance: Instance, gpus: int) -> None:
+    """Under the machine's and the rental's locks: take the extra GPUs (409 naming what is
+    missing) or give the highest back; bank the GPU-seconds used at the old count; hold the
+    extra GPUs' price for the rest of the period (402 when short)."""
+    machine = Machine.objects.select_for_update().get(pk=instance.machine_id)
+    rental = Rental.objects.select_for_update(of=("self",)).get(instance_id=instance.pk)
+    now = timezone.now()
+    extra = gpus - rental.gpu_count
+    if extra > 0:
+        room = MachineRoom([machine])
+        gpu_ids, _ = room.take(machine.pk, extra, [])  # NoCapacity names what is missing
+        allocations_write([(instance, gpu_ids, [])])
+        remaining = max(int((rental.ends_at - now).total_seconds()), 0)
+        amount = usage_owed(rate_per_hour=rental.price_per_gpu_hour * extra, seconds=remaining)
+        if amount:
+            holds.hold_extend(
+                hold_id=rental.hold_id,
+                amount=amount,
+                idempotency_key=f"rental:{instance.uuid}:gpus:v{instance.version + 1}",
+            )
+    else:
+        held = GpuAllocation.objects.filter(instance=instance, released_at=None)
+        give_back = list(held.order_by("-gpu__index").values_list("pk", flat=True)[:-extra])
+        GpuAllocation.objects.filter(pk__in=give_back).update(released_at=now)
+    rental.gpu_unit_seconds += rental.gpu_count * rental.gpu_seconds_at(now)
+    rental.gpu_seconds = 0
+    if rental.gpu_clock_since is not None:
+        rental.gpu_clock_since = min(now, rental.ends_at)
+    rental.gpu_count = gpus
+    rental.save(update_fields=["gpu_unit_seconds", "gpu_seconds", "gpu_clock_since", "gpu_count"])
+    transaction.on_commit(lambda: offer_refresh(machine_id=machine.pk))
 
 
 def rental_rollback(*, instance: Instance, number: int, by: str) -> Instance:

@@ -4,12 +4,17 @@ and a committed image is the team's own on that machine."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 from django.test import Client
+from django.utils import timezone
 
+from billing.models import Hold
 from hosts.devtools.simulation import SSH_IMAGE, ensure_ssh_image
-from marketplace.models import CommittedImage
-from scheduler.models import Instance
+from marketplace.models import CommittedImage, Rental
+from marketplace.services.metering import rental_owed
+from scheduler.models import GpuAllocation, Instance
 from tests.conftest import client_for, key_client
 from tests.factories import TeamFactory, UserFactory, add_member
 from tests.marketplace.conftest import containers_named, docker, docker_inspect, fund
@@ -36,7 +41,7 @@ def test_versions_rollback_delete_and_commit(funded_team, owner, machine):
     assert env_of(second.container_id)["MODE"] == "two"
     assert docker_inspect(second.container_id)["Config"]["Image"] == SSH_IMAGE
     assert docker_inspect(first.container_id)["State"]["Status"] == "exited"  # kept, stopped
-    assert client.patch(base, {"num_gpus": 2}, format="json").status_code == 400
+    assert client.patch(base, {"ports": [80]}, format="json").status_code == 400
     page = client_for(Client(), owner, funded_team).get(f"/instances/{first.pk}/").content.decode()
     assert "<del>MODE=one</del> → <ins>MODE=two</ins>" in page and 'data-version="1"' in page
 
@@ -55,6 +60,20 @@ def test_versions_rollback_delete_and_commit(funded_team, owner, machine):
     assert containers_named(name) == [] and containers_named(f"{name}-2")
     assert [v["number"] for v in client.get(f"{base}versions/").json()] == [2, 3]
 
+    # More GPUs: taken on the machine, held for, charged from now on.
+    hold_before = Hold.objects.get(pk=Rental.objects.get(instance=first).hold_id).amount
+    assert client.patch(base, {"num_gpus": 9}, format="json").status_code == 400
+    assert client.patch(base, {"num_gpus": 3}, format="json").status_code == 202
+    fourth = Instance.objects.get(pk=first.pk)
+    assert (fourth.version, fourth.gpu_count, fourth.state) == (4, 3, "running")
+    assert len(env_of(fourth.container_id)["NVIDIA_VISIBLE_DEVICES"].split(",")) == 3
+    assert GpuAllocation.objects.filter(instance=first, released_at=None).count() == 3
+    rental = Rental.objects.get(instance=first)
+    assert Hold.objects.get(pk=rental.hold_id).amount > hold_before
+    now = timezone.now()
+    hour = rental_owed(rental, now + timedelta(hours=1)).gpu - rental_owed(rental, now).gpu
+    assert hour == 3 * rental.price_per_gpu_hour
+
     committed = client.post(f"{base}commit/", {"repository": "trainer", "tag": "v1"}, format="json")
     assert committed.status_code == 201, committed.content
     image = committed.json()["image"]
@@ -62,6 +81,9 @@ def test_versions_rollback_delete_and_commit(funded_team, owner, machine):
     try:
         assert docker("image", "inspect", image, check=False).returncode == 0
         mine = rented(client, machine, image=image)
+        short = client.patch(base, {"num_gpus": 4}, format="json")  # the 4th is mine's
+        assert short.status_code == 409 and "1 more GPU(s)" in short.json()["error"]["message"]
+        assert Instance.objects.get(pk=first.pk).state == "running"
         assert docker_inspect(mine.container_id)["Config"]["Image"] == image
         other = TeamFactory(name="Other")
         add_member(other, UserFactory(username="other-owner"), "owner")
