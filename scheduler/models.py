@@ -142,7 +142,7 @@ def version_container_name(instance: Instance, number: int) -> str:
 
 
 # What a version of an instance's spec is: the fields a PATCH may change.
-VERSION_FIELDS = ("image", "env", "entrypoint", "args", "launch_mode", "gpu_count")
+VERSION_FIELDS = ("image", "env", "entrypoint", "args", "launch_mode", "gpu_count", "volumes")
 
 
 class InstanceVersion(models.Model):

@@ -445,7 +445,8 @@ class VersionPatchSerializer(serializers.Serializer):
         error_messages={"invalid_choice": LAUNCH_MODE_CHOICE},
     )
     num_gpus = serializers.IntegerField(min_value=1, max_value=64, required=False)
-    NOT_YET = ("ports", "volumes", "disk_gb")
+    volumes = serializers.ListField(child=MountSerializer(), required=False, max_length=8)
+    NOT_YET = ("ports", "disk_gb")
 
     def validate(self, data):
         refused = {
@@ -463,6 +464,11 @@ class VersionPatchSerializer(serializers.Serializer):
             )
         if "num_gpus" in data:
             data["gpu_count"] = data.pop("num_gpus")
+        if "volumes" in data:
+            data["volumes"] = [
+                MountRequest(volume_id=mount["volume"], target=mount["target"])
+                for mount in data["volumes"]
+            ]
         return data
 
 

@@ -23,9 +23,15 @@ from hosts.runtime import (
     validate_image,
 )
 from marketplace.events import publish_instance_event
-from marketplace.models import CommittedImage, Rental, Team
+from marketplace.models import CommittedImage, Rental, Team, Volume, VolumeMount, VolumeState
 from marketplace.services.offers import offer_refresh
 from marketplace.services.registries import registry_check
+from marketplace.services.volumes import (
+    MountRequest,
+    mounts_check,
+    mounts_lock_ready,
+    mounts_write,
+)
 from marketplace.validation import validate_launch
 from scheduler import services as scheduler
 from scheduler.models import GpuAllocation, Instance, InstanceState, InstanceVersion, LaunchMode
@@ -86,6 +92,8 @@ def rental_new_version(*, instance: Instance, changes: dict, by: str, reason: st
     stops (and is kept), a new one starts on the same GPUs. 400 when nothing changes or the
     spec is refused, 409 when the instance is not running or exited."""
     current = scheduler.version_spec(instance)
+    changes = dict(changes)
+    mounts = _mounts_for(instance, changes)
     spec = {**current, **changes}
     if spec == current:
         raise ValidationError({"non_field_errors": "This is the current spec: nothing to change."})
@@ -101,6 +109,8 @@ def rental_new_version(*, instance: Instance, changes: dict, by: str, reason: st
         with transaction.atomic():
             if gpus != instance.gpu_count:
                 _gpus_follow(instance, gpus)
+            if mounts is not None:
+                _mounts_follow(instance, mounts)
             moved = scheduler.instance_version_begin(
                 instance_id=instance.pk,
                 expected_version=instance.version,
@@ -115,6 +125,39 @@ def rental_new_version(*, instance: Instance, changes: dict, by: str, reason: st
         _restart_quietly(prepared)
         raise
     return moved
+
+
+def _mounts_for(instance: Instance, changes: dict) -> list | None:
+    """The volumes a change mounts, checked as at renting (the team's own, on this machine),
+    with ``changes["volumes"]`` made the spec's [name on the host, path] pairs. From the API
+    they come as MountRequests; from a rollback as an earlier spec's pairs, whose volumes
+    must still be there. None when the volumes do not change."""
+    if "volumes" not in changes:
+        return None
+    wanted = changes["volumes"]
+    if wanted and not isinstance(wanted[0], MountRequest):
+        ready = {
+            volume.docker_name: volume
+            for volume in Volume.objects.filter(
+                team_id=instance.team_id, machine_id=instance.machine_id, state=VolumeState.READY
+            )
+        }
+        missing = [name for name, _ in wanted if name not in ready]
+        if missing:
+            raise ValidationError({"volumes": "A volume of that version was deleted."})
+        wanted = [MountRequest(volume_id=ready[name].pk, target=target) for name, target in wanted]
+    pairs = mounts_check(team=instance.team, machine_id=instance.machine_id, requested=wanted)
+    changes["volumes"] = [[volume.docker_name, target] for volume, target in pairs]
+    return pairs
+
+
+def _mounts_follow(instance: Instance, pairs: list) -> None:
+    """The instance's mounts become the new version's (its volumes locked, still there)."""
+    ids = [volume.pk for volume, _ in pairs]
+    if set(ids) - mounts_lock_ready(ids):
+        raise ValidationError({"volumes": "A volume was deleted meanwhile."})
+    VolumeMount.objects.filter(instance=instance).delete()
+    mounts_write(instance, pairs)
 
 
 def _restart_quietly(instance: Instance) -> None:

@@ -85,6 +85,16 @@ def test_a_volume_outlives_its_rental_and_its_size_is_enforced(funded_team, owne
     assert [(v["number"], v["size_gb"]) for v in versions] == [(1, 1), (2, 2), (3, 1)]
     assert run(client, second, "md5sum /data/f")["output"] == wrote["output"]
 
+    # A new version of the rental without the volume, then a rollback that mounts it again.
+    plain = client.patch(f"/api/v1/instances/{second.pk}/", {"volumes": []}, format="json")
+    assert plain.status_code == 202, plain.content
+    assert run(client, second, "test -e /data/f")["exit_code"] != 0
+    assert client.get(f"/api/v1/volumes/{volume.pk}/").json()["mounted_by"] == []
+    back = client.post(f"/api/v1/instances/{second.pk}/rollback/", {"version": 1}, format="json")
+    assert back.status_code == 202, back.content
+    assert run(client, second, "md5sum /data/f")["output"] == wrote["output"]
+    assert client.get(f"/api/v1/volumes/{volume.pk}/").json()["mounted_by"] == [second.pk]
+
     # Another team sees nothing of it and cannot mount it.
     other = TeamFactory(name="Other")
     add_member(other, UserFactory(username="other-owner"), "owner")
