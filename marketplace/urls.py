@@ -29,6 +29,7 @@ router.register("instances", rentals_api.InstanceViewSet, basename="api-instance
 router.register("ssh-keys", rentals_api.SshKeyViewSet, basename="api-sshkey")
 router.register("deployments", deployments_api.DeploymentViewSet, basename="api-deployment")
 router.register("volumes", volumes_api.VolumeViewSet, basename="api-volume")
+router.register("images", rentals_api.CommittedImageViewSet, basename="api-image")
 
 api_v1 = [
     # The vastai CLI (1.9.1) lists instances at this v1 path: its request goes to the vast

@@ -22,7 +22,7 @@ from marketplace.api.fields import (
 )
 from marketplace.api.permissions import api_team, read_only_methods
 from marketplace.api.throttling import throttle_scope
-from marketplace.models import Offer, Rental, SshKey
+from marketplace.models import CommittedImage, Offer, Rental, SshKey
 from marketplace.selectors import instance_connection, instance_logs, rental_versions
 from marketplace.services.pricing import rental_quote
 from marketplace.services.rental_versions import (
@@ -736,3 +736,30 @@ class SshKeyViewSet(
 
 
 __all__ = ["Rental", "InstanceViewSet", "SshKeyViewSet", "offer_quote", "offers"]
+
+
+class CommittedImageSerializer(serializers.ModelSerializer):
+    machine_id = serializers.IntegerField(read_only=True)
+
+    class Meta:
+        model = CommittedImage
+        fields = [
+            "id",
+            "reference",
+            "machine_id",
+            "instance_id",
+            "version",
+            "created_by",
+            "created_at",
+        ]
+        read_only_fields = fields
+
+
+class CommittedImageViewSet(mixins.ListModelMixin, TeamScopedViewSet):
+    """The team's committed images (``POST /api/v1/instances/<id>/commit/``): each exists on
+    one machine, where only the team's rentals may run it."""
+
+    base_queryset = CommittedImage.objects.all()
+    serializer_class = CommittedImageSerializer
+    audience = "renter"
+    filterset_fields = ["machine_id"]

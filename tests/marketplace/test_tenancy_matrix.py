@@ -48,6 +48,7 @@ from hosts.services import maintenance_window_add
 from marketplace.deployments.services import DeploymentSpec, deployment_create
 from marketplace.models import (
     ApiKey,
+    CommittedImage,
     Deployment,
     Invitation,
     Membership,
@@ -385,6 +386,18 @@ def check_machine_usage(c: Checker) -> None:
         assert ports["machine_id"] == machine.pk and ports["used"] == 0
 
 
+def check_committed_images(c: Checker) -> None:
+    """A team's committed images are listed for its members only."""
+    image = CommittedImage.objects.create(
+        team=c.acme.team, machine=c.acme.machine, reference="gpumkt-team-1/acme-model:v1",
+        instance_id=c.acme.instance.pk, version=1,
+    )  # fmt: skip
+    for client in c.members():
+        assert [i["id"] for i in client.get("/api/v1/images/").json()["results"]] == [image.pk]
+    for client in c.outsider_api_clients():
+        assert client.get("/api/v1/images/").json()["results"] == []
+
+
 def check_console_deployments(c: Checker) -> None:
     """The console's deployment pages: Acme's members see Acme's deployment; the outsider
     neither sees it listed nor reaches it (404 for the page, scale, stop and replica stop),
@@ -574,6 +587,7 @@ MATRIX: dict[str, list[Check]] = {
     "api-machine-gpus": [Custom(check_machine_usage)],
     "api-machine-ports": [Custom(check_machine_usage)],
     "api-volume-list": [Custom(check_volumes)],
+    "api-image-list": [Custom(check_committed_images)],
     "api-volume-detail": [Custom(check_volumes)],
     "api-volume-versions": [Custom(check_volumes)],
     "api-volume-usage": [Custom(check_volumes)],

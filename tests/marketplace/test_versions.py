@@ -78,6 +78,8 @@ def test_versions_rollback_delete_and_commit(funded_team, owner, machine):
     assert committed.status_code == 201, committed.content
     image = committed.json()["image"]
     assert image == f"gpumkt-team-{funded_team.pk}/trainer:v1"
+    listed = client.get("/api/v1/images/").json()["results"]
+    assert [(i["reference"], i["machine_id"]) for i in listed] == [(image, machine.pk)]
     try:
         assert docker("image", "inspect", image, check=False).returncode == 0
         mine = rented(client, machine, image=image)
