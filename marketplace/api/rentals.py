@@ -499,7 +499,7 @@ class InstanceSerializer(serializers.ModelSerializer):
         fields = [
             "id", "uuid", "label", "state", "status_message", "progress", "machine_id", "rental_id",
             "gpu_count", "gpus", "image", "launch_mode", "env", "disk_gb", "disk_enforced",
-            "dph_total",
+            "version", "dph_total",
             "created_at", "state_changed_at", "ends_at", "connection",
         ]  # fmt: skip
 

@@ -113,7 +113,7 @@ class VolumeViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScoped
         return self._answer(volume, status.HTTP_201_CREATED)
 
     @extend_schema(responses={200: dict})
-    @action(detail=True, methods=["get"])
+    @action(detail=True, methods=["get"], pagination_class=None, filter_backends=[])
     def usage(self, request, pk=None):
         """What it stores now and its size, read on its host (503 when the host does not
         answer)."""
@@ -140,7 +140,7 @@ class VolumeViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScoped
         return Response(status=status.HTTP_204_NO_CONTENT)
 
     @extend_schema(responses={200: VolumeVersionSerializer(many=True)})
-    @action(detail=True, methods=["get"])
+    @action(detail=True, methods=["get"], pagination_class=None, filter_backends=[])
     def versions(self, request, pk=None):
         """Each size the volume had, oldest first: 1 at creation, one more per resize."""
         volume = self.get_object()
