@@ -12,17 +12,30 @@ from django.test import Client
 from django.utils import timezone
 
 from billing.models import Hold
-from hosts.runtime.volumes import VOLUME_DIR
+from hosts.runtime.volumes import VOLUME_DIR, HostVolumes
 from marketplace.models import Volume, VolumeState
 from marketplace.models.volumes import volume_reference
 from marketplace.services.pricing import storage_owed
 from marketplace.services.volumes import volumes_meter_sweep
-from tests.conftest import client_for, key_client
+from tests.conftest import client_for, key_client, sim_container_label
 from tests.factories import TeamFactory, UserFactory, add_member
-from tests.marketplace.conftest import STORAGE_PER_GB_MONTH, fund
+from tests.marketplace.conftest import STORAGE_PER_GB_MONTH, fund, remove_containers
 from tests.marketplace.test_rental_lifecycle import rented
 
 pytestmark = [pytest.mark.system, pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture(autouse=True)
+def _no_volume_left_on_the_host():
+    """A test that fails midway leaves no loop-mounted image behind: its containers go first
+    (they hold the volume), then the volume's image and mount."""
+    yield
+    left = list(Volume.objects.filter(state=VolumeState.READY).select_related("machine"))
+    if left:
+        remove_containers(sim_container_label())
+    for volume in left:
+        HostVolumes(volume.machine).remove(volume.docker_name)
+
 
 FILL = "rm -f /data/big; dd if=/dev/zero of=/data/big bs=1M count=1100 2>&1"
 
