@@ -8,7 +8,7 @@ from __future__ import annotations
 from hosts.models import Machine
 from hosts.probe import gpu_utilization
 from hosts.ssh import HostError
-from scheduler.models import GpuAllocation, PortAllocation
+from scheduler.models import GpuAllocation, GpuSlice, PortAllocation
 
 
 def _holder(instance_team_id: int, instance_id: int, viewer_team_id: int) -> int | None:
@@ -23,6 +23,17 @@ def machine_gpu_usage(machine: Machine, *, viewer_team_id: int) -> dict:
             released_at=None, gpu__machine=machine
         ).values_list("gpu_id", "instance__team_id", "instance_id")
     }
+    slices: dict[int, list[dict]] = {}
+    for gpu_id, team_id, instance_id, core, memory in GpuSlice.objects.filter(
+        released_at=None, gpu__machine=machine
+    ).values_list("gpu_id", "instance__team_id", "instance_id", "core_percent", "memory_mb"):
+        slices.setdefault(gpu_id, []).append(
+            {
+                "instance_id": _holder(team_id, instance_id, viewer_team_id),
+                "core_percent": core,
+                "memory_mb": memory,
+            }
+        )
     try:
         utilization, note = gpu_utilization(machine), ""
     except (HostError, OSError) as error:
@@ -31,14 +42,17 @@ def machine_gpu_usage(machine: Machine, *, viewer_team_id: int) -> dict:
     for gpu in machine.gpus.filter(present=True).order_by("index"):
         percent, memory_used = utilization.get(gpu.uuid, (None, None))
         holder = held.get(gpu.pk)
+        sliced = slices.get(gpu.pk, [])
         gpus.append(
             {
                 "index": gpu.index,
                 "uuid": gpu.uuid,
                 "name": gpu.name,
                 "memory_mib": gpu.memory_mib,
-                "state": "rented" if holder else "free",
+                "state": "rented" if holder else "sliced" if sliced else "free",
                 "instance_id": _holder(*holder, viewer_team_id) if holder else None,
+                # A shared card's slices (another team's named by size only).
+                "slices": sliced,
                 "utilization_percent": percent,
                 "memory_used_mib": memory_used,
             }
@@ -47,6 +61,7 @@ def machine_gpu_usage(machine: Machine, *, viewer_team_id: int) -> dict:
         "machine_id": machine.pk,
         "total": len(gpus),
         "rented": sum(1 for gpu in gpus if gpu["state"] == "rented"),
+        "sliced": sum(1 for gpu in gpus if gpu["state"] == "sliced"),
         "free": sum(1 for gpu in gpus if gpu["state"] == "free"),
         "gpus": gpus,
         "message": note,

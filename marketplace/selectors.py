@@ -106,3 +106,42 @@ def instance_logs(instance: Instance, *, tail: int = 200) -> tuple[str, str]:
         return host.logs(instance.container_id, tail=tail), ""
     except (CommandFailed, HostUnreachable) as error:
         return "", f"Could not read logs: {error}"
+
+
+def rental_versions(instance: Instance) -> list[dict[str, object]]:
+    """Every version of the instance's spec, oldest first, each with what changed from the
+    one before (``changed``: the field names), for the API and the console's Versions tab."""
+    from scheduler.models import InstanceVersion
+    from scheduler.services import version_spec
+
+    rows = [
+        {
+            "number": v.number,
+            "spec": v.spec,
+            "created_at": v.created_at,
+            "created_by": v.created_by,
+            "state": "stopped",
+            "container_id": v.container_id,
+            "current": False,
+        }
+        for v in InstanceVersion.objects.filter(instance=instance).order_by("number")
+    ]
+    rows.append(
+        {
+            "number": instance.version,
+            "spec": version_spec(instance),
+            "created_at": instance.version_at or instance.created_at,
+            "created_by": instance.version_by,
+            "state": instance.state,
+            "container_id": instance.container_id,
+            "current": True,
+        }
+    )
+    previous: dict | None = None
+    for row in rows:
+        spec = row["spec"]
+        row["changed"] = (
+            [] if previous is None else sorted(k for k in spec if spec.get(k) != previous.get(k))
+        )
+        previous = spec
+    return rows

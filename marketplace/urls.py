@@ -33,6 +33,7 @@ router.register("ssh-keys", rentals_api.SshKeyViewSet, basename="api-sshkey")
 router.register("deployments", deployments_api.DeploymentViewSet, basename="api-deployment")
 router.register("clusters", clusters_api.ClusterViewSet, basename="api-cluster")
 router.register("volumes", volumes_api.VolumeViewSet, basename="api-volume")
+router.register("images", rentals_api.CommittedImageViewSet, basename="api-image")
 
 api_v1 = [
     # The vastai CLI (1.9.1) lists instances at this v1 path: its request goes to the vast

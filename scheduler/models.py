@@ -18,6 +18,7 @@ from django.db.models import Q
 class InstanceState(models.TextChoices):
     LAUNCHING = "launching", "Launching"
     RUNNING = "running", "Running"
+    PAUSED = "paused", "Paused"
     EXITED = "exited", "Exited"
     STOPPING = "stopping", "Stopping"
     STOPPED = "stopped", "Stopped"
@@ -34,8 +35,12 @@ S = InstanceState
 # moves the instance on once the host has confirmed.
 TRANSITIONS: dict[str, set[str]] = {
     S.LAUNCHING: {S.RUNNING, S.FAILED, S.STOPPING, S.EXPIRED, S.DESTROYING},
-    S.RUNNING: {S.EXITED, S.STOPPING, S.FAILED, S.EXPIRED, S.DESTROYING},
-    S.EXITED: {S.RUNNING, S.STOPPING, S.FAILED, S.EXPIRED, S.DESTROYING},
+    # Running or exited → launching: a new version of its spec (PATCH) starts on its GPUs.
+    S.RUNNING: {S.PAUSED, S.EXITED, S.LAUNCHING, S.STOPPING, S.FAILED, S.EXPIRED, S.DESTROYING},
+    # Paused: the container's processes are frozen (docker pause) and it keeps its GPUs, which
+    # stay charged: nobody else can use them meanwhile.
+    S.PAUSED: {S.RUNNING, S.EXITED, S.STOPPING, S.FAILED, S.EXPIRED, S.DESTROYING},
+    S.EXITED: {S.RUNNING, S.LAUNCHING, S.STOPPING, S.FAILED, S.EXPIRED, S.DESTROYING},
     S.STOPPING: {S.STOPPED, S.EXPIRED, S.DESTROYING},
     S.STOPPED: {S.LAUNCHING, S.RUNNING, S.EXPIRED, S.DESTROYING},
     S.FAILED: {S.DESTROYING},
@@ -46,7 +51,7 @@ TRANSITIONS: dict[str, set[str]] = {
 
 # States in which the instance holds its GPUs. Stopping and destroying keep them until the host
 # confirms the container stopped: until then it may still run on them.
-GPU_HOLDING_STATES = {S.LAUNCHING, S.RUNNING, S.EXITED, S.STOPPING, S.DESTROYING}
+GPU_HOLDING_STATES = {S.LAUNCHING, S.RUNNING, S.PAUSED, S.EXITED, S.STOPPING, S.DESTROYING}
 
 # States whose work a worker carries out under a lease (scheduler.work): a worker that dies
 # mid-way loses its lease, and the work sweep hands the work to another.
@@ -91,6 +96,9 @@ class Instance(models.Model):
     label = models.CharField(
         max_length=100, blank=True, default="", help_text="The renter's own name for it."
     )
+    # Each change of its spec (PATCH) runs a new container, version n; earlier ones are kept,
+    # stopped, as InstanceVersion rows.
+    version = models.PositiveIntegerField(default=1)
     jupyter_token = models.CharField(max_length=64, blank=True)
     registry_credential = models.JSONField(
         default=dict, blank=True, help_text="Encrypted private-registry login, if any."
@@ -105,6 +113,9 @@ class Instance(models.Model):
     work_due_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     state_changed_at = models.DateTimeField(auto_now_add=True)
+    # When the current version began (created_at for the first).
+    version_at = models.DateTimeField(null=True, blank=True)
+    version_by = models.CharField(max_length=150, blank=True)
 
     class Meta:
         ordering = ["-created_at"]
@@ -133,8 +144,9 @@ class Instance(models.Model):
 
     @property
     def container_name(self) -> str:
-        # Deterministic, so a re-delivered launch task finds the container it already made.
-        return f"gpumkt-{self.uuid.hex[:12]}"
+        # Deterministic, so a re-delivered launch task finds the container it already made;
+        # version n of the spec runs in <name>-<n>.
+        return version_container_name(self, self.version)
 
     @property
     def is_slice(self) -> bool:
@@ -143,6 +155,38 @@ class Instance(models.Model):
     @property
     def is_live(self) -> bool:
         return self.state not in (InstanceState.DESTROYED,)
+
+
+def version_container_name(instance: Instance, number: int) -> str:
+    base = f"gpumkt-{instance.uuid.hex[:12]}"
+    return base if number == 1 else f"{base}-{number}"
+
+
+# What a version of an instance's spec is: the fields a PATCH may change.
+VERSION_FIELDS = ("image", "env", "entrypoint", "args", "launch_mode", "gpu_count", "volumes")
+
+
+class InstanceVersion(models.Model):
+    """An earlier version of an instance: its spec and its (stopped) container, kept as
+    history to compare with, roll back to, or delete. The current version is the instance."""
+
+    instance = models.ForeignKey(Instance, on_delete=models.CASCADE, related_name="versions")
+    number = models.PositiveIntegerField()
+    spec = models.JSONField()
+    container_id = models.CharField(max_length=80, blank=True)
+    deleted = models.BooleanField(default=False, help_text="its container was removed")
+    created_by = models.CharField(max_length=150, blank=True)
+    created_at = models.DateTimeField()
+    replaced_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["instance", "number"]
+        constraints = [
+            models.UniqueConstraint(fields=["instance", "number"], name="instance_version_unique")
+        ]
+
+    def __str__(self) -> str:
+        return f"instance {self.instance_id} v{self.number}"
 
 
 class InstanceEvent(models.Model):

@@ -14,7 +14,10 @@ Other apps import from ``hosts.runtime`` only; which module holds what:
   ``GpuSliceSpec``, a slice's limits as the container's environment and pipe mount.
 - ``docker_host``: ``DockerHost`` (Docker on one machine over the pooled SSH connection),
   ``ContainerState``, why a start failed (``ImageNotOnHost``, ``ContainerDidNotStart``), the
-  tenants' and groups' bridge networks (``NetworkNotIsolated``).
+  tenants' and groups' bridge networks (``NetworkNotIsolated``); pause, unpause, restart and
+  commit.
+- ``volumes``: ``HostVolumes``, volumes whose size the host enforces (a btrfs image of that
+  size, loop-mounted under the platform's directory, given to Docker as a local volume).
 
 The SSH errors (``CommandFailed``, ``HostUnreachable``, …) come from ``hosts.ssh``.
 """

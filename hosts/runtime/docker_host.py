@@ -85,6 +85,10 @@ class ContainerState:
     def running(self) -> bool:
         return self.state in ("running", "restarting")
 
+    @property
+    def paused(self) -> bool:
+        return self.state == "paused"
+
 
 def _container_ref(ref: str) -> str:
     if not CONTAINER_REF.fullmatch(ref or ""):
@@ -203,6 +207,27 @@ class DockerHost:
 
     def start(self, container: str) -> None:
         self._run(["docker", "start", _container_ref(container)])
+
+    def commit(self, container: str, image: str) -> str:
+        """``docker commit`` the container as ``image`` (a full reference with a tag); the
+        container keeps running (paused for the moment of the commit, Docker's default)."""
+        validate_image(image)
+        return self._run(
+            ["docker", "commit", _container_ref(container), image], timeout=600
+        ).stdout.strip()
+
+    def pause(self, container: str) -> None:
+        """Freeze every process of the container (the cgroup freezer); memory stays."""
+        self._run(["docker", "pause", _container_ref(container)])
+
+    def unpause(self, container: str) -> None:
+        self._run(["docker", "unpause", _container_ref(container)])
+
+    def restart(self, container: str, *, grace_seconds: int = 10) -> None:
+        self._run(
+            ["docker", "restart", "--time", str(grace_seconds), _container_ref(container)],
+            timeout=grace_seconds + 60,
+        )
 
     def remove(self, container: str) -> None:
         self._run(["docker", "rm", "--force", "--volumes", _container_ref(container)])

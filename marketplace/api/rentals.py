@@ -22,13 +22,22 @@ from marketplace.api.fields import (
 )
 from marketplace.api.permissions import api_team, read_only_methods
 from marketplace.api.throttling import throttle_scope
-from marketplace.models import Offer, Rental, SshKey
-from marketplace.selectors import instance_connection, instance_logs
+from marketplace.models import CommittedImage, Offer, Rental, SshKey
+from marketplace.selectors import instance_connection, instance_logs, rental_versions
 from marketplace.services.pricing import rental_quote
+from marketplace.services.rental_versions import (
+    rental_commit,
+    rental_new_version,
+    rental_rollback,
+    rental_version_delete,
+)
 from marketplace.services.renter_actions import (
     instance_label,
+    rental_continue,
     rental_destroy_request,
     rental_exec,
+    rental_pause,
+    rental_restart,
     rental_start,
     rental_stop_request,
 )
@@ -465,6 +474,62 @@ class RentSerializer(serializers.Serializer):
         )
 
 
+class VersionPatchSerializer(serializers.Serializer):
+    """The spec fields a new version may change; others are refused by name."""
+
+    image = serializers.CharField(max_length=255, required=False)
+    env = serializers.DictField(
+        child=serializers.CharField(allow_blank=True, max_length=4096, trim_whitespace=False),
+        required=False,
+    )
+    entrypoint = serializers.CharField(max_length=255, allow_blank=True, required=False)
+    args = serializers.ListField(
+        child=serializers.CharField(max_length=4096, allow_blank=True, trim_whitespace=False),
+        required=False,
+        max_length=64,
+    )
+    launch_mode = serializers.ChoiceField(
+        choices=LaunchMode.choices,
+        required=False,
+        error_messages={"invalid_choice": LAUNCH_MODE_CHOICE},
+    )
+    num_gpus = serializers.IntegerField(min_value=1, max_value=64, required=False)
+    volumes = serializers.ListField(child=MountSerializer(), required=False, max_length=8)
+    NOT_YET = ("ports", "disk_gb")
+
+    def validate(self, data):
+        refused = {
+            name: "Not changeable by a new version yet; rent again with it."
+            for name in self.NOT_YET
+            if name in self.initial_data
+        }
+        unknown = set(self.initial_data) - set(self.fields) - set(self.NOT_YET)
+        refused.update(dict.fromkeys(sorted(unknown), "Not a field of an instance's spec."))
+        if refused:
+            raise serializers.ValidationError(refused)
+        if not data:
+            raise serializers.ValidationError(
+                "Give at least one of image, env, entrypoint, args, launch_mode, num_gpus."
+            )
+        if "num_gpus" in data:
+            data["gpu_count"] = data.pop("num_gpus")
+        if "volumes" in data:
+            data["volumes"] = [
+                MountRequest(volume_id=mount["volume"], target=mount["target"])
+                for mount in data["volumes"]
+            ]
+        return data
+
+
+class RollbackSerializer(serializers.Serializer):
+    version = serializers.IntegerField(min_value=1, max_value=1_000_000)
+
+
+class CommitSerializer(serializers.Serializer):
+    repository = serializers.CharField(max_length=100)
+    tag = serializers.CharField(max_length=128, default="latest")
+
+
 class LabelSerializer(serializers.Serializer):
     label = serializers.CharField(max_length=100, allow_blank=True)
 
@@ -484,7 +549,7 @@ class InstanceSerializer(serializers.ModelSerializer):
         fields = [
             "id", "uuid", "label", "state", "status_message", "progress", "machine_id", "rental_id",
             "gpu_count", "gpu_share", "gpus", "image", "launch_mode", "env", "disk_gb",
-            "disk_enforced", "dph_total", "created_at", "state_changed_at", "ends_at",
+            "disk_enforced", "version", "dph_total", "created_at", "state_changed_at", "ends_at",
             "connection",
         ]  # fmt: skip
 
@@ -575,6 +640,93 @@ class InstanceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScop
         rental_start(instance=instance)
         return Response(self._as_now(instance))
 
+    def _by(self, request) -> str:
+        return str(getattr(request.user, "username", "") or "")
+
+    @extend_schema(request=VersionPatchSerializer, responses={202: InstanceSerializer})
+    def partial_update(self, request, pk=None):
+        """A new version with the changed spec: the current container stops (kept as the
+        previous version) and a new one, ``<name>-<n>``, starts on the same GPUs."""
+        params = VersionPatchSerializer(data=request.data)
+        params.is_valid(raise_exception=True)
+        instance = self.get_object()
+        rental_new_version(
+            instance=instance, changes=dict(params.validated_data), by=self._by(request)
+        )
+        return Response(self._as_now(instance), status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(responses={200: dict})
+    @action(detail=True, methods=["get"], pagination_class=None, filter_backends=[])
+    def versions(self, request, pk=None):
+        """Every version, oldest first: number, spec, when, by whom, state (the current one's
+        is the instance's; earlier ones are stopped)."""
+        instance = self.get_object()
+        return Response(rental_versions(instance))
+
+    @extend_schema(request=RollbackSerializer, responses={202: InstanceSerializer})
+    @action(detail=True, methods=["post"])
+    def rollback(self, request, pk=None):
+        """A new version with an earlier version's spec."""
+        params = RollbackSerializer(data=request.data)
+        params.is_valid(raise_exception=True)
+        instance = self.get_object()
+        rental_rollback(
+            instance=instance, number=params.validated_data["version"], by=self._by(request)
+        )
+        return Response(self._as_now(instance), status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(request=None, responses={204: None})
+    @action(
+        detail=True,
+        methods=["delete"],
+        url_path=r"versions/(?P<number>[0-9]{1,7})",
+        url_name="version",
+    )
+    def version(self, request, pk=None, number=None):
+        """Remove an earlier version's stopped container and forget it."""
+        rental_version_delete(instance=self.get_object(), number=int(number))
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+    @extend_schema(request=CommitSerializer, responses={201: dict})
+    @action(detail=True, methods=["post"])
+    def commit(self, request, pk=None):
+        """``docker commit`` the container as your team's private image on this machine:
+        ``gpumkt-team-<team>/<repository>:<tag>``, which only your team's rentals on this
+        machine may run."""
+        params = CommitSerializer(data=request.data)
+        params.is_valid(raise_exception=True)
+        image = rental_commit(
+            instance=self.get_object(),
+            repository=params.validated_data["repository"],
+            tag=params.validated_data["tag"],
+            by=self._by(request),
+        )
+        return Response(
+            {"image": image.reference, "machine_id": image.machine_id, "version": image.version},
+            status=status.HTTP_201_CREATED,
+        )
+
+    @extend_schema(request=None, responses={200: InstanceSerializer})
+    @action(detail=True, methods=["post"])
+    def pause(self, request, pk=None):
+        """Freeze the container (docker pause): its GPUs stay allocated and charged."""
+        rental_pause(instance=self.get_object())
+        return Response(self._as_now(self.get_object()))
+
+    @extend_schema(request=None, responses={200: InstanceSerializer})
+    @action(detail=True, methods=["post"], url_path="continue", url_name="continue")
+    def continue_(self, request, pk=None):
+        """Unfreeze a paused container (docker unpause)."""
+        rental_continue(instance=self.get_object())
+        return Response(self._as_now(self.get_object()))
+
+    @extend_schema(request=None, responses={200: InstanceSerializer})
+    @action(detail=True, methods=["post"])
+    def restart(self, request, pk=None):
+        """Restart the container in place: same GPUs, ports and files; its command runs again."""
+        rental_restart(instance=self.get_object())
+        return Response(self._as_now(self.get_object()))
+
     @extend_schema(request=LabelSerializer, responses={200: InstanceSerializer})
     @action(detail=True, methods=["post"])
     def label(self, request, pk=None):
@@ -640,3 +792,30 @@ class SshKeyViewSet(
 
 
 __all__ = ["Rental", "InstanceViewSet", "SshKeyViewSet", "offer_quote", "offers"]
+
+
+class CommittedImageSerializer(serializers.ModelSerializer):
+    machine_id = serializers.IntegerField(read_only=True)
+
+    class Meta:
+        model = CommittedImage
+        fields = [
+            "id",
+            "reference",
+            "machine_id",
+            "instance_id",
+            "version",
+            "created_by",
+            "created_at",
+        ]
+        read_only_fields = fields
+
+
+class CommittedImageViewSet(mixins.ListModelMixin, TeamScopedViewSet):
+    """The team's committed images (``POST /api/v1/instances/<id>/commit/``): each exists on
+    one machine, where only the team's rentals may run it."""
+
+    base_queryset = CommittedImage.objects.all()
+    serializer_class = CommittedImageSerializer
+    audience = "renter"
+    filterset_fields = ["machine_id"]

@@ -113,7 +113,7 @@ class VolumeViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScoped
         return self._answer(volume, status.HTTP_201_CREATED)
 
     @extend_schema(responses={200: dict})
-    @action(detail=True, methods=["get"])
+    @action(detail=True, methods=["get"], pagination_class=None, filter_backends=[])
     def usage(self, request, pk=None):
         """What it stores now and its size, read on its host (503 when the host does not
         answer)."""

@@ -231,7 +231,8 @@ def replica_state_for(replica: Replica) -> tuple[str, str, int | None]:
     state = instance.state
     machine_status = instance.machine.status
     message = instance.status_message
-    if state in (InstanceState.LAUNCHING, InstanceState.RUNNING):
+    # A paused replica is still the renter's, on its GPUs: it counts as running.
+    if state in (InstanceState.LAUNCHING, InstanceState.RUNNING, InstanceState.PAUSED):
         if machine_status != MachineStatus.ONLINE:
             return R.LOST, f"Its machine is {machine_status}", None
         return (R.PLACED if state == InstanceState.LAUNCHING else R.RUNNING), "", None

@@ -182,6 +182,34 @@ class RentForm(SerializerForm):
         return self.serializer.rental_request()
 
 
+class NewVersionForm(forms.Form):
+    """The Versions card's form: the fields typed in are the new version's changes (an
+    empty box leaves that field as it is)."""
+
+    image = forms.CharField(required=False)
+    env = forms.CharField(required=False, strip=False)
+    args = forms.CharField(required=False, strip=False)
+
+    def changes(self) -> dict[str, Any]:
+        if not self.is_valid():
+            raise ValidationError(self.errors)
+        data, changes = self.cleaned_data, {}
+        if data["image"].strip():
+            changes["image"] = data["image"].strip()
+        try:
+            if data["env"].strip():
+                changes["env"] = env_from_lines(data["env"])
+            if data["args"].strip():
+                changes["args"] = args_from_shell_words(data["args"])
+        except forms.ValidationError as error:
+            raise ValidationError(
+                {"env" if "Line" in str(error) else "args": error.messages}
+            ) from None
+        if not changes:
+            raise ValidationError({"image": "Change the image, the environment or the arguments."})
+        return changes
+
+
 class ExtendForm(SerializerForm):
     serializer_class = ExtendSerializer
 

@@ -2,11 +2,18 @@ from marketplace.models.accounts import ApiKey, Invitation, Membership, Role, Te
 from marketplace.models.clusters import Cluster
 from marketplace.models.deployments import Deployment, Replica
 from marketplace.models.rentals import Offer, Rental, SshKey
-from marketplace.models.volumes import Volume, VolumeMount, VolumeState, VolumeVersion
+from marketplace.models.volumes import (
+    CommittedImage,
+    Volume,
+    VolumeMount,
+    VolumeState,
+    VolumeVersion,
+)
 
 __all__ = [
     "ApiKey",
     "Cluster",
+    "CommittedImage",
     "Deployment",
     "Rental",
     "Invitation",

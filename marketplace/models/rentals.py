@@ -50,6 +50,9 @@ class Rental(models.Model):
     ends_at = models.DateTimeField()
     hold_id = models.BigIntegerField(unique=True)
     gpu_seconds = models.BigIntegerField(default=0)
+    # GPU-seconds banked at earlier GPU counts (a version that changed the count): the GPU
+    # charge is price × (this + gpu_count × the clock's seconds), rounded once.
+    gpu_unit_seconds = models.BigIntegerField(default=0)
     gpu_clock_since = models.DateTimeField(null=True, blank=True)
     storage_seconds = models.BigIntegerField(default=0)
     storage_clock_since = models.DateTimeField(null=True, blank=True)

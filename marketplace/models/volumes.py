@@ -120,3 +120,29 @@ class VolumeMount(models.Model):
 
     def __str__(self) -> str:
         return f"volume {self.volume_id} at {self.target} of instance {self.instance_id}"
+
+
+class CommittedImage(models.Model):
+    """An image a team made with ``docker commit`` from one of its rentals: it exists on that
+    machine only, and only the team's rentals there may run it."""
+
+    team = models.ForeignKey(
+        "marketplace.Team", on_delete=models.CASCADE, related_name="committed_images"
+    )
+    machine = models.ForeignKey("hosts.Machine", on_delete=models.CASCADE, related_name="+")
+    reference = models.CharField(max_length=255)
+    instance_id = models.BigIntegerField(help_text="the instance it was committed from")
+    version = models.PositiveIntegerField()
+    created_by = models.CharField(max_length=150, blank=True)
+    created_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["team", "machine", "reference"], name="committed_image_once"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return self.reference

@@ -23,7 +23,8 @@ from scheduler.models import Instance, InstanceState
 logger = logging.getLogger(__name__)
 
 
-GPU_CLOCK_STATES = {InstanceState.RUNNING, InstanceState.EXITED}
+# A paused instance keeps its GPUs (nobody else can rent them), so they stay charged.
+GPU_CLOCK_STATES = {InstanceState.RUNNING, InstanceState.PAUSED, InstanceState.EXITED}
 # The rental has ended: its period ran out, it failed (its launch failed or its container
 # vanished: nothing is left to run or store), or its destruction was asked for. It settles then:
 # what was used is captured and the rest of the hold goes back at once.

@@ -26,9 +26,11 @@ def rental_owed(rental: Rental, now: datetime) -> Quote:
     """What the rental owes for GPU time and storage up to ``now`` (cumulative), each
     rounded once from its clock's seconds."""
     return Quote(
+        # price × GPU-seconds: the same integer as (price × count) × seconds, rounded once,
+        # and GPU-seconds banked at earlier counts add to it.
         gpu=usage_owed(
-            rate_per_hour=rental.price_per_gpu_hour * rental.gpu_count,
-            seconds=rental.gpu_seconds_at(now),
+            rate_per_hour=rental.price_per_gpu_hour,
+            seconds=rental.gpu_unit_seconds + rental.gpu_count * rental.gpu_seconds_at(now),
         ),
         storage=storage_owed(
             price_per_gb_month=rental.storage_price_per_gb_month,
@@ -63,6 +65,7 @@ class _MeteredRental(NamedTuple):
     disk_gb: int
     ends_at: datetime
     gpu_seconds: int
+    gpu_unit_seconds: int
     gpu_clock_since: datetime | None
     storage_seconds: int
     storage_clock_since: datetime | None

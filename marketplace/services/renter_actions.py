@@ -15,7 +15,10 @@ from marketplace.validation import label_check
 from scheduler.models import Instance, InstanceState
 from scheduler.services import (
     InvalidTransition,
+    instance_continue,
     instance_destroy_request,
+    instance_pause,
+    instance_restart,
     instance_start,
     instance_stop_request,
 )
@@ -61,6 +64,28 @@ def rental_start(*, instance: Instance) -> Instance:
     return started
 
 
+def _within_period(instance: Instance) -> None:
+    if instance.rental.ends_at <= timezone.now():
+        raise InvalidTransition("The rental period is over; extend it first.")
+
+
+def rental_pause(*, instance: Instance) -> Instance:
+    """Freeze the container's processes; its GPUs stay allocated and charged."""
+    _within_period(instance)
+    return instance_pause(instance_id=instance.pk)
+
+
+def rental_continue(*, instance: Instance) -> Instance:
+    _within_period(instance)
+    return instance_continue(instance_id=instance.pk)
+
+
+def rental_restart(*, instance: Instance) -> Instance:
+    """Restart the container in place (its command runs again; its files stay)."""
+    _within_period(instance)
+    return instance_restart(instance_id=instance.pk)
+
+
 # A command run from a request holds it (and its worker thread) meanwhile: bounded.
 EXEC_TIMEOUT = 30.0
 
@@ -68,6 +93,10 @@ EXEC_TIMEOUT = 30.0
 def rental_exec(*, instance: Instance, command: str) -> CommandResult:
     """Run a shell command inside the renter's own running container, for at most
     EXEC_TIMEOUT seconds."""
+    if instance.state == InstanceState.PAUSED:
+        raise InvalidTransition(
+            "The instance is paused: its processes are frozen. Continue it to run commands."
+        )
     if instance.state != InstanceState.RUNNING:
         raise InvalidTransition("Commands run only in a running instance.")
     host = DockerHost(instance.machine)

@@ -38,6 +38,7 @@ from marketplace.services.pricing import (
     slice_rate,
 )
 from marketplace.services.registries import registry_check, registry_login_seal
+from marketplace.services.rental_versions import committed_image_check
 from marketplace.services.volumes import MountRequest, mounts_check, mounts_lock_ready, mounts_write
 from marketplace.validation import label_check, validate_launch
 from scheduler.models import Instance, InstanceEvent, InstanceState, LaunchMode
@@ -208,7 +209,7 @@ def _check_orders(orders: list[RentalOrder], outcomes: list) -> dict[int, dict[s
     )
     checked: dict[tuple, ValidationError | None] = {}
     credentials: dict[int, dict[str, str]] = {}
-    for i, (_, request) in enumerate(orders):
+    for i, (team, request) in enumerate(orders):
         key = (
             request.launch_mode, request.image, repr(request.env), repr(request.ports),
             request.entrypoint, repr(request.args), request.label,
@@ -224,6 +225,7 @@ def _check_orders(orders: list[RentalOrder], outcomes: list) -> dict[int, dict[s
         try:
             if checked[key] is not None:
                 raise checked[key]
+            committed_image_check(team=team, machine_id=request.machine_id, image=request.image)
             credentials[i] = registry_login_seal(
                 username=request.registry_username, password=request.registry_password
             )

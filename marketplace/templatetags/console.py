@@ -24,6 +24,7 @@ def percent(value: float | None) -> str:
 STATE_BADGES = {
     InstanceState.LAUNCHING: "info",
     InstanceState.RUNNING: "ok",
+    InstanceState.PAUSED: "info",
     InstanceState.EXITED: "warn",
     InstanceState.STOPPING: "info",
     InstanceState.STOPPED: "",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Callable
 
 from django.contrib import messages
@@ -16,15 +17,31 @@ from django.views.decorators.http import require_POST
 from billing.money import format_usd
 from hosts.runtime import CommandFailed, HostUnreachable
 from marketplace import offer_query, selectors
-from marketplace.forms.rentals import ExecForm, ExtendForm, RentForm, SshKeyForm, SshKeyRemoveForm
+from marketplace.forms.rentals import (
+    ExecForm,
+    ExtendForm,
+    NewVersionForm,
+    RentForm,
+    SshKeyForm,
+    SshKeyRemoveForm,
+)
 from marketplace.models import Offer, Role, SshKey, Volume, VolumeState
 from marketplace.selectors import instance_connection
 from marketplace.services.clocks import ENDED_STATES
 from marketplace.services.metering import rental_owed
 from marketplace.services.pricing import rental_quote
+from marketplace.services.rental_versions import (
+    rental_commit,
+    rental_new_version,
+    rental_rollback,
+    rental_version_delete,
+)
 from marketplace.services.renter_actions import (
+    rental_continue,
     rental_destroy_request,
     rental_exec,
+    rental_pause,
+    rental_restart,
     rental_start,
     rental_stop_request,
 )
@@ -182,7 +199,73 @@ def _instance_context(request: HttpRequest, instance: Instance) -> dict[str, obj
         "remaining": rental.ends_at - now if rental.ends_at > now else None,
         "can_act": request.membership.allows(Role.MEMBER),
         "ended": instance.state in ENDED_STATES,
+        "versions": _versions_with_diff(instance),
+        "versionable": instance.state in (InstanceState.RUNNING, InstanceState.EXITED),
     }
+
+
+def _shown(value: object) -> str:
+    if isinstance(value, dict):
+        return " ".join(f"{k}={v}" for k, v in sorted(value.items())) or "(none)"
+    if isinstance(value, list):
+        return " ".join(shlex.quote(str(v)) for v in value) or "(none)"
+    return str(value) or "(none)"
+
+
+def _versions_with_diff(instance: Instance) -> list[dict]:
+    """Newest first, each with what changed from the version before: (field, was, now)."""
+    rows = selectors.rental_versions(instance)
+    for before, row in zip([None, *rows], rows, strict=False):
+        row["diff"] = (
+            [
+                (name, _shown(before["spec"].get(name)), _shown(row["spec"][name]))
+                for name in row["changed"]
+            ]
+            if before
+            else []
+        )
+    return rows[::-1]
+
+
+def _new_version(request: HttpRequest, instance: Instance) -> None:
+    changes = NewVersionForm(request.POST).changes()
+    moved = rental_new_version(instance=instance, changes=changes, by=request.user.get_username())
+    messages.success(
+        request,
+        f"Version {moved.version} is launching; version {moved.version - 1} is stopped and kept.",
+    )
+
+
+def _rollback(request: HttpRequest, instance: Instance) -> None:
+    number = _version_number(request)
+    moved = rental_rollback(instance=instance, number=number, by=request.user.get_username())
+    messages.success(request, f"Rolled back: version {moved.version} runs version {number}'s spec.")
+
+
+def _delete_version(request: HttpRequest, instance: Instance) -> None:
+    number = _version_number(request)
+    rental_version_delete(instance=instance, number=number)
+    messages.success(request, f"Version {number} and its container are deleted.")
+
+
+def _commit(request: HttpRequest, instance: Instance) -> None:
+    image = rental_commit(
+        instance=instance,
+        repository=request.POST.get("repository", ""),
+        tag=request.POST.get("tag", "") or "latest",
+        by=request.user.get_username(),
+    )
+    messages.success(
+        request,
+        f"Committed as {image.reference}: rent it on this machine (your team only).",
+    )
+
+
+def _version_number(request: HttpRequest) -> int:
+    try:
+        return int(request.POST.get("version", ""))
+    except ValueError:
+        raise ValidationError({"version": "A version number."}) from None
 
 
 @login_required
@@ -231,7 +314,29 @@ def _destroy(request: HttpRequest, instance: Instance) -> HttpResponse:
 
 # The instance page's buttons, by the action in their URL. A handler says what happened in a
 # message; it returns where to go next, or None to stay on the instance's page.
+def _pause(request: HttpRequest, instance: Instance) -> None:
+    rental_pause(instance=instance)
+    messages.info(request, "Paused. Its GPUs stay allocated to you and are still charged.")
+
+
+def _continue(request: HttpRequest, instance: Instance) -> None:
+    rental_continue(instance=instance)
+    messages.success(request, "Running again.")
+
+
+def _restart(request: HttpRequest, instance: Instance) -> None:
+    rental_restart(instance=instance)
+    messages.success(request, "Restarted: its command runs again, with the same files.")
+
+
 INSTANCE_ACTIONS: dict[str, Callable[[HttpRequest, Instance], HttpResponse | None]] = {
+    "new-version": _new_version,
+    "rollback": _rollback,
+    "delete-version": _delete_version,
+    "commit": _commit,
+    "pause": _pause,
+    "continue": _continue,
+    "restart": _restart,
     "stop": _stop,
     "start": _start,
     "extend": _extend,

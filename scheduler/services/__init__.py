@@ -38,6 +38,7 @@ from scheduler.services.errors import (
 from scheduler.services.expiry import instance_expire
 from scheduler.services.launch import instance_launch, instance_launch_fail
 from scheduler.services.leased_work import WorkOutcome
+from scheduler.services.pause import instance_continue, instance_pause, instance_restart
 from scheduler.services.reconcile import machine_reconcile, machines_needing_reconcile
 from scheduler.services.sharing import machine_sharing_set
 from scheduler.services.start import START_LEASE, instance_start, start_under_way
@@ -48,6 +49,12 @@ from scheduler.services.stop_destroy import (
     instance_stop_request,
 )
 from scheduler.services.transitions import instance_report_progress, instance_transition
+from scheduler.services.versions import (
+    instance_version_begin,
+    instance_version_delete,
+    instance_version_prepare,
+    version_spec,
+)
 
 __all__ = [
     "JUPYTER_BOOTSTRAP",
@@ -67,17 +74,24 @@ __all__ = [
     "container_spec_for",
     "gpu_allocation_reclaim",
     "gpu_allocation_release",
+    "instance_continue",
     "instance_destroy",
     "instance_destroy_request",
     "instance_expire",
     "instance_gpu_uuids",
     "instance_launch",
     "instance_launch_fail",
+    "instance_pause",
     "instance_report_progress",
+    "instance_restart",
     "instance_start",
     "instance_stop",
     "instance_stop_request",
     "instance_transition",
+    "instance_version_begin",
+    "instance_version_delete",
+    "instance_version_prepare",
+    "version_spec",
     "live_gpu_allocations",
     "live_gpu_slices",
     "holding_gpus",

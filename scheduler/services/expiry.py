@@ -19,6 +19,7 @@ logger = logging.getLogger(__name__)
 LIVE_STATES = (
     InstanceState.LAUNCHING,
     InstanceState.RUNNING,
+    InstanceState.PAUSED,
     InstanceState.EXITED,
     InstanceState.STOPPING,
 )

@@ -38,12 +38,12 @@ def machine_reconcile(*, machine_id: int) -> int:
     host = DockerHost(machine)
     containers = {c.name: c for c in host.list_platform_containers()}
     changed = 0
-    watched = Instance.objects.filter(
-        machine=machine, state__in=[InstanceState.RUNNING, InstanceState.EXITED]
-    )
+    watched = Instance.objects.filter(machine=machine, state__in=FOLLOWED_STATES)
     for instance in watched:
         changed += _follow_container(instance, containers.get(instance.container_name))
-    running_uuids = [c.instance for c in containers.values() if c.running and c.instance]
+    running_uuids = [
+        c.instance for c in containers.values() if (c.running or c.paused) and c.instance
+    ]
     ended = (
         Instance.objects.filter(machine=machine)
         # Destroying is its own worker's to finish; the live states are followed above.
@@ -58,28 +58,45 @@ def machine_reconcile(*, machine_id: int) -> int:
     return changed
 
 
+# Instances whose state follows their container's.
+FOLLOWED_STATES = [InstanceState.RUNNING, InstanceState.PAUSED, InstanceState.EXITED]
+
+
 def _follow_container(instance: Instance, container) -> bool:
-    if container is None:
+    if container is not None and container.paused:
+        # Paused by the renter (or by hand on the host): frozen, not exited.
+        moved = None
+        if instance.state == InstanceState.RUNNING:
+            moved = instance_transition(
+                instance_id=instance.pk,
+                to_state=InstanceState.PAUSED,
+                reason="The container was paused on the host",
+                only_from={InstanceState.RUNNING},
+            )
+    elif container is None:
         moved = instance_transition(
             instance_id=instance.pk,
             to_state=InstanceState.FAILED,
             reason="The container disappeared from the host",
             only_from={instance.state},
         )
-    elif container.running and instance.state == InstanceState.EXITED:
+    elif container.running and instance.state in (InstanceState.EXITED, InstanceState.PAUSED):
         moved = instance_transition(
             instance_id=instance.pk,
             to_state=InstanceState.RUNNING,
             reason="The container is running again",
-            only_from={InstanceState.EXITED},
+            only_from={InstanceState.EXITED, InstanceState.PAUSED},
             exit_code=None,
         )
-    elif not container.running and instance.state == InstanceState.RUNNING:
+    elif not container.running and instance.state in (
+        InstanceState.RUNNING,
+        InstanceState.PAUSED,
+    ):
         moved = instance_transition(
             instance_id=instance.pk,
             to_state=InstanceState.EXITED,
             reason=f"The container exited ({container.status})",
-            only_from={InstanceState.RUNNING},
+            only_from={InstanceState.RUNNING, InstanceState.PAUSED},
             exit_code=exit_code_of(container.status),
         )
     else:
@@ -132,9 +149,7 @@ def _end_leftover_container(host: DockerHost, instance: Instance, container) -> 
 def machines_needing_reconcile() -> QuerySet[Machine]:
     """Online machines with containers to watch: live instances, or ended ones still holding
     GPUs because their container was not confirmed stopped."""
-    live = Instance.objects.filter(state__in=[InstanceState.RUNNING, InstanceState.EXITED]).values(
-        "machine_id"
-    )
+    live = Instance.objects.filter(state__in=FOLLOWED_STATES).values("machine_id")
     unconfirmed = (
         live_gpu_allocations()
         .exclude(instance__state__in=GPU_HOLDING_STATES)

@@ -12,9 +12,15 @@ from scheduler.services.containers import container_gone_or_stopped
 from scheduler.services.errors import InvalidTransition
 from scheduler.services.leased_work import WorkOutcome, leased, waiting_for_host
 from scheduler.services.transitions import instance_transition, state_of
+from scheduler.services.versions import versions_remove_containers
 
 # States a stop may be asked for in.
-STOPPABLE_STATES = {InstanceState.LAUNCHING, InstanceState.RUNNING, InstanceState.EXITED}
+STOPPABLE_STATES = {
+    InstanceState.LAUNCHING,
+    InstanceState.RUNNING,
+    InstanceState.PAUSED,
+    InstanceState.EXITED,
+}
 
 
 def instance_stop_request(
@@ -92,7 +98,10 @@ def _container_work(
     def work(token: str) -> WorkOutcome:
         instance = Instance.objects.select_related("machine").get(pk=instance_id)
         try:
-            container_gone_or_stopped(DockerHost(instance.machine), instance, remove=remove)
+            host = DockerHost(instance.machine)
+            container_gone_or_stopped(host, instance, remove=remove)
+            if remove:
+                versions_remove_containers(host, instance)
         except (HostUnreachable, HostKeyMismatch, CommandFailed) as error:
             return waiting_for_host(instance, what, error)
         moved = instance_transition(

@@ -121,3 +121,34 @@ def test_os_release():
 )
 def test_pick_free_ports(start, end, used, count, expected):
     assert pick_free_ports(start, end, used, count) == expected
+
+
+@pytest.mark.parametrize(
+    ("info", "options", "enforced"),
+    [
+        ({"Driver": "btrfs"}, "rw,relatime,space_cache=v2", True),
+        # overlay2 caps a container's layer only over XFS mounted with project quotas.
+        (
+            {"Driver": "overlay2", "DriverStatus": [["Backing Filesystem", "xfs"]]},
+            "rw,relatime,attr2,inode64,logbufs=8,logbsize=32k,prjquota",
+            True,
+        ),
+        (
+            {"Driver": "overlay2", "DriverStatus": [["Backing Filesystem", "xfs"]]},
+            "rw,relatime,attr2,inode64,pqnoenforce",
+            False,
+        ),
+        (
+            {"Driver": "overlay2", "DriverStatus": [["Backing Filesystem", "xfs"]]},
+            "rw,relatime,attr2,inode64,noquota",
+            False,
+        ),
+        ({"Driver": "overlay2", "DriverStatus": [["Backing Filesystem", "extfs"]]}, "rw", False),
+        ({"Driver": "overlay2", "DriverStatus": [["Backing Filesystem", "xfs"]]}, None, False),
+        ({"Driver": "vfs"}, "rw", False),
+    ],
+)
+def test_which_docker_hosts_can_cap_a_containers_disk(info, options, enforced):
+    from hosts.probe import storage_quota_supported
+
+    assert storage_quota_supported(info, options) is enforced

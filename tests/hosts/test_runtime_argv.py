@@ -449,3 +449,16 @@ def test_a_slice_spec_is_one_card_and_sane_sizes(gpus, core, memory, field):
     with pytest.raises(InvalidContainerSpec) as refused:
         spec(gpu_uuids=gpus, gpu_slice=GpuSliceSpec(core_percent=core, memory_mb=memory))
     assert refused.value.field == field
+
+
+def test_the_disk_is_capped_only_where_the_host_enforces_it():
+    from hosts.runtime.container_spec import ContainerSpec, docker_run_argv
+
+    spec = {"name": "c", "image": "busybox:1", "cpus": 1.0, "memory_mb": 512, "shm_mb": 64,
+            "disk_gb": 7}  # fmt: skip
+    capped = docker_run_argv(ContainerSpec(**spec, disk_enforced=True), machine_id=1,
+                             nvidia_runtime=False)  # fmt: skip
+    assert capped[capped.index("--storage-opt") + 1] == "size=7G"
+    assert "gpumkt.disk_gb=7" in capped
+    plain = docker_run_argv(ContainerSpec(**spec), machine_id=1, nvidia_runtime=False)
+    assert "--storage-opt" not in plain and "gpumkt.disk_gb=7" in plain

@@ -123,6 +123,14 @@ def test_a_slice_runs_pinned_to_its_card_with_mps_limits_no_renter_can_change(
         CONTAINER_PIPE_DIRECTORY,
         False,
     )
+    # The provider sees the card sliced, the slice by its size only (another team's rental).
+    usage = key_client(provider_team).get(f"/api/v1/machines/{machine.pk}/gpus/").json()
+    card = next(g for g in usage["gpus"] if g["uuid"] == slice_.gpu.uuid)
+    assert card["state"] == "sliced" and usage["sliced"] == 1
+    assert card["slices"] == [{"instance_id": None, "core_percent": 25, "memory_mb": 8192}]
+    # A slice's GPU count is not a version's to change.
+    more = client.patch(f"/api/v1/instances/{body['id']}/", {"num_gpus": 2}, format="json")
+    assert more.status_code == 400 and "slice" in more.json()["error"]["fields"]["num_gpus"][0]
     # The same fraction of one unit's memory.
     fraction = Fraction(8192, 24564)
     assert container["HostConfig"]["Memory"] == int(machine.unit_memory_mb * fraction) << 20

@@ -50,6 +50,7 @@ from marketplace.deployments.services import DeploymentSpec, deployment_create
 from marketplace.models import (
     ApiKey,
     Cluster,
+    CommittedImage,
     Deployment,
     Invitation,
     Membership,
@@ -478,6 +479,18 @@ def check_machine_usage(c: Checker) -> None:
         assert ports["machine_id"] == machine.pk and ports["used"] == 0
 
 
+def check_committed_images(c: Checker) -> None:
+    """A team's committed images are listed for its members only."""
+    image = CommittedImage.objects.create(
+        team=c.acme.team, machine=c.acme.machine, reference="gpumkt-team-1/acme-model:v1",
+        instance_id=c.acme.instance.pk, version=1,
+    )  # fmt: skip
+    for client in c.members():
+        assert [i["id"] for i in client.get("/api/v1/images/").json()["results"]] == [image.pk]
+    for client in c.outsider_api_clients():
+        assert client.get("/api/v1/images/").json()["results"] == []
+
+
 def check_console_deployments(c: Checker) -> None:
     """The console's deployment pages: Acme's members see Acme's deployment; the outsider
     neither sees it listed nor reaches it (404 for the page, scale, stop and replica stop),
@@ -560,6 +573,13 @@ MATRIX: dict[str, list[Check]] = {
         Obj(inst("stop/"), "post"),
         Obj(inst("start/"), "post"),
         Obj(inst("extend/"), "post", {"hours": "5"}),
+        Obj(inst("pause/"), "post"),
+        Obj(inst("continue/"), "post"),
+        Obj(inst("restart/"), "post"),
+        Obj(inst("new-version/"), "post", {"image": "evil:latest"}),
+        Obj(inst("rollback/"), "post", {"version": "1"}),
+        Obj(inst("delete-version/"), "post", {"version": "1"}),
+        Obj(inst("commit/"), "post", {"repository": "stolen"}),
         Obj(inst("destroy/"), "post"),
     ],
     "deployments": [
@@ -646,7 +666,17 @@ MATRIX: dict[str, list[Check]] = {
             ),
         ),
     ],
-    "api-instance-detail": [Obj(api_inst()), Obj(api_inst(), "delete")],
+    "api-instance-detail": [
+        Obj(api_inst()),
+        Obj(api_inst(), "patch", {"env": {"PWNED": "1"}}),
+        Obj(api_inst(), "delete"),
+    ],
+    "api-instance-versions": [Obj(api_inst("versions/"))],
+    "api-instance-rollback": [Obj(api_inst("rollback/"), "post", {"version": 1})],
+    "api-instance-version": [Obj(api_inst("versions/1/"), "delete")],
+    "api-instance-commit": [
+        Obj(api_inst("commit/"), "post", {"repository": "stolen", "tag": "v1"})
+    ],
     "api-deployment-list": [Custom(check_deployments)],
     "api-cluster-list": [Custom(check_clusters)],
     "api-cluster-detail": [Custom(check_clusters)],
@@ -662,6 +692,7 @@ MATRIX: dict[str, list[Check]] = {
     "api-machine-gpus": [Custom(check_machine_usage)],
     "api-machine-ports": [Custom(check_machine_usage)],
     "api-volume-list": [Custom(check_volumes)],
+    "api-image-list": [Custom(check_committed_images)],
     "api-volume-detail": [Custom(check_volumes)],
     "api-volume-versions": [Custom(check_volumes)],
     "api-volume-usage": [Custom(check_volumes)],
@@ -671,6 +702,9 @@ MATRIX: dict[str, list[Check]] = {
     "api-deployment-replica-stop": [Custom(check_deployments)],
     "api-instance-stop": [Obj(api_inst("stop/"), "post")],
     "api-instance-start": [Obj(api_inst("start/"), "post")],
+    "api-instance-pause": [Obj(api_inst("pause/"), "post")],
+    "api-instance-continue": [Obj(api_inst("continue/"), "post")],
+    "api-instance-restart": [Obj(api_inst("restart/"), "post")],
     "api-instance-extend": [Obj(api_inst("extend/"), "post", {"hours": 5})],
     "api-instance-label": [Obj(api_inst("label/"), "post", {"label": "theirs now"})],
     "api-instance-logs": [Obj(api_inst("logs/"))],

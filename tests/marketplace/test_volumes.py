@@ -12,17 +12,30 @@ from django.test import Client
 from django.utils import timezone
 
 from billing.models import Hold
-from hosts.runtime.volumes import VOLUME_DIR
+from hosts.runtime.volumes import VOLUME_DIR, HostVolumes
 from marketplace.models import Volume, VolumeState
 from marketplace.models.volumes import volume_reference
 from marketplace.services.pricing import storage_owed
 from marketplace.services.volumes import volumes_meter_sweep
-from tests.conftest import client_for, key_client
+from tests.conftest import client_for, key_client, sim_container_label
 from tests.factories import TeamFactory, UserFactory, add_member
-from tests.marketplace.conftest import STORAGE_PER_GB_MONTH, fund
+from tests.marketplace.conftest import STORAGE_PER_GB_MONTH, fund, remove_containers
 from tests.marketplace.test_rental_lifecycle import rented
 
 pytestmark = [pytest.mark.system, pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture(autouse=True)
+def _no_volume_left_on_the_host():
+    """A test that fails midway leaves no loop-mounted image behind: its containers go first
+    (they hold the volume), then the volume's image and mount."""
+    yield
+    left = list(Volume.objects.filter(state=VolumeState.READY).select_related("machine"))
+    if left:
+        remove_containers(sim_container_label())
+    for volume in left:
+        HostVolumes(volume.machine).remove(volume.docker_name)
+
 
 FILL = "rm -f /data/big; dd if=/dev/zero of=/data/big bs=1M count=1100 2>&1"
 
@@ -84,6 +97,16 @@ def test_a_volume_outlives_its_rental_and_its_size_is_enforced(funded_team, owne
     versions = client.get(f"/api/v1/volumes/{volume.pk}/versions/").json()
     assert [(v["number"], v["size_gb"]) for v in versions] == [(1, 1), (2, 2), (3, 1)]
     assert run(client, second, "md5sum /data/f")["output"] == wrote["output"]
+
+    # A new version of the rental without the volume, then a rollback that mounts it again.
+    plain = client.patch(f"/api/v1/instances/{second.pk}/", {"volumes": []}, format="json")
+    assert plain.status_code == 202, plain.content
+    assert run(client, second, "test -e /data/f")["exit_code"] != 0
+    assert client.get(f"/api/v1/volumes/{volume.pk}/").json()["mounted_by"] == []
+    back = client.post(f"/api/v1/instances/{second.pk}/rollback/", {"version": 1}, format="json")
+    assert back.status_code == 202, back.content
+    assert run(client, second, "md5sum /data/f")["output"] == wrote["output"]
+    assert client.get(f"/api/v1/volumes/{volume.pk}/").json()["mounted_by"] == [second.pk]
 
     # Another team sees nothing of it and cannot mount it.
     other = TeamFactory(name="Other")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -35,15 +36,36 @@ class Command(BaseCommand):
         parser.add_argument("--base-port", type=int, default=2201)
         parser.add_argument("--authorize", action="append", default=[], metavar="PUBKEY_FILE")
         parser.add_argument("--detach", action="store_true", help="Start and return.")
+        parser.add_argument(
+            "--disk-enforced",
+            type=int,
+            default=1,
+            metavar="N",
+            help="The first N hosts use a second Docker Engine (btrfs) that caps a rental's "
+            "disk; skipped with a warning where it cannot start (needs root, btrfs-progs).",
+        )
 
-    def handle(self, *args, count: int, dir: str, base_port: int, authorize, detach, **options):
+    def handle(
+        self,
+        *args,
+        count: int,
+        dir: str,
+        base_port: int,
+        authorize,
+        detach,
+        disk_enforced,
+        **options,
+    ):
         # Development tooling, imported only when the command runs (see hosts.devtools).
         from hosts.devtools.simulation import (
+            DOCKER_SOCKET,
+            SSH_IMAGE,
             SimHostSpec,
             create_host,
             default_gpus,
             ensure_dockerd,
             ensure_image,
+            ensure_quota_dockerd,
             ensure_ssh_image,
         )
 
@@ -53,6 +75,15 @@ class Command(BaseCommand):
         ensure_dockerd(log_path=settings.VAR_DIR / "dockerd.log")
         ensure_image()
         ensure_ssh_image()  # so SSH launch mode has an image with sshd to try
+        quota_engine = None
+        if disk_enforced > 0:
+            try:
+                quota_engine = ensure_quota_dockerd(log_path=settings.VAR_DIR / "dockerd-quota.log")
+                ensure_image(docker_host=quota_engine)
+                ensure_image(SSH_IMAGE, docker_host=quota_engine)
+            except (RuntimeError, OSError, subprocess.CalledProcessError) as error:
+                self.stderr.write(f"no enforced-disk host: {error}")
+                quota_engine = None
         keys = [Path(path).read_text().strip() for path in authorize]
         hosts = []
         for i in range(count):
@@ -63,6 +94,7 @@ class Command(BaseCommand):
                 port=base_port + i,
                 gpus=default_gpus(gpus, name=gpu_name, memory_mib=memory),
                 port_range=(20000 + 1000 * i, 20999 + 1000 * i),  # below the ephemeral range
+                docker_host=quota_engine if quota_engine and i < disk_enforced else DOCKER_SOCKET,
             )
             hosts.append(create_host(root / spec.name, spec, keys))
         staged = listing.with_suffix(".json.tmp")

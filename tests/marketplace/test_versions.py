@@ -1,0 +1,105 @@
+"""Versions of a rental on a real host: a PATCH runs a new container beside the stopped old
+one, rollback runs an old spec again, old versions are deleted or destroyed with the rental,
+and a committed image is the team's own on that machine."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.test import Client
+from django.utils import timezone
+
+from billing.models import Hold
+from hosts.devtools.simulation import SSH_IMAGE, ensure_ssh_image
+from marketplace.models import CommittedImage, Rental
+from marketplace.services.metering import rental_owed
+from scheduler.models import GpuAllocation, Instance
+from tests.conftest import client_for, key_client
+from tests.factories import TeamFactory, UserFactory, add_member
+from tests.marketplace.conftest import containers_named, docker, docker_inspect, fund
+from tests.marketplace.test_rental_lifecycle import rented
+
+pytestmark = [pytest.mark.system, pytest.mark.django_db(transaction=True)]
+
+
+def env_of(container: str) -> dict[str, str]:
+    return dict(item.split("=", 1) for item in docker_inspect(container)["Config"]["Env"])
+
+
+def test_versions_rollback_delete_and_commit(funded_team, owner, machine):
+    ensure_ssh_image()
+    client = key_client(funded_team)
+    first = rented(client, machine, env={"MODE": "one"})
+    base = f"/api/v1/instances/{first.pk}/"
+    name = first.container_name
+
+    patched = client.patch(base, {"env": {"MODE": "two"}, "image": SSH_IMAGE}, format="json")
+    assert patched.status_code == 202, patched.content
+    second = Instance.objects.get(pk=first.pk)
+    assert (second.state, second.version, second.container_name) == ("running", 2, f"{name}-2")
+    assert env_of(second.container_id)["MODE"] == "two"
+    assert docker_inspect(second.container_id)["Config"]["Image"] == SSH_IMAGE
+    assert docker_inspect(first.container_id)["State"]["Status"] == "exited"  # kept, stopped
+    assert client.patch(base, {"ports": [80]}, format="json").status_code == 400
+    page = client_for(Client(), owner, funded_team).get(f"/instances/{first.pk}/").content.decode()
+    assert "<del>MODE=one</del> → <ins>MODE=two</ins>" in page and 'data-version="1"' in page
+
+    versions = client.get(f"{base}versions/").json()
+    assert [(v["number"], v["state"], v["changed"]) for v in versions] == [
+        (1, "stopped", []),
+        (2, "running", ["env", "image"]),
+    ]
+    rolled = client.post(f"{base}rollback/", {"version": 1}, format="json")
+    assert rolled.status_code == 202, rolled.content
+    third = Instance.objects.get(pk=first.pk)
+    assert third.version == 3 and env_of(third.container_id)["MODE"] == "one"
+    assert docker_inspect(third.container_id)["Config"]["Image"] == "gpumkt/busybox:latest"
+    assert client.delete(f"{base}versions/3/").status_code == 409  # the current one
+    assert client.delete(f"{base}versions/1/").status_code == 204
+    assert containers_named(name) == [] and containers_named(f"{name}-2")
+    assert [v["number"] for v in client.get(f"{base}versions/").json()] == [2, 3]
+
+    # More GPUs: taken on the machine, held for, charged from now on.
+    hold_before = Hold.objects.get(pk=Rental.objects.get(instance=first).hold_id).amount
+    assert client.patch(base, {"num_gpus": 9}, format="json").status_code == 400
+    assert client.patch(base, {"num_gpus": 3}, format="json").status_code == 202
+    fourth = Instance.objects.get(pk=first.pk)
+    assert (fourth.version, fourth.gpu_count, fourth.state) == (4, 3, "running")
+    assert len(env_of(fourth.container_id)["NVIDIA_VISIBLE_DEVICES"].split(",")) == 3
+    assert GpuAllocation.objects.filter(instance=first, released_at=None).count() == 3
+    rental = Rental.objects.get(instance=first)
+    assert Hold.objects.get(pk=rental.hold_id).amount > hold_before
+    now = timezone.now()
+    hour = rental_owed(rental, now + timedelta(hours=1)).gpu - rental_owed(rental, now).gpu
+    assert hour == 3 * rental.price_per_gpu_hour
+
+    committed = client.post(f"{base}commit/", {"repository": "trainer", "tag": "v1"}, format="json")
+    assert committed.status_code == 201, committed.content
+    image = committed.json()["image"]
+    assert image == f"gpumkt-team-{funded_team.pk}/trainer:v1"
+    listed = client.get("/api/v1/images/").json()["results"]
+    assert [(i["reference"], i["machine_id"]) for i in listed] == [(image, machine.pk)]
+    try:
+        assert docker("image", "inspect", image, check=False).returncode == 0
+        mine = rented(client, machine, image=image)
+        short = client.patch(base, {"num_gpus": 4}, format="json")  # the 4th is mine's
+        assert short.status_code == 409 and "1 more GPU(s)" in short.json()["error"]["message"]
+        assert Instance.objects.get(pk=first.pk).state == "running"
+        assert docker_inspect(mine.container_id)["Config"]["Image"] == image
+        other = TeamFactory(name="Other")
+        add_member(other, UserFactory(username="other-owner"), "owner")
+        fund(other)
+        theirs = key_client(other).post(
+            "/api/v1/instances/",
+            {"machine_id": machine.pk, "num_gpus": 1, "image": image, "duration_hours": 1},
+            format="json",
+        )
+        assert theirs.status_code == 400 and "image" in theirs.json()["error"]["fields"]
+
+        # Destroying the rental removes every version's container.
+        assert client.delete(base).status_code == 202
+        assert containers_named(f"{name}-2") == [] and containers_named(f"{name}-3") == []
+    finally:
+        CommittedImage.objects.all().delete()
+        docker("rmi", "--force", image, check=False)
