@@ -198,7 +198,7 @@ def _gpus_follow(instance: Instance, gpus: int) -> None:
     if extra > 0:
         room = MachineRoom([machine])
         gpu_ids, _ = room.take(machine.pk, extra, [])  # NoCapacity names what is missing
-        allocations_write([(instance, gpu_ids, [])])
+        allocations_write([(instance, gpu_ids, [], None)])
         remaining = max(int((rental.ends_at - now).total_seconds()), 0)
         amount = usage_owed(rate_per_hour=rental.price_per_gpu_hour * extra, seconds=remaining)
         if amount:
