@@ -11,6 +11,7 @@ import structlog
 from celery import shared_task
 
 from marketplace.deployments import reconciler, sweep
+from marketplace.models import Volume
 from marketplace.services import (
     clocks,
     metering,
@@ -138,6 +139,11 @@ def expiry_sweep() -> int:
             )
         except Exception:
             logger.exception("could not delete the data of instance %s", instance_id)
+    for volume_id in volumes.volumes_due_for_deletion():
+        try:
+            volumes.volume_delete(volume=Volume.objects.get(pk=volume_id))
+        except Exception:
+            logger.exception("could not delete volume %s; the next sweep tries again", volume_id)
     return done
 
 

@@ -13,8 +13,10 @@ import math
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
+from django.db.models import Sum
 from django.utils import timezone
 
 from billing import holds
@@ -82,6 +84,21 @@ def _check_size(size_gb: object) -> int:
     return size_gb
 
 
+def _room_check(machine: Machine, size_gb: int, *, besides: Volume | None = None) -> None:
+    """A machine's volumes together may not exceed the disk its probe found free: each image is
+    sparse and fills as it is written, so sizes promised past the disk would fill the host
+    for every tenant. The caller holds the machine's lock."""
+    others = Volume.objects.filter(machine=machine, state=VolumeState.READY)
+    if besides is not None:
+        others = others.exclude(pk=besides.pk)
+    promised = others.aggregate(total=Sum("size_gb"))["total"] or 0
+    left = max(machine.disk_free_gb - promised, 0)
+    if size_gb > left:
+        raise ValidationError(
+            {"size_gb": f"Machine {machine.pk} has {left} GB of disk left for volumes."}
+        )
+
+
 def _version(volume: Volume, size_gb: int, change: str, user) -> VolumeVersion:
     number = (volume.versions.order_by("-number").values_list("number", flat=True).first()) or 0
     return VolumeVersion.objects.create(
@@ -121,6 +138,7 @@ def volume_create(
         team=team, machine=machine, name=name, state=VolumeState.READY
     ).exists():
         raise ValidationError({"name": "Your team has a volume of this name on this machine."})
+    _room_check(machine, size_gb)
     amount = storage_owed(
         price_per_gb_month=machine.storage_price_per_gb_month,
         disk_gb=size_gb,
@@ -172,9 +190,14 @@ def volume_resize(*, volume: Volume, size_gb: int, user) -> Volume:
     of the period (402 if short); shrinking is refused while more than the new size is
     stored. Done on the host while mounted and in use."""
     size_gb = _check_size(size_gb)
-    volume = Volume.objects.select_for_update().select_related("machine").get(pk=volume.pk)
+    # The machine first, as renting locks it before the volumes it mounts; then the volume.
+    machine = Machine.objects.select_for_update().get(pk=volume.machine_id)
+    volume = Volume.objects.select_for_update().get(pk=volume.pk)
+    volume.machine = machine
     if volume.state != VolumeState.READY:
         raise ValidationError({"size_gb": "This volume was deleted."})
+    if size_gb > volume.size_gb:
+        _room_check(machine, size_gb, besides=volume)
     if size_gb == volume.size_gb:
         raise ValidationError({"size_gb": f"The volume is {size_gb} GB already."})
     now = timezone.now()
@@ -218,7 +241,9 @@ def volume_resize(*, volume: Volume, size_gb: int, user) -> Volume:
 def volume_delete(*, volume: Volume) -> Volume:
     """Remove it from its host and settle: what was used is captured, the rest released.
     Refused (409) while a rental that is not destroyed mounts it."""
-    volume = Volume.objects.select_for_update().select_related("machine").get(pk=volume.pk)
+    machine = Machine.objects.select_for_update().get(pk=volume.machine_id)
+    volume = Volume.objects.select_for_update().get(pk=volume.pk)
+    volume.machine = machine
     if volume.state == VolumeState.DELETED:
         return volume
     mounted = list(_live_mounts(volume).values_list("instance_id", flat=True))
@@ -236,6 +261,23 @@ def volume_delete(*, volume: Volume) -> Volume:
     HostVolumes(volume.machine).remove(volume.docker_name)
     _tell(volume, "deleted")  # sent on commit
     return volume
+
+
+def volumes_due_for_deletion(now: datetime | None = None) -> list[int]:
+    """Volumes whose period ended more than the data grace period ago (``DATA_GRACE_HOURS``,
+    as rentals' data) and that no live rental mounts: the expiry sweep deletes them, so a
+    volume never outlives what was paid for and the provider gets the disk back."""
+    now = now or timezone.now()
+    grace = timedelta(hours=settings.DATA_GRACE_HOURS)
+    mounted = VolumeMount.objects.exclude(instance__state=InstanceState.DESTROYED).values(
+        "volume_id"
+    )
+    return list(
+        Volume.objects.filter(state=VolumeState.READY, ends_at__lte=now - grace)
+        .exclude(pk__in=mounted)
+        .order_by("pk")
+        .values_list("pk", flat=True)
+    )
 
 
 # --- mounting at renting -------------------------------------------------------------------
@@ -268,6 +310,10 @@ def mounts_check(
         volume = found.get(mount.volume_id)
         if volume is None:
             raise ValidationError({"volumes": f"Your team has no volume {mount.volume_id}."})
+        if volume.ends_at <= timezone.now():
+            raise ValidationError(
+                {"volumes": f"Volume {volume.pk}'s period ended; it can only be deleted now."}
+            )
         if volume.machine_id != machine_id:
             raise ValidationError(
                 {

@@ -133,3 +133,47 @@ def test_a_volume_outlives_its_rental_and_its_size_is_enforced(funded_team, owne
         ["docker", "volume", "ls", "-q"], capture_output=True, text=True, check=True
     ).stdout.split()
     assert volume.docker_name not in names
+
+
+def test_volumes_fit_the_hosts_disk_end_with_their_period_and_are_then_deleted(
+    funded_team, owner, machine
+):
+    """Sizes promised past the disk the probe found free are refused (images are sparse: they
+    would fill the host for everyone later); a volume whose period ended mounts no more, and
+    the expiry sweep deletes it once the data grace period is over."""
+    from marketplace.tasks import expiry_sweep
+
+    client = key_client(funded_team)
+    body = {"machine_id": machine.pk, "name": "big", "duration_hours": 24}
+    too_big = client.post("/api/v1/volumes/", {**body, "size_gb": machine.disk_free_gb + 1},
+                          format="json")  # fmt: skip
+    assert too_big.status_code == 400
+    assert "GB of disk left" in too_big.json()["error"]["fields"]["size_gb"][0]
+    made = client.post("/api/v1/volumes/", {**body, "size_gb": 1}, format="json")
+    assert made.status_code == 201, made.content
+    volume = Volume.objects.get(pk=made.json()["id"])
+    rest = client.post(
+        "/api/v1/volumes/", {**body, "name": "rest", "size_gb": machine.disk_free_gb},
+        format="json",
+    )  # fmt: skip
+    assert rest.status_code == 400 and not Volume.objects.filter(name="rest").exists()
+    grow = client.patch(f"/api/v1/volumes/{volume.pk}/", {"size_gb": machine.disk_free_gb + 1},
+                        format="json")  # fmt: skip
+    assert grow.status_code == 400
+
+    Volume.objects.filter(pk=volume.pk).update(ends_at=timezone.now() - timedelta(minutes=1))
+    refused = client.post(
+        "/api/v1/instances/",
+        {"machine_id": machine.pk, "num_gpus": 1, "image": "gpumkt/busybox:latest",
+         "duration_hours": 1, "volumes": [{"volume": volume.pk, "target": "/data"}]},
+        format="json",
+    )  # fmt: skip
+    assert refused.status_code == 400 and "period ended" in str(refused.json()["error"])
+    expiry_sweep()  # within the grace period: kept
+    assert Volume.objects.get(pk=volume.pk).state == VolumeState.READY
+    Volume.objects.filter(pk=volume.pk).update(ends_at=timezone.now() - timedelta(hours=49))
+    expiry_sweep()
+    volume.refresh_from_db()
+    assert volume.state == VolumeState.DELETED and volume.settled_at is not None
+    assert Hold.objects.get(pk=volume.hold_id).status == "released"
+    assert not os.path.exists(os.path.join(VOLUME_DIR, f"{volume.docker_name}.img"))
