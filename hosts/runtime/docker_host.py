@@ -28,6 +28,7 @@ from hosts.runtime.container_spec import (
 )
 from hosts.runtime.mps import mps_daemon_start_argv, mps_daemon_stop_argv
 from hosts.runtime.registries import registry_of
+from hosts.runtime.volumes import HostVolumes
 from hosts.ssh import CommandFailed, CommandResult
 
 if TYPE_CHECKING:
@@ -123,6 +124,7 @@ class DockerHost:
         self.network_ensure(spec.network)
         if spec.gpu_slice is not None:
             self.mps_daemon_ensure()  # its pipe directory is the slice's mount source
+        self.volumes_ensure([name for name, _ in spec.volumes])
         try:
             return self._run(argv).stdout.strip()
         except CommandFailed as error:
@@ -146,6 +148,12 @@ class DockerHost:
         ):
             return ImageNotOnHost(error.argv, error.exit_code, error.stderr)
         return error
+
+    def volumes_ensure(self, names: list[str]) -> None:
+        """The enforced-size volumes a container mounts, mounted on the host (again, after a
+        reboot) before it runs or starts."""
+        for name in names:
+            HostVolumes(self.machine).ensure_mounted(name)
 
     def mps_daemon_ensure(self) -> None:
         """Start the host's CUDA MPS control daemon unless it answers already (sharing turned

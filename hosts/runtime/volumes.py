@@ -37,7 +37,7 @@ if [ ! -e "$img" ]; then
   mkfs.btrfs -q -f "$img.new" >/dev/null
   mv "$img.new" "$img"
 fi
-mountpoint -q "$mnt" || mount -o loop "$img" "$mnt"
+mountpoint -q "$mnt" || mount -o loop,nosuid,nodev "$img" "$mnt"
 docker volume inspect "$n" >/dev/null 2>&1 || docker volume create --driver local \\
   --opt type=none --opt o=bind --opt device="$mnt" --label {PLATFORM_LABEL}=1 "$n" >/dev/null
 """
@@ -55,6 +55,16 @@ if [ "$new" -ge "$old" ]; then
 else
   btrfs filesystem resize "$new" "$mnt" >/dev/null; truncate -s "$new" "$img"; losetup -c "$dev"
 fi
+"""
+
+# $1 directory, $2 name: before a container that mounts it starts. A host rebooted since has
+# lost the loop mount (Docker would bind the empty directory beneath, with no size limit); a
+# missing image or Docker volume fails, never leaving Docker to make a plain, unlimited one.
+_ENSURE_MOUNTED = """set -e
+d=$1; n=$2; img="$d/$n.img"; mnt="$d/$n"
+[ -e "$img" ] || { echo "volume $n is missing on this host" >&2; exit 3; }
+mountpoint -q "$mnt" || mount -o loop,nosuid,nodev "$img" "$mnt"
+docker volume inspect "$n" >/dev/null 2>&1 || { echo "volume $n is not known to Docker" >&2; exit 3; }
 """
 
 # $1 directory, $2 name.
@@ -111,6 +121,9 @@ class HostVolumes:
     def resize(self, name: str, size_gb: int) -> None:
         """Grow or shrink to ``size_gb`` while mounted (the caller checked what is stored)."""
         self._script(_RESIZE, _name(name), _size(size_gb))
+
+    def ensure_mounted(self, name: str) -> None:
+        self._script(_ENSURE_MOUNTED, _name(name), timeout=60)
 
     def remove(self, name: str) -> None:
         self._script(_REMOVE, _name(name))

@@ -81,6 +81,7 @@ def instance_start(*, instance_id: int) -> Instance:
             )
     host = DockerHost(instance.machine)
     try:
+        host.volumes_ensure([name for name, _ in instance.volumes])
         host.start(instance.container_id)
     except (CommandFailed, HostUnreachable):
         if from_state == InstanceState.STOPPED:

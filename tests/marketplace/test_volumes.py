@@ -177,3 +177,27 @@ def test_volumes_fit_the_hosts_disk_end_with_their_period_and_are_then_deleted(
     assert volume.state == VolumeState.DELETED and volume.settled_at is not None
     assert Hold.objects.get(pk=volume.hold_id).status == "released"
     assert not os.path.exists(os.path.join(VOLUME_DIR, f"{volume.docker_name}.img"))
+
+
+def test_a_volume_lost_from_the_host_is_mounted_again_before_its_container_starts(
+    funded_team, owner, machine
+):
+    """After a host reboot the loop mount is gone: starting the rental mounts the image again,
+    so the container sees the volume's data (not an empty, unlimited directory)."""
+    client = key_client(funded_team)
+    made = client.post(
+        "/api/v1/volumes/",
+        {"machine_id": machine.pk, "name": "keep", "size_gb": 1, "duration_hours": 24},
+        format="json",
+    ).json()
+    volume = Volume.objects.get(pk=made["id"])
+    instance = rented(client, machine, volumes=[{"volume": volume.pk, "target": "/data"}])
+    assert run(client, instance, "echo kept > /data/mark; sync")["exit_code"] == 0
+    assert client.post(f"/api/v1/instances/{instance.pk}/stop/").status_code == 202
+    mount = os.path.join(VOLUME_DIR, volume.docker_name)
+    subprocess.run(["umount", mount], check=True)  # as a reboot leaves it
+    assert not os.path.ismount(mount)
+    started = client.post(f"/api/v1/instances/{instance.pk}/start/")
+    assert started.status_code == 200, started.content
+    assert os.path.ismount(mount)
+    assert run(client, instance, "cat /data/mark")["output"].strip() == "kept"
