@@ -40,7 +40,7 @@ DOCKER_SOCKET = "unix:///var/run/docker.sock"
 # btrfs storage driver honours ``--storage-opt size=``, which overlay2 on this machine's
 # filesystem cannot (no XFS project quotas in this kernel). The system's engine is never
 # touched: this one has its own data root (a loop-mounted btrfs image), sockets, exec root
-# and pid file, no default bridge, and leaves iptables alone (a second engine managing
+# and pid file, a default bridge of its own, and leaves iptables alone (a second engine managing
 # iptables would flush the first one's DOCKER chains and break its published ports; its
 # published ports are served by docker-proxy instead, and its networks come from an address
 # pool of their own). Containers on its tenants' bridge are not kept apart by iptables, so
@@ -51,6 +51,11 @@ QUOTA_DOCKER_EXEC_ROOT = Path("/run/gpumkt-quota-docker")
 QUOTA_DOCKER_PIDFILE = Path("/run/gpumkt-quota-docker.pid")
 QUOTA_DOCKER_IMAGE_GB = 16  # sparse: it takes only what the containers write
 QUOTA_DOCKER_ADDRESS_POOL = "base=10.213.0.0/16,size=24"
+# Its default bridge: one of its own. Not "--bridge none": a dockerd started so deletes the
+# host's docker0 (libnetwork's removeDefaultBridgeInterface), the system engine's default
+# bridge, and every plain `docker run` there fails until that engine restarts.
+QUOTA_DOCKER_BRIDGE = "gpumkt-qd0"
+QUOTA_DOCKER_BRIDGE_ADDRESS = "10.214.0.1/24"
 
 # The columns the stand-in can print, in the real tool's query names and header units.
 NVIDIA_SMI_FIELDS = {
@@ -305,6 +310,11 @@ def ensure_quota_dockerd(log_path: Path | None = None, timeout: float = 60.0) ->
         subprocess.run(["mount", "-o", "loop", str(image), str(data)], check=True)
     subprocess.run(["btrfs", "quota", "enable", str(data)], check=True, capture_output=True)
     QUOTA_DOCKER_EXEC_ROOT.mkdir(parents=True, exist_ok=True)
+    _ensure_bridge(QUOTA_DOCKER_BRIDGE, QUOTA_DOCKER_BRIDGE_ADDRESS)
+    # Its network store starts empty every time: restarted over the store it kept, a dockerd
+    # clears the "stale" default bridge network it finds there and deletes the host's docker0
+    # with it (measured: a second start removed docker0). Its networks are made again on use.
+    shutil.rmtree(data / "network", ignore_errors=True)
     pid = _read_pid(QUOTA_DOCKER_PIDFILE)
     if pid is not None and not Path(f"/proc/{pid}").exists():
         QUOTA_DOCKER_PIDFILE.unlink(missing_ok=True)  # left by a dockerd that died
@@ -312,7 +322,7 @@ def ensure_quota_dockerd(log_path: Path | None = None, timeout: float = 60.0) ->
     subprocess.Popen(
         ["dockerd", "--host", QUOTA_DOCKER_SOCKET, "--data-root", str(data),
          "--exec-root", str(QUOTA_DOCKER_EXEC_ROOT), "--pidfile", str(QUOTA_DOCKER_PIDFILE),
-         "--storage-driver", "btrfs", "--bridge", "none", "--iptables=false",
+         "--storage-driver", "btrfs", "--bridge", QUOTA_DOCKER_BRIDGE, "--iptables=false",
          "--ip-masq=false", "--default-address-pool", QUOTA_DOCKER_ADDRESS_POOL],
         stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True,
     )  # fmt: skip
@@ -322,6 +332,15 @@ def ensure_quota_dockerd(log_path: Path | None = None, timeout: float = 60.0) ->
             return QUOTA_DOCKER_SOCKET
         time.sleep(0.3)
     raise RuntimeError(f"the enforced-disk dockerd did not answer within {timeout:.0f}s")
+
+
+def _ensure_bridge(name: str, address: str) -> None:
+    """A Linux bridge ``name`` with ``address``, up (made once; kept for the next start)."""
+    exists = subprocess.run(["ip", "link", "show", name], capture_output=True, check=False)
+    if exists.returncode != 0:
+        subprocess.run(["ip", "link", "add", name, "type", "bridge"], check=True)
+        subprocess.run(["ip", "addr", "add", address, "dev", name], check=True)
+    subprocess.run(["ip", "link", "set", name, "up"], check=True)
 
 
 def _docker_env(docker_host: str | None) -> dict[str, str] | None:

@@ -135,7 +135,9 @@ def _push(admin: gateway.CaddyAdmin) -> tuple[bool, set[int]]:
             auth_upstream=settings.GATEWAY_AUTH_UPSTREAM,
             session_cookie=settings.SESSION_COOKIE_NAME,
         )
-        admin.set_routes(gateway.merged_routes(existing, ours), settings.GATEWAY_SERVER)
+        merged = gateway.merged_routes(existing, ours)
+        if merged != existing:  # every change reloads Caddy's config: none when nothing changed
+            admin.set_routes(merged, settings.GATEWAY_SERVER)
         routed = {u for r in routes for u in r.upstreams}
         gone = known - routed
         if gone:
