@@ -58,13 +58,14 @@ fi
 """
 
 # $1 directory, $2 name: before a container that mounts it starts. A host rebooted since has
-# lost the loop mount (Docker would bind the empty directory beneath, with no size limit); a
-# missing image or Docker volume fails, never leaving Docker to make a plain, unlimited one.
+# lost the loop mount (Docker would bind the empty directory beneath, with no size limit). A
+# volume Docker does not know fails, never leaving Docker to make a plain, unlimited one; a
+# plain Docker volume of the platform's (no image of ours) is left as it is.
 _ENSURE_MOUNTED = """set -e
 d=$1; n=$2; img="$d/$n.img"; mnt="$d/$n"
-[ -e "$img" ] || { echo "volume $n is missing on this host" >&2; exit 3; }
+docker volume inspect "$n" >/dev/null 2>&1 || { echo "volume $n is missing on this host" >&2; exit 3; }
+[ -e "$img" ] || exit 0
 mountpoint -q "$mnt" || mount -o loop,nosuid,nodev "$img" "$mnt"
-docker volume inspect "$n" >/dev/null 2>&1 || { echo "volume $n is not known to Docker" >&2; exit 3; }
 """
 
 # $1 directory, $2 name.
