@@ -259,7 +259,7 @@ class Planner:
                 bucket = self._slice_buckets.get((name, core))
                 if not bucket:
                     continue
-                candidate = self._first_slice_fit(bucket, request, avoid)
+                candidate = self._first_fit(bucket, request, avoid)
                 if candidate is None:
                     continue
                 rank = candidate if request.policy == CHEAPEST else (core, *candidate)
@@ -268,26 +268,6 @@ class Planner:
             if best is not None and request.policy != CHEAPEST:
                 return best  # no later bucket ranks before this one
         return best
-
-    def _first_slice_fit(self, bucket, request: PlacementRequest, avoid: frozenset[int]):
-        size = request.gpu_slice
-        for price, negative_reliability, machine_id in bucket:
-            if (
-                request.max_price_per_gpu_hour is not None
-                and price > request.max_price_per_gpu_hour
-            ):
-                return None
-            info = self._info[machine_id]
-            if (
-                -negative_reliability < request.min_reliability
-                or (request.regions and info.region not in request.regions)
-                or machine_id in avoid
-                or info.min_slice_core_percent > size.core_percent
-            ):
-                continue
-            if any(c.fits(size.core_percent, size.memory_mb) for c in self._cards[machine_id]):
-                return (price, negative_reliability, machine_id)
-        return None
 
     def release_slice(self, machine_id: int, gpu_id: int, size: SliceSize) -> None:
         """Give back a slice placed here whose rental was refused after all."""
@@ -329,25 +309,37 @@ class Planner:
         return sorted(wanted & self._names)
 
     def _first_fit(self, bucket, request: PlacementRequest, avoid: frozenset[int]):
+        """The first machine of a price-sorted bucket that meets the request's conditions and
+        has room for it (whole GPUs or a slice), or None."""
         for price, negative_reliability, machine_id in bucket:
             if (
                 request.max_price_per_gpu_hour is not None
                 and price > request.max_price_per_gpu_hour
             ):
                 return None  # sorted by price: nothing further is cheaper
-            if -negative_reliability < request.min_reliability:
-                continue
-            if request.regions and self._info[machine_id].region not in request.regions:
-                continue
-            if machine_id in avoid:
-                continue
             info = self._info[machine_id]
-            if info.min_gpus > request.gpu_count:
-                continue
-            if info.disk_per_gpu_gb < request.min_disk_per_gpu_gb:
+            if (
+                -negative_reliability < request.min_reliability
+                or (request.regions and info.region not in request.regions)
+                or machine_id in avoid
+                or not self._has_room(info, request)
+            ):
                 continue
             return (price, negative_reliability, machine_id)
         return None
+
+    def _has_room(self, info: MachineSnapshot, request: PlacementRequest) -> bool:
+        """The machine's own terms for the request's size: its smallest rental and disk per
+        GPU for whole GPUs; its smallest slice and a card with room for a slice."""
+        size = request.gpu_slice
+        if size is None:
+            return (
+                info.min_gpus <= request.gpu_count
+                and info.disk_per_gpu_gb >= request.min_disk_per_gpu_gb
+            )
+        return info.min_slice_core_percent <= size.core_percent and any(
+            card.fits(size.core_percent, size.memory_mb) for card in self._cards[info.machine_id]
+        )
 
     def forget(self, machine_id: int) -> None:
         """Place nothing more on the machine (it refused a rental: taken, gone offline)."""
