@@ -340,7 +340,7 @@ def test_redis_stopped_and_postgresql_restarted_during_metering_every_process_re
         before = sweeps_done()
         done = inst.cluster.celery("call", "marketplace.tasks.metering_sweep")
         assert done.returncode == 0, done.stderr
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 120  # the worker reconnects with backoff
         while time.monotonic() < deadline:
             after = sweeps_done()
             if after > before:
