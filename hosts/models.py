@@ -51,6 +51,11 @@ class Machine(models.Model):
     price_per_gpu_hour = models.BigIntegerField(default=0, help_text="micro-dollars")
     storage_price_per_gb_month = models.BigIntegerField(default=0, help_text="micro-dollars")
     min_gpus = models.PositiveSmallIntegerField(default=1)
+    # The lowest bid per GPU-hour the provider accepts for interruptible rentals; None: the
+    # machine takes no bids (a provider opts in, so no GPU goes for less than it chose).
+    min_bid_price_per_gpu_hour = models.BigIntegerField(
+        null=True, blank=True, help_text="micro-dollars"
+    )
     end_date = models.DateTimeField(null=True, blank=True)
     location = models.CharField(max_length=64, blank=True)
     cpu_cores = models.PositiveIntegerField(default=0)
@@ -118,6 +123,11 @@ class Machine(models.Model):
             models.CheckConstraint(
                 condition=Q(price_per_gpu_hour__gte=0) & Q(storage_price_per_gb_month__gte=0),
                 name="machine_prices_not_negative",
+            ),
+            models.CheckConstraint(
+                condition=Q(min_bid_price_per_gpu_hour__gt=0)
+                | Q(min_bid_price_per_gpu_hour__isnull=True),
+                name="machine_min_bid_positive",
             ),
             models.CheckConstraint(
                 condition=Q(sharing_min_core_percent__gte=1, sharing_min_core_percent__lte=100),

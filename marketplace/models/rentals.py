@@ -53,6 +53,15 @@ class Rental(models.Model):
     # GPU-seconds banked at earlier GPU counts (a version that changed the count): the GPU
     # charge is price × (this + gpu_count × the clock's seconds), rounded once.
     gpu_unit_seconds = models.BigIntegerField(default=0)
+    # What the rental owed at earlier rates (micro-dollars, banked when a bid changes, or a
+    # version changes the disk): the charge is this plus the current terms' usage since.
+    gpu_owed_banked = models.BigIntegerField(default=0)
+    storage_owed_banked = models.BigIntegerField(default=0)
+    # An interruptible rental: ``price_per_gpu_hour`` is the renter's bid. An on-demand rental
+    # or a higher bid takes its GPUs (it stops, its data kept); ``interrupted_at`` is set
+    # while it waits to win them back.
+    interruptible = models.BooleanField(default=False)
+    interrupted_at = models.DateTimeField(null=True, blank=True)
     gpu_clock_since = models.DateTimeField(null=True, blank=True)
     storage_seconds = models.BigIntegerField(default=0)
     storage_clock_since = models.DateTimeField(null=True, blank=True)
@@ -157,6 +166,10 @@ class Offer(models.Model):
     slice_memory_mb = models.PositiveIntegerField(default=0)
     min_slice_core_percent = models.PositiveSmallIntegerField(default=0)
     cards = models.JSONField(default=list, blank=True)
+    # The bid market: the lowest bid per GPU-hour that rents the offer's GPUs interruptibly
+    # (the machine's floor, or above the highest running bid on them); None where the machine
+    # takes no bids.
+    min_bid = models.BigIntegerField(null=True, blank=True, help_text="micro-dollars")
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:

@@ -27,17 +27,45 @@ def rental_owed(rental: Rental, now: datetime) -> Quote:
     rounded once from its clock's seconds."""
     return Quote(
         # price × GPU-seconds: the same integer as (price × count) × seconds, rounded once,
-        # and GPU-seconds banked at earlier counts add to it.
-        gpu=usage_owed(
+        # and GPU-seconds banked at earlier counts add to it; so does what was owed at
+        # earlier prices (a bid that changed).
+        gpu=rental.gpu_owed_banked
+        + usage_owed(
             rate_per_hour=rental.price_per_gpu_hour,
             seconds=rental.gpu_unit_seconds + rental.gpu_count * rental.gpu_seconds_at(now),
         ),
-        storage=storage_owed(
+        storage=rental.storage_owed_banked
+        + storage_owed(
             price_per_gb_month=rental.storage_price_per_gb_month,
             disk_gb=rental.disk_gb,
             seconds=rental.storage_seconds_at(now),
         ),
     )
+
+
+def rental_bank_gpu_owed(rental: Rental, now: datetime) -> None:
+    """Bank what the GPU time owes at the current price and count and restart its reading
+    from ``now``, before either changes (a new bid). The caller holds the rental's lock and
+    saves ``BANK_GPU_FIELDS``."""
+    rental.gpu_owed_banked = rental_owed(rental, now).gpu
+    rental.gpu_unit_seconds = 0
+    rental.gpu_seconds = 0
+    if rental.gpu_clock_since is not None:
+        rental.gpu_clock_since = rental.billable_until(now)
+
+
+def rental_bank_storage_owed(rental: Rental, now: datetime) -> None:
+    """Bank what storage owes at the current price and size and restart its reading from
+    ``now``, before either changes (a version with another disk size). The caller holds the
+    rental's lock and saves ``BANK_STORAGE_FIELDS``."""
+    rental.storage_owed_banked = rental_owed(rental, now).storage
+    rental.storage_seconds = 0
+    if rental.storage_clock_since is not None:
+        rental.storage_clock_since = rental.billable_until(now)
+
+
+BANK_GPU_FIELDS = ["gpu_owed_banked", "gpu_unit_seconds", "gpu_seconds", "gpu_clock_since"]
+BANK_STORAGE_FIELDS = ["storage_owed_banked", "storage_seconds", "storage_clock_since"]
 
 
 def rental_meter(*, rental: Rental, now: datetime | None = None) -> int:
@@ -66,6 +94,8 @@ class _MeteredRental(NamedTuple):
     ends_at: datetime
     gpu_seconds: int
     gpu_unit_seconds: int
+    gpu_owed_banked: int
+    storage_owed_banked: int
     gpu_clock_since: datetime | None
     storage_seconds: int
     storage_clock_since: datetime | None
