@@ -69,6 +69,9 @@ FIELDS: dict[str, FieldSpec] = {
         "int", "slice_core_percent", "most compute percent free on one card"
     ),
     "slice_memory_mb": FieldSpec("int", "slice_memory_mb", "most MB of memory free on one card"),
+    "min_bid": FieldSpec(
+        "money", "min_bid", "lowest bid per GPU-hour for an interruptible rental (unset: no bids)"
+    ),
 }
 
 DEFAULT_FILTERS = {"rentable": ("=", True)}

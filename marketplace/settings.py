@@ -249,6 +249,9 @@ CELERY_BEAT_SCHEDULE: dict[str, dict] = {
         "schedule": timedelta(seconds=60),
     },
     "expiry-sweep": {"task": "marketplace.tasks.expiry_sweep", "schedule": timedelta(seconds=30)},
+    # Interrupted rentals win their GPUs back as soon as a change frees them; this catches
+    # one whose start failed or whose event was lost.
+    "bids-resolve": {"task": "marketplace.tasks.bids_resolve", "schedule": timedelta(seconds=60)},
     "offers-refresh": {
         "task": "marketplace.tasks.offers_refresh",
         "schedule": timedelta(minutes=5),

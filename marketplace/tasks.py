@@ -13,6 +13,7 @@ from celery import shared_task
 from marketplace.deployments import reconciler, sweep
 from marketplace.models import Volume
 from marketplace.services import (
+    bids,
     clocks,
     metering,
     offers,
@@ -96,6 +97,19 @@ def rental_destroy(self, instance_id: int) -> str:
     with _rental_context(instance_id, team_id):
         outcome = scheduler.instance_destroy(instance_id=instance_id)
         return _then(self, instance_id, outcome, InstanceState.DESTROYING)
+
+
+@shared_task(name="marketplace.tasks.rental_resume")
+def rental_resume(instance_id: int) -> str:
+    """An interrupted rental won its GPUs back: start it on them."""
+    instance = bids.interrupted_rental_resume(instance_id=instance_id)
+    return instance.state if instance is not None else "waiting"
+
+
+@shared_task(name="marketplace.tasks.bids_resolve")
+def bids_resolve() -> int:
+    """Interrupted rentals whose GPUs came free (a safety net: freeing GPUs resolves at once)."""
+    return bids.machines_bids_resolve()
 
 
 def _queue(task):

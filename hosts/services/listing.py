@@ -34,6 +34,9 @@ def committed_until(machine_id: int) -> datetime | None:
     return max(ends, default=None)
 
 
+KEEP = object()  # a term left as the machine has it
+
+
 @transaction.atomic
 def machine_set_terms(
     *,
@@ -45,8 +48,11 @@ def machine_set_terms(
     location: str,
     port_range_start: int | None = None,
     port_range_end: int | None = None,
+    min_bid_price_per_gpu_hour: int | None | object = KEEP,
 ) -> Machine:
     """Listing terms. They apply to new rentals; running rentals keep the price they got.
+    ``min_bid_price_per_gpu_hour`` is the lowest bid the machine takes for interruptible
+    rentals (None: it takes no bids; left out: as it was).
 
     The end date may not come before the end of a rental already made (no rental may run
     past it); the machine row lock keeps a rental from being made meanwhile."""
@@ -68,6 +74,11 @@ def machine_set_terms(
             f"A rental on this machine runs until {committed:%Y-%m-%d %H:%M} UTC; "
             "the end date cannot come before it."
         )
+    floor = min_bid_price_per_gpu_hour
+    if floor is not KEEP and floor is not None and not (1 <= floor <= MAX_PRICE_PER_GPU_HOUR):
+        errors["min_bid_price_per_gpu_hour"] = (
+            "Between $0.000001 and $1,000 per GPU-hour, or none to take no bids."
+        )
     location = location.strip()
     if len(location) > 64:
         errors["location"] = "At most 64 characters."
@@ -81,6 +92,8 @@ def machine_set_terms(
     machine.storage_price_per_gb_month = storage_price_per_gb_month
     machine.min_gpus, machine.end_date, machine.location = min_gpus, end_date, location
     machine.port_range_start, machine.port_range_end = start, end
+    if min_bid_price_per_gpu_hour is not KEEP:
+        machine.min_bid_price_per_gpu_hour = min_bid_price_per_gpu_hour
     machine.save()
     record_event(machine, "terms", _terms_summary(machine))
     notify_changed(machine, "terms")
@@ -104,8 +117,10 @@ def machine_set_listed(*, machine_id: int, listed: bool) -> Machine:
 
 def _terms_summary(machine: Machine) -> str:
     until = f", until {machine.end_date:%Y-%m-%d}" if machine.end_date else ""
+    floor = machine.min_bid_price_per_gpu_hour
+    bids = f", bids from ${floor / 1_000_000:.4g}/GPU-hour" if floor else ", no bids"
     return (
         f"Terms: ${machine.price_per_gpu_hour / 1_000_000:.4g}/GPU-hour, "
         f"${machine.storage_price_per_gb_month / 1_000_000:.4g}/GB-month storage, "
-        f"min {machine.min_gpus} GPU(s), region {machine.location or '—'}{until}"
+        f"min {machine.min_gpus} GPU(s), region {machine.location or '—'}{until}{bids}"
     )

@@ -55,14 +55,17 @@ class MachineSerializer(serializers.ModelSerializer):
     unit = serializers.SerializerMethodField()
     price_per_gpu_hour = DollarsField(read_only=True, help_text="Dollars per GPU-hour.")
     storage_price_per_gb_month = DollarsField(read_only=True, help_text="Dollars per GB-month.")
+    min_bid_price_per_gpu_hour = DollarsField(
+        read_only=True, allow_null=True, help_text="Lowest bid per GPU-hour; null: no bids."
+    )
 
     class Meta:
         model = Machine
         fields = [
             "id", "name", "address", "port", "ssh_user", "status", "status_detail",
             "host_key_fingerprint", "offered_key_fingerprint", "listed", "price_per_gpu_hour",
-            "storage_price_per_gb_month", "min_gpus", "end_date", "location", "cpu_cores", "ram_mb",
-            "disk_free_gb", "docker_version", "nvidia_runtime", "driver_version", "cuda_version",
+            "storage_price_per_gb_month", "min_bid_price_per_gpu_hour", "min_gpus", "end_date",
+            "location", "cpu_cores", "ram_mb", "disk_free_gb", "docker_version", "nvidia_runtime", "driver_version", "cuda_version",
             "os_name", "port_range_start", "port_range_end", "reliability", "last_heartbeat_at",
             "verified", "probed_at", "probe_failures", "probe_problems", "self_test_at",
             "self_test_passed", "self_test_report", "mps_available", "sharing_enabled",
@@ -157,6 +160,12 @@ class TermsSerializer(serializers.Serializer):
     location = serializers.CharField(max_length=64, allow_blank=True, default="")
     port_range_start = serializers.IntegerField(min_value=1024, max_value=65535, required=False)
     port_range_end = serializers.IntegerField(min_value=1024, max_value=65535, required=False)
+    min_bid_price_per_gpu_hour = DollarsField(
+        required=False,
+        allow_null=True,
+        help_text="The lowest bid per GPU-hour taken for interruptible rentals; null: the "
+        "machine takes no bids; left out: unchanged.",
+    )
 
 
 class ListingSerializer(serializers.Serializer):

@@ -24,6 +24,7 @@ from marketplace.api.permissions import api_team, read_only_methods
 from marketplace.api.throttling import throttle_scope
 from marketplace.models import CommittedImage, Offer, Rental, SshKey
 from marketplace.selectors import instance_connection, instance_logs, rental_versions
+from marketplace.services.bids import rental_bid_change
 from marketplace.services.pricing import rental_quote
 from marketplace.services.rental_versions import (
     rental_commit,
@@ -72,6 +73,7 @@ class OfferSerializer(serializers.ModelSerializer):
     dph_per_gpu = serializers.SerializerMethodField()
     storage_cost = serializers.SerializerMethodField()
     duration = serializers.SerializerMethodField()
+    min_bid = serializers.SerializerMethodField()
 
     class Meta:
         model = Offer
@@ -81,7 +83,7 @@ class OfferSerializer(serializers.ModelSerializer):
             "dph_total", "dph_per_gpu", "storage_cost", "reliability", "duration", "end_date",
             "geolocation", "driver_version", "cuda_max_good", "verified", "rentable", "score",
             "sharing", "gpu_frac", "slice_core_percent", "slice_memory_mb",
-            "min_slice_core_percent", "cards",
+            "min_slice_core_percent", "cards", "min_bid",
         ]  # fmt: skip
 
     def get_gpu_total_ram(self, offer) -> float:
@@ -107,6 +109,12 @@ class OfferSerializer(serializers.ModelSerializer):
     @extend_schema_field(DOLLARS_SCHEMA)
     def get_storage_cost(self, offer) -> str:
         return dollars(offer.storage_cost)
+
+    @extend_schema_field({**DOLLARS_SCHEMA, "nullable": True})
+    def get_min_bid(self, offer) -> str | None:
+        """The lowest bid per GPU-hour that rents these GPUs interruptibly (None: the machine
+        takes no bids)."""
+        return dollars(offer.min_bid)
 
     def get_duration(self, offer) -> float | None:
         """Days until the machine's end date (None: no end date)."""
@@ -150,6 +158,7 @@ class OfferSerializer(serializers.ModelSerializer):
             "slice_memory_mb": offer.slice_memory_mb,
             "min_slice_core_percent": offer.min_slice_core_percent,
             "cards": offer.cards,
+            "min_bid": self.get_min_bid(offer),
         }
 
 
@@ -440,6 +449,14 @@ class RentSerializer(serializers.Serializer):
         child=MountSerializer(), default=list, max_length=8,
         help_text="Your volumes on this machine to mount, each at its path.",
     )  # fmt: skip
+    bid_price = DollarsField(
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="Rent interruptibly at this bid per GPU-hour (at least the offer's min_bid): "
+        "an on-demand rental or a higher bid may take the GPUs, and the instance then waits, "
+        "stopped, until it wins them back. Leave out to rent on demand.",
+    )
 
     def validate(self, data):
         if data.get("gpu_share") is None and data.get("num_gpus") is None:
@@ -471,6 +488,7 @@ class RentSerializer(serializers.Serializer):
                 MountRequest(volume_id=mount["volume"], target=mount["target"])
                 for mount in data.get("volumes", [])
             ),
+            bid=data.get("bid_price"),
         )
 
 
@@ -530,6 +548,10 @@ class CommitSerializer(serializers.Serializer):
     tag = serializers.CharField(max_length=128, default="latest")
 
 
+class BidSerializer(serializers.Serializer):
+    bid_price = DollarsField(help_text='The new bid in dollars per GPU-hour, like "0.40".')
+
+
 class LabelSerializer(serializers.Serializer):
     label = serializers.CharField(max_length=100, allow_blank=True)
 
@@ -543,15 +565,24 @@ class InstanceSerializer(serializers.ModelSerializer):
     gpu_share = serializers.SerializerMethodField()
     connection = serializers.SerializerMethodField()
     disk_enforced = serializers.BooleanField(source="machine.disk_enforced", read_only=True)
+    interruptible = serializers.BooleanField(source="rental.interruptible", read_only=True)
+    bid_price = serializers.SerializerMethodField()
+    interrupted_at = serializers.DateTimeField(source="rental.interrupted_at", read_only=True)
 
     class Meta:
         model = Instance
         fields = [
             "id", "uuid", "label", "state", "status_message", "progress", "machine_id", "rental_id",
             "gpu_count", "gpu_share", "gpus", "image", "launch_mode", "env", "disk_gb",
-            "disk_enforced", "version", "dph_total", "created_at", "state_changed_at", "ends_at",
-            "connection",
+            "disk_enforced", "version", "dph_total", "interruptible", "bid_price",
+            "interrupted_at", "created_at", "state_changed_at", "ends_at", "connection",
         ]  # fmt: skip
+
+    @extend_schema_field({**DOLLARS_SCHEMA, "nullable": True})
+    def get_bid_price(self, instance) -> str | None:
+        """The bid per GPU-hour of an interruptible rental (None: on demand)."""
+        rental = instance.rental
+        return dollars(rental.price_per_gpu_hour) if rental.interruptible else None
 
     @extend_schema_field(GpuShareSerializer(allow_null=True))
     def get_gpu_share(self, instance) -> dict | None:
@@ -726,6 +757,17 @@ class InstanceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScop
         """Restart the container in place: same GPUs, ports and files; its command runs again."""
         rental_restart(instance=self.get_object())
         return Response(self._as_now(self.get_object()))
+
+    @extend_schema(request=BidSerializer, responses={200: InstanceSerializer})
+    @action(detail=True, methods=["put"])
+    def bid(self, request, pk=None):
+        """Change an interruptible rental's bid from now on: a higher bid may win its GPUs
+        back (or others'), a lower one may lose them to a waiting higher bid."""
+        instance = self.get_object()
+        params = BidSerializer(data=request.data)
+        params.is_valid(raise_exception=True)
+        rental_bid_change(rental=instance.rental, bid=params.validated_data["bid_price"])
+        return Response(self._as_now(instance))
 
     @extend_schema(request=LabelSerializer, responses={200: InstanceSerializer})
     @action(detail=True, methods=["post"])

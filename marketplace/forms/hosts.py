@@ -30,6 +30,13 @@ class DollarsField(forms.Field):
             raise forms.ValidationError(str(error)) from None
 
 
+class OptionalDollarsField(DollarsField):
+    """Dollars, or nothing (empty: None)."""
+
+    def to_python(self, value: str | None) -> int | None:
+        return super().to_python(value) if (value or "").strip() else None
+
+
 class UtcMomentField(forms.Field):
     """A ``datetime-local`` input, read as UTC (the page says so beside the field)."""
 
@@ -66,6 +73,8 @@ class MachineTermsForm(ConsoleForm):
         error_messages={"invalid": "Use a date like 2027-06-30."},
     )  # fmt: skip
     location = forms.CharField(required=False)
+    # Empty: the machine takes no bids (interruptible rentals).
+    min_bid = OptionalDollarsField(required=False)
     # 0 keeps the machine's current range.
     port_range_start = WholeNumberField(default=0)
     port_range_end = WholeNumberField(default=0)

@@ -14,7 +14,12 @@ from django import forms
 from django.core.exceptions import ValidationError
 from rest_framework import serializers
 
-from marketplace.api.rentals import ExecSerializer, ExtendSerializer, RentSerializer
+from marketplace.api.rentals import (
+    BidSerializer,
+    ExecSerializer,
+    ExtendSerializer,
+    RentSerializer,
+)
 from marketplace.forms.base import ConsoleForm, whole_number
 from marketplace.services.renting import RentalRequest
 
@@ -142,8 +147,10 @@ class RentForm(SerializerForm):
     ports = TextFormatField(ports_from_text)
     registry_username = forms.CharField(required=False)
     registry_password = forms.CharField(required=False, strip=False)
-    # "slice" rents part of one card (offers that share) instead of num_gpus whole GPUs.
+    # "slice" rents part of one card (offers that share) instead of num_gpus whole GPUs;
+    # "bid" rents whole GPUs interruptibly at bid_price.
     rent_kind = forms.CharField(required=False)
+    bid_price = forms.CharField(required=False)
     core_percent = WholeNumberText(absent=0)
     memory_mb = WholeNumberText(absent=0)
     card_policy = forms.CharField(required=False)
@@ -162,6 +169,9 @@ class RentForm(SerializerForm):
         if not data["launch_mode"]:
             del data["launch_mode"]  # the serializer's default: the image's entrypoint
         core, memory = data.pop("core_percent"), data.pop("memory_mb")
+        bid = data.pop("bid_price").strip()
+        if data["rent_kind"] == "bid":
+            data["bid_price"] = bid or None
         if data.pop("rent_kind") == "slice":
             data["gpu_share"] = {"core_percent": core, "memory_mb": memory}
             del data["num_gpus"]
@@ -217,6 +227,15 @@ class ExtendForm(SerializerForm):
 
     def hours_value(self) -> float:
         return self.validated()["hours"]
+
+
+class BidForm(SerializerForm):
+    serializer_class = BidSerializer
+
+    bid_price = forms.CharField(required=False, strip=False)
+
+    def bid_value(self) -> int:
+        return self.validated()["bid_price"]
 
 
 class ExecForm(SerializerForm):

@@ -5,8 +5,10 @@ from __future__ import annotations
 from django.dispatch import receiver
 
 from marketplace.events import publish_instance_event
+from marketplace.services.bids import bids_waiting, interrupted_note, machine_bids_resolve
 from marketplace.services.clocks import rental_follow_instance
 from marketplace.services.offers import offer_refresh
+from scheduler.models import GPU_HOLDING_STATES, InstanceState
 from scheduler.signals import instance_progress, instance_state_changed
 
 
@@ -15,6 +17,11 @@ def on_instance_state_changed(
     sender, *, instance_id, team_id, machine_id, from_state, to_state, reason, **kwargs
 ):
     rental_follow_instance(instance_id=instance_id)
+    if to_state == InstanceState.STOPPED:
+        reason = interrupted_note(instance_id) or reason
+    if to_state not in GPU_HOLDING_STATES and bids_waiting(machine_id):
+        # GPUs came free: an interrupted rental waiting for them may win them back now.
+        machine_bids_resolve(machine_id=machine_id)
     # Also on a same-state event: it may be GPUs released once a container was seen stopped.
     offer_refresh(machine_id=machine_id)
     publish_instance_event(

@@ -12,8 +12,9 @@ from django.utils import timezone
 from billing.money import MICRO_PER_DOLLAR
 from hosts.models import Gpu, Machine, MachineStatus
 from marketplace.models import Offer
+from marketplace.services.bids import min_bid
 from scheduler.placement import Card
-from scheduler.services import live_gpu_allocations, machine_cards
+from scheduler.services import INTERRUPTIBLE_STATES, live_gpu_allocations, machine_cards
 
 
 def short_gpu_name(name: str) -> str:
@@ -51,9 +52,22 @@ def offers_refresh(
     )
     for machine_id, index, pk, name, memory_mib in rows:
         gpus[machine_id].append((index, pk, name, memory_mib))
-    taken = set(
-        live_gpu_allocations().filter(gpu__machine_id__in=ids).values_list("gpu_id", flat=True)
-    )
+    # GPUs an interruptible rental holds are still offered: an on-demand rental takes them,
+    # and a bid above theirs does (``min_bid``).
+    taken: set[int] = set()
+    bids: dict[int, dict[int, int]] = defaultdict(dict)  # machine → GPU → the bid holding it
+    held = live_gpu_allocations().filter(gpu__machine_id__in=ids)
+    for gpu_id, machine_id, interruptible, state, bid in held.values_list(
+        "gpu_id",
+        "gpu__machine_id",
+        "instance__rental__interruptible",
+        "instance__state",
+        "instance__rental__price_per_gpu_hour",
+    ):
+        if interruptible and state in INTERRUPTIBLE_STATES:
+            bids[machine_id][gpu_id] = bid
+        else:
+            taken.add(gpu_id)
     cards = machine_cards(machines)  # sharing machines only: no query when none shares
     taken.update(card.gpu_id for each in cards.values() for card in each if not card.whole_free)
     now = timezone.now()
@@ -63,6 +77,7 @@ def offers_refresh(
         machine.present_gpu_count = len(present)  # the unit sizes divide by it: no query each
         free = sum(1 for _, pk, _, _ in present if pk not in taken)
         values = _offer_values(machine, present, free, now)
+        values["min_bid"] = min_bid(machine, list(bids[machine.pk].values()))
         values.update(_slice_values(machine, present, cards.get(machine.pk, []), values))
         offers.append(Offer(machine_id=machine.pk, **values))
     return Offer.objects.bulk_create(
@@ -78,7 +93,7 @@ OFFER_FIELDS = (
     "cpu_cores_per_unit", "cpu_ram_per_unit", "disk_per_unit", "disk_enforced",
     "price_per_gpu_hour", "dph_total", "storage_cost", "reliability", "end_date", "geolocation",
     "driver_version", "cuda_max_good", "verified", "score", "sharing", "gpu_frac",
-    "slice_core_percent", "slice_memory_mb", "min_slice_core_percent", "cards",
+    "slice_core_percent", "slice_memory_mb", "min_slice_core_percent", "cards", "min_bid",
 )  # fmt: skip
 
 
@@ -121,7 +136,8 @@ def _slice_values(machine: Machine, present: list, cards: list[Card], whole: dic
 
 def _offer_values(machine: Machine, present: list, free: int, now) -> dict:
     """An offer's columns: ``present`` is the machine's present GPUs as (index, pk, name,
-    memory MiB) in index order, ``free`` how many of them no live allocation holds."""
+    memory MiB) in index order, ``free`` how many of them are free or held by interruptible
+    rentals (which an on-demand rental takes)."""
     first_gpu = present[0] if present else None
     total = len(present)
     rentable = bool(

@@ -11,6 +11,7 @@ from django.utils import timezone
 
 from hosts.runtime import CommandResult, DockerHost
 from marketplace.db import release_database_connection
+from marketplace.models import Rental
 from marketplace.validation import label_check
 from scheduler.models import Instance, InstanceState
 from scheduler.services import (
@@ -61,6 +62,10 @@ def rental_start(*, instance: Instance) -> Instance:
     started = instance_start(instance_id=instance.pk)
     if started.state == InstanceState.LAUNCHING:
         work_enqueue_on_commit(instance.pk, InstanceState.LAUNCHING)
+    # An interrupted rental the renter started (its GPUs were free) no longer waits.
+    Rental.objects.filter(instance_id=instance.pk).exclude(interrupted_at=None).update(
+        interrupted_at=None
+    )
     return started
 
 

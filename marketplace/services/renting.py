@@ -28,13 +28,21 @@ from marketplace.events import publish_team_events
 from marketplace.fleet import machine_reference
 from marketplace.models import Rental, Team
 from marketplace.models.rentals import rental_reference
+from marketplace.services.bids import (
+    ON_DEMAND_REASON,
+    Bidder,
+    bid_check,
+    bidders_to_interrupt,
+    outbid_reason,
+    rentals_interrupt,
+    running_bids,
+)
 from marketplace.services.clocks import ENDED_STATES
 from marketplace.services.offers import offers_refresh
 from marketplace.services.pricing import (
     Quote,
     extension_quote,
     quote_at,
-    rental_quote,
     slice_rate,
 )
 from marketplace.services.registries import registry_check, registry_login_seal
@@ -82,6 +90,9 @@ class RentalRequest:
     gpu_slice: SliceSize | None = None
     card_policy: str = BINPACK
     volumes: tuple[MountRequest, ...] = ()
+    # An interruptible rental at this bid per GPU-hour (micro-dollars) instead of the
+    # machine's price; None: on demand.
+    bid: int | None = None
 
 
 def rental_create(*, team: Team, request: RentalRequest) -> Rental:
@@ -124,13 +135,17 @@ def rentals_create(orders: list[RentalOrder]) -> list[Rental | Exception]:
         now = timezone.now()
         windows = _maintenance_windows(machine_ids, now)
         credit = holds.credit_available_locked({orders[i][0].pk for i in pending})
+        bidders = _Bidders(machine_ids)
         accepted: list[_Accepted] = []
         for i in pending:
             team, request = orders[i]
             try:
-                terms = _accept(request, machines.get(request.machine_id), room, windows, now)
+                terms = _accept(
+                    request, machines.get(request.machine_id), room, bidders, windows, now
+                )
                 if credit[team.pk] < terms.quote.total:
                     room.give_back(request.machine_id, terms.gpu_ids, terms.ports, terms.slice_)
+                    bidders.spare(request.machine_id, terms.interrupts, room)
                     raise InsufficientCredit(needed=terms.quote.total, available=credit[team.pk])
             except (OfferUnavailable, ValidationError, NoCapacity, InsufficientCredit) as error:
                 outcomes[i] = error
@@ -139,6 +154,15 @@ def rentals_create(orders: list[RentalOrder]) -> list[Rental | Exception]:
             accepted.append(
                 _Accepted(i, team, request, machines[request.machine_id], terms, mounts.get(i, []))
             )
+        # The GPUs change hands before the new allocations are written (one live allocation
+        # per GPU): the interrupted rentals stop and wait, the new ones launch once their
+        # containers have stopped (``gpus_vacate``).
+        for a in accepted:
+            if a.terms.interrupts:
+                reason = ON_DEMAND_REASON if a.request.bid is None else outbid_reason(a.request.bid)
+                rentals_interrupt(
+                    [b.instance_id for b in a.terms.interrupts], reason=reason, now=now
+                )
         for i, rental in zip(
             [a.index for a in accepted], _rentals_write(accepted, credentials, now), strict=True
         ):
@@ -152,8 +176,9 @@ class _Terms:
     gpu_ids: list[int]
     ports: list[tuple[int, int]]
     quote: Quote
-    price_per_gpu_hour: int  # the machine's; a slice's rate is the card's times its fraction
+    price_per_gpu_hour: int  # the machine's (a slice's: the card's times its fraction), or the bid
     slice_: SliceTaken | None = None
+    interrupts: list[Bidder] = ()  # interruptible rentals whose GPUs this one takes
 
 
 @dataclass(frozen=True)
@@ -242,11 +267,51 @@ def _maintenance_windows(machine_ids: list[int], now: datetime) -> dict[int, lis
     return windows
 
 
+class _Bidders:
+    """The running interruptible rentals of the locked machines, read when an order first
+    needs more GPUs than are free there; an interrupted one leaves the list."""
+
+    def __init__(self, machine_ids: list[int]):
+        self._machine_ids = machine_ids
+        self._bids: dict[int, list[Bidder]] | None = None
+
+    def on(self, machine_id: int) -> list[Bidder]:
+        if self._bids is None:
+            self._bids = running_bids(self._machine_ids)
+        return self._bids.setdefault(machine_id, [])
+
+    def take(
+        self, machine_id: int, gpus_needed: int, bid: int | None, room: MachineRoom
+    ) -> list[Bidder]:
+        """The rentals to interrupt for ``gpus_needed`` more GPUs (NoCapacity when ``bid``
+        cannot have them); their GPUs are lent to ``room``."""
+        bidders = self.on(machine_id)
+        chosen = bidders_to_interrupt(bidders, gpus_needed, bid)
+        for bidder in chosen:
+            bidders.remove(bidder)
+            room.lend(machine_id, bidder.gpu_ids)
+        return chosen
+
+    def spare(self, machine_id: int, chosen: list[Bidder], room: MachineRoom) -> None:
+        """The order that would have interrupted ``chosen`` was refused after all."""
+        if not chosen:
+            return
+        room.withhold(machine_id, [gpu_id for b in chosen for gpu_id in b.gpu_ids])
+        bidders = self.on(machine_id)
+        bidders.extend(chosen)
+        bidders.sort(key=lambda b: (b.bid, -b.rented_at.timestamp()))
+
+
 def _accept(
-    request: RentalRequest, machine: Machine | None, room: MachineRoom, windows: dict, now: datetime
+    request: RentalRequest,
+    machine: Machine | None,
+    room: MachineRoom,
+    bidders: _Bidders,
+    windows: dict,
+    now: datetime,
 ) -> _Terms:
-    """The order's terms on its locked machine, its GPUs and ports taken from ``room``; raises
-    what refuses it."""
+    """The order's terms on its locked machine, its GPUs and ports taken from ``room`` (and
+    from interruptible rentals it outbids); raises what refuses it."""
     if machine is None or not machine.listed or machine.status != MachineStatus.ONLINE:
         raise OfferUnavailable("This machine is not offered for rent right now.")
     machine.present_gpu_count = room.present[machine.pk]
@@ -259,16 +324,30 @@ def _accept(
     )
     if request.gpu_slice is not None:
         return _accept_slice(request, machine, room, ends_at)
-    gpu_ids, ports = room.take(machine.pk, request.gpu_count, _container_ports(request))
-    quote = rental_quote(
-        machine=machine, gpu_count=request.gpu_count, disk_gb=request.disk_gb, hours=request.hours
+    short = request.gpu_count - len(room.free_gpu_ids[machine.pk])
+    interrupts = []
+    if short > 0 and (request.bid is not None or bidders.on(machine.pk)):
+        interrupts = bidders.take(machine.pk, short, request.bid, room)
+    try:
+        gpu_ids, ports = room.take(machine.pk, request.gpu_count, _container_ports(request))
+    except NoCapacity:
+        bidders.spare(machine.pk, interrupts, room)
+        raise
+    rate = machine.price_per_gpu_hour if request.bid is None else request.bid
+    quote = quote_at(
+        price_per_gpu_hour=rate,
+        storage_price_per_gb_month=machine.storage_price_per_gb_month,
+        gpu_count=request.gpu_count,
+        disk_gb=request.disk_gb,
+        hours=request.hours,
     )
     return _Terms(
         ends_at=ends_at,
         gpu_ids=gpu_ids,
         ports=ports,
         quote=quote,
-        price_per_gpu_hour=machine.price_per_gpu_hour,
+        price_per_gpu_hour=rate,
+        interrupts=interrupts,
     )
 
 
@@ -355,6 +434,7 @@ def _rentals_write(
             ends_at=a.terms.ends_at,
             hold_id=hold.pk,
             storage_clock_since=now,
+            interruptible=a.request.bid is not None,
         )
         for a, instance, hold in zip(accepted, instances, hold_rows, strict=True)
     ]
@@ -453,6 +533,13 @@ def _validate_terms(
     machine's maintenance windows (start, end) that end after ``now``."""
     errors: dict[str, str] = {}
     present = machine.gpu_count
+    if request.bid is not None:
+        try:
+            bid_check(machine, request.bid)
+        except ValidationError as error:
+            errors.update({k: v[0] for k, v in error.message_dict.items()})
+        if request.gpu_slice is not None:
+            errors["bid_price"] = "Interruptible rentals take whole GPUs; rent a slice on demand."
     if request.gpu_slice is not None:
         errors.update(_slice_errors(machine, request, largest_card_memory_mb))
     elif request.gpu_count < max(machine.min_gpus, 1):

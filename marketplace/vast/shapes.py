@@ -29,20 +29,23 @@ ALWAYS_TRUE = {("external", False), ("rented", False)}
 # Fields of the CLI's search body that are not filters.
 SEARCH_OPTIONS = {"order", "type", "limit", "allocated_storage", "disable_bundling"}
 ON_DEMAND = "on-demand"
+BID = "bid"  # interruptible rentals
 
 
 def offer_filters(body: dict[str, Any]) -> dict[str, Any]:
     """The CLI's ``POST /bundles/`` body → ``offer_query.parse_json``'s body."""
     if not isinstance(body, dict):
         raise Refused('The search body is a JSON object, like {"num_gpus": {"gte": 1}}.')
-    offer_type = body.get("type", ON_DEMAND)
-    if offer_type != ON_DEMAND:
+    offer_type = body.get("type") or ON_DEMAND
+    if offer_type not in (ON_DEMAND, BID):
         raise Refused(
-            f"Only on-demand offers exist here; '{offer_type}' (interruptible or reserved) "
-            "rentals are not offered yet. Search with --type on-demand.",
+            f"Offers here are on-demand or interruptible (bid); '{offer_type}' rentals are "
+            "not offered. Search with --type on-demand or --type bid.",
             field="type",
         )
     filters: dict[str, Any] = {}
+    if offer_type == BID:
+        filters["min_bid"] = {"gte": 0}  # machines that take bids
     for name, condition in body.items():
         if name in SEARCH_OPTIONS:
             continue
@@ -122,6 +125,11 @@ def offer_row(offer: Offer) -> dict[str, Any]:
         "rented": False,
         "external": False,
         "score": float(offer.score),
+        # The lowest bid for the whole offer (all its GPUs), per hour, as --bid_price takes it.
+        "min_bid": None
+        if offer.min_bid is None
+        else offer.min_bid * offer.num_gpus / MICRO_PER_DOLLAR,
+        "is_bid": offer.min_bid is not None,
     }
 
 
@@ -152,7 +160,6 @@ RUNTYPE_MODES = {
 # Options of ``create instance`` this marketplace has no room for, by the CLI's flag: set, they
 # are refused rather than dropped.
 UNSUPPORTED_CREATE_OPTIONS = {
-    "price": ("--bid_price", "interruptible (bid) rentals are not offered yet"),
     "image_login": ("--login", "private registry logins go through /api/v1/instances/"),
     "template_hash_id": ("--template_hash", "there are no templates here"),
     "user": ("--user", "containers run as the image's user"),
@@ -288,6 +295,10 @@ def instance_row(instance: Instance, connection: dict[str, Any]) -> dict[str, An
             for p in ports
         },
         "dph_total": rental.price_per_gpu_hour * rental.gpu_count / MICRO_PER_DOLLAR,
+        "is_bid": rental.interruptible,
+        "min_bid": rental.price_per_gpu_hour * rental.gpu_count / MICRO_PER_DOLLAR
+        if rental.interruptible
+        else None,
         "storage_cost": rental.storage_price_per_gb_month / MICRO_PER_DOLLAR,
         "image_uuid": instance.image,
         "image_args": list(instance.args or []),
@@ -340,7 +351,9 @@ def machine_row(machine) -> dict[str, Any]:
         "listed_storage_cost": machine.storage_price_per_gb_month / MICRO_PER_DOLLAR,
         "min_chunk": machine.min_gpus,
         "end_date": machine.end_date.timestamp() if machine.end_date else None,
-        "min_bid_price": None,
+        "min_bid_price": None
+        if machine.min_bid_price_per_gpu_hour is None
+        else machine.min_bid_price_per_gpu_hour / MICRO_PER_DOLLAR,
         "credit_discount_max": None,
         "listed_inet_up_cost": None,
         "listed_inet_down_cost": None,
@@ -352,7 +365,6 @@ def machine_row(machine) -> dict[str, Any]:
 UNSUPPORTED_LISTING_OPTIONS = {
     "price_inetu": ("-u/--price_inetu", "bandwidth is not charged here"),
     "price_inetd": ("-d/--price_inetd", "bandwidth is not charged here"),
-    "price_min_bid": ("-b/--price_min_bid", "interruptible (bid) rentals are not offered yet"),
     "credit_discount_max": ("-r/--discount_rate", "there are no prepay discounts here"),
     "duration": ("-l/--duration", "give an end date (-e) instead"),
     "vol_size": ("-v/--vol_size", "volume offers are not made through v0"),
@@ -398,7 +410,26 @@ def listing_terms(body: dict[str, Any], machine) -> dict[str, Any]:
         "min_gpus": min_gpus,
         "end_date": epoch_moment(body.get("end_date"), "--end_date", machine.end_date),
         "location": machine.location,
+        "min_bid_price_per_gpu_hour": dollars(
+            "price_min_bid", "--price_min_bid", machine.min_bid_price_per_gpu_hour
+        ),
     }
+
+
+def bid_per_gpu(value: Any, gpus: int, flag: str) -> int:
+    """A vast.ai bid (dollars per hour for the whole instance, as ``--bid_price`` and
+    ``change bid --price`` take it) → our bid per GPU-hour in micro-dollars, rounded half up."""
+    from billing.errors import InvalidAmount
+    from billing.money import parse_usd
+
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise Refused(f"{flag}: a price in dollars per hour, like 0.45.", field=flag.lstrip("-"))
+    try:
+        whole = parse_usd(f"{value:.6f}", field=flag)
+    except InvalidAmount as error:
+        raise Refused(f"{flag}: {error}", field=flag.lstrip("-")) from None
+    gpus = max(gpus, 1)
+    return (whole + gpus // 2) // gpus
 
 
 def epoch_moment(value: Any, flag: str, current=None):

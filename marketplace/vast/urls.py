@@ -20,6 +20,8 @@ urlpatterns = [
     path("asks/<int:offer_id>/", views.Ask.as_view(), name="vast-ask"),
     path("instances/", views.InstanceList.as_view(), name="vast-instances"),
     path("instances/<int:pk>/", views.InstanceDetail.as_view(), name="vast-instance"),
+    path("instances/reboot/<int:pk>/", views.InstanceReboot.as_view(), name="vast-instance-reboot"),
+    path("instances/bid_price/<int:pk>/", views.InstanceBid.as_view(), name="vast-instance-bid"),
     path(
         "instances/request_logs/<int:pk>/", views.InstanceLogs.as_view(), name="vast-instance-logs"
     ),

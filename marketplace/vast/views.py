@@ -24,14 +24,17 @@ from billing.selectors import earnings_by_day, earnings_by_machine, team_balance
 from hosts.models import Machine
 from hosts.services import machine_set_listed, machine_set_terms, maintenance_window_add
 from marketplace import offer_query
+from marketplace.api.fields import dollars
 from marketplace.api.permissions import api_team
 from marketplace.api.rentals import MAX_PAGE, RentSerializer, search_offers
 from marketplace.models import ApiKey, Offer, SshKey
 from marketplace.selectors import instance_connection, instance_logs
+from marketplace.services.bids import rental_bid_change, winning_bid
 from marketplace.services.renter_actions import (
     instance_label,
     rental_destroy_request,
     rental_exec,
+    rental_restart,
     rental_start,
     rental_stop_request,
 )
@@ -148,15 +151,19 @@ class Ask(RenterView):
         responses={200: ANY_JSON},
     )
     def put(self, request, offer_id: int):
-        fields = shapes.rental_fields(self.body())
+        body = self.body()
+        fields = shapes.rental_fields(body)
         offer = Offer.objects.filter(machine_id=offer_id).first()
         if offer is None:
             raise Refused(f"There is no offer {offer_id}; search offers for current ids.")
+        gpus = max(offer.num_gpus, offer.min_gpus, 1)
+        if body.get("price") is not None:  # --bid_price: an interruptible rental
+            fields["bid_price"] = dollars(shapes.bid_per_gpu(body["price"], gpus, "--bid_price"))
         params = RentSerializer(
             data={
                 **fields,
                 "machine_id": offer_id,
-                "num_gpus": max(offer.num_gpus, offer.min_gpus, 1),
+                "num_gpus": gpus,
                 "duration_hours": rental_hours(offer),
             }
         )
@@ -208,6 +215,40 @@ class InstanceDetail(RenterView):
     @extend_schema(summary="vast.ai: destroy instance", responses={200: ANY_JSON})
     def delete(self, request, pk: int):
         rental_destroy_request(instance=self.instance(pk))
+        return Response({"success": True})
+
+
+class InstanceReboot(RenterView):
+    """``vastai reboot instance <id>``: the container restarts in place (same GPUs, ports and
+    files; its command runs again)."""
+
+    @extend_schema(
+        summary="vast.ai: reboot instance",
+        request={"application/json": ANY_JSON},
+        responses={200: ANY_JSON},
+    )
+    def put(self, request, pk: int):
+        rental_restart(instance=self.instance(pk))
+        return Response({"success": True})
+
+
+class InstanceBid(RenterView):
+    """``vastai change bid <id> [--price P]``: P is dollars per hour for the whole instance
+    (as vast.ai's docs say); without it, the lowest bid that wins its GPUs now."""
+
+    @extend_schema(
+        summary="vast.ai: change bid",
+        request={"application/json": ANY_JSON},
+        responses={200: ANY_JSON},
+    )
+    def put(self, request, pk: int):
+        instance = self.instance(pk)
+        price = self.body().get("price")
+        if price is None:
+            bid = winning_bid(rental=instance.rental)
+        else:
+            bid = shapes.bid_per_gpu(price, instance.rental.gpu_count, "--price")
+        rental_bid_change(rental=instance.rental, bid=bid)
         return Response({"success": True})
 
 

@@ -115,6 +115,9 @@ def machine_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "can_admin": request.membership.allows(Role.ADMIN),
         "price": machine.price_per_gpu_hour / 1_000_000,
         "storage_price": machine.storage_price_per_gb_month / 1_000_000,
+        "min_bid": ""
+        if machine.min_bid_price_per_gpu_hour is None
+        else machine.min_bid_price_per_gpu_hour / 1_000_000,
         "heartbeat_seconds": services.heartbeat_seconds(),
         "heartbeat_misses": services.heartbeat_misses_allowed(),
         "offline_bound": services.offline_bound_seconds(),
@@ -209,6 +212,7 @@ def save_terms(request: HttpRequest, machine: Machine) -> None:
         location=terms["location"],
         port_range_start=terms["port_range_start"],
         port_range_end=terms["port_range_end"],
+        min_bid_price_per_gpu_hour=terms["min_bid"],
     )
     messages.success(request, "Terms saved. They apply to new rentals.")
 

@@ -18,6 +18,7 @@ from billing.money import format_usd
 from hosts.runtime import CommandFailed, HostUnreachable
 from marketplace import offer_query, selectors
 from marketplace.forms.rentals import (
+    BidForm,
     ExecForm,
     ExtendForm,
     NewVersionForm,
@@ -27,9 +28,10 @@ from marketplace.forms.rentals import (
 )
 from marketplace.models import Offer, Role, SshKey, Volume, VolumeState
 from marketplace.selectors import instance_connection
+from marketplace.services.bids import rental_bid_change
 from marketplace.services.clocks import ENDED_STATES
 from marketplace.services.metering import rental_owed
-from marketplace.services.pricing import rental_quote
+from marketplace.services.pricing import quote_at
 from marketplace.services.rental_versions import (
     rental_commit,
     rental_new_version,
@@ -184,8 +186,13 @@ def _instance_context(request: HttpRequest, instance: Instance) -> dict[str, obj
     rental = instance.rental
     now = timezone.now()
     owed = rental_owed(rental, now)
-    held = rental_quote(
-        machine=instance.machine, gpu_count=rental.gpu_count, disk_gb=rental.disk_gb, hours=1
+    # The rental's own prices (its bid, or the machine's when it was rented), not today's.
+    held = quote_at(
+        price_per_gpu_hour=rental.price_per_gpu_hour,
+        storage_price_per_gb_month=rental.storage_price_per_gb_month,
+        gpu_count=rental.gpu_count,
+        disk_gb=rental.disk_gb,
+        hours=1,
     )
     return {
         "instance": instance,
@@ -197,6 +204,7 @@ def _instance_context(request: HttpRequest, instance: Instance) -> dict[str, obj
         "per_hour": format_usd(held.gpu),
         "storage_per_hour": format_usd(held.storage),
         "remaining": rental.ends_at - now if rental.ends_at > now else None,
+        "bid_dollars": rental.price_per_gpu_hour / 1_000_000,
         "can_act": request.membership.allows(Role.MEMBER),
         "ended": instance.state in ENDED_STATES,
         "versions": _versions_with_diff(instance),
@@ -302,6 +310,13 @@ def _extend(request: HttpRequest, instance: Instance) -> None:
     messages.success(request, f"Extended by {hours:g} hours.")
 
 
+def _bid(request: HttpRequest, instance: Instance) -> None:
+    bid = BidForm(request.POST).bid_value()
+    rental = rental_bid_change(rental=instance.rental, bid=bid)
+    where = "waiting to win its GPUs back" if rental.interrupted_at else "running"
+    messages.success(request, f"Bid changed to {format_usd(bid)}/GPU-hour from now on ({where}).")
+
+
 def _destroy(request: HttpRequest, instance: Instance) -> HttpResponse:
     rental_destroy_request(instance=instance)
     messages.info(
@@ -340,6 +355,7 @@ INSTANCE_ACTIONS: dict[str, Callable[[HttpRequest, Instance], HttpResponse | Non
     "stop": _stop,
     "start": _start,
     "extend": _extend,
+    "bid": _bid,
     "destroy": _destroy,
 }
 

@@ -36,6 +36,7 @@ from scheduler.services.errors import (
     SchedulerError,
 )
 from scheduler.services.expiry import instance_expire
+from scheduler.services.interruption import INTERRUPTIBLE_STATES, instance_interrupt
 from scheduler.services.launch import instance_launch, instance_launch_fail
 from scheduler.services.leased_work import WorkOutcome
 from scheduler.services.pause import instance_continue, instance_pause, instance_restart
@@ -57,6 +58,8 @@ from scheduler.services.versions import (
 )
 
 __all__ = [
+    "INTERRUPTIBLE_STATES",
+    "instance_interrupt",
     "JUPYTER_BOOTSTRAP",
     "JUPYTER_CONTAINER_PORT",
     "SSH_BOOTSTRAP",

@@ -182,6 +182,17 @@ class MachineRoom:
             self.free_gpu_ids[machine_id].remove(card.gpu_id)
         return SliceTaken(card.gpu_id, core_percent, memory_mb, was_whole_free)
 
+    def lend(self, machine_id: int, gpu_ids: list[int]) -> None:
+        """Count GPUs an interruption in this transaction frees as free, after the ones that
+        are: ``take`` hands them out last."""
+        self.free_gpu_ids[machine_id].extend(gpu_ids)
+
+    def withhold(self, machine_id: int, gpu_ids: list[int]) -> None:
+        """Undo a ``lend`` whose interruption did not happen after all."""
+        lent = set(gpu_ids)
+        free = self.free_gpu_ids[machine_id]
+        free[:] = [gpu_id for gpu_id in free if gpu_id not in lent]
+
     def card_memory_mb(self, gpu_id: int) -> int:
         return self._card_of[gpu_id].memory_mb
 

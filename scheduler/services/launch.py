@@ -16,9 +16,11 @@ from hosts.runtime import (
     image_repository,
 )
 from scheduler.models import GPU_HOLDING_STATES, Instance, InstanceState, PrivateRepository
+from scheduler.services.allocations import instance_holds_gpus
 from scheduler.services.container_spec import check_launch_mode, container_spec_for
 from scheduler.services.containers import existing_container, remove_quietly
 from scheduler.services.errors import LaunchInterrupted
+from scheduler.services.interruption import gpus_vacate
 from scheduler.services.leased_work import WorkOutcome, leased, waiting_for_host
 from scheduler.services.transitions import instance_report_progress, instance_transition, state_of
 
@@ -79,6 +81,7 @@ def _launch_leased(
     first_attempt = instance.attempts == 1
     host = DockerHost(instance.machine)
     try:
+        gpus_vacate(host, instance)  # GPUs taken from an interrupted rental: its container stops
         spec = container_spec_for(instance, ssh_keys=ssh_keys)
         existing = "" if first_attempt else existing_container(host, instance.container_name)
         if existing:
@@ -119,7 +122,11 @@ def _launch_leased(
         # no GPUs, so the container must not run.
         Instance.objects.filter(pk=instance_id, container_id="").update(container_id=container_id)
         current = state_of(instance_id)
-        if current not in GPU_HOLDING_STATES:
+        # Not holding GPUs any more (ended, or interrupted: another rental has them now), the
+        # container must not run.
+        if current not in GPU_HOLDING_STATES or not instance_holds_gpus(
+            Instance.objects.get(pk=instance_id)
+        ):
             remove_quietly(host, container_id, stop_only=current != InstanceState.DESTROYED)
         return WorkOutcome(instance_id, current, container_id)
     return WorkOutcome(instance_id, moved.state, container_id)

@@ -19,6 +19,7 @@ from scheduler.services.allocations import (
 )
 from scheduler.services.containers import remove_quietly
 from scheduler.services.errors import InvalidTransition
+from scheduler.services.interruption import gpus_vacate
 from scheduler.services.transitions import instance_transition
 
 # How long a start may hold a stopped instance's GPUs before it counts as dead.
@@ -43,7 +44,7 @@ def start_under_way() -> Q:
     )
 
 
-def instance_start(*, instance_id: int) -> Instance:
+def instance_start(*, instance_id: int, reason: str = "Started by the renter") -> Instance:
     """Take the GPUs back (409 if someone else has them) and start the container again.
 
     A stopped instance that has no container (stopped while it was launching) is launched
@@ -68,7 +69,9 @@ def instance_start(*, instance_id: int) -> Instance:
         from_state = instance.state
         if from_state not in (InstanceState.STOPPED, InstanceState.EXITED):
             raise InvalidTransition(f"An instance that is {from_state} cannot be started.")
-        if from_state == InstanceState.STOPPED:
+        # A stopped instance already holding its GPUs won them back (an interrupted rental
+        # that won again took them in the same transaction that made it the winner).
+        if from_state == InstanceState.STOPPED and not instance_holds_gpus(instance):
             gpu_allocation_reclaim(instance=instance)
         if not instance.container_id:
             return instance_transition(
@@ -81,6 +84,7 @@ def instance_start(*, instance_id: int) -> Instance:
             )
     host = DockerHost(instance.machine)
     try:
+        gpus_vacate(host, instance)
         host.volumes_ensure([name for name, _ in instance.volumes])
         host.start(instance.container_id)
     except (CommandFailed, HostUnreachable):
@@ -101,7 +105,7 @@ def instance_start(*, instance_id: int) -> Instance:
             return instance_transition(
                 instance_id=instance_id,
                 to_state=InstanceState.RUNNING,
-                reason="Started by the renter",
+                reason=reason,
             )
     if current.state == InstanceState.RUNNING:
         return current  # exited, and reconcile saw the container running again first

@@ -11,8 +11,16 @@
     return "$" + (micro / 1e6).toFixed(micro % 10000 === 0 ? 2 : 4);
   }
 
+  function kind() {
+    return form.querySelector("input[name=rent_kind]:checked").value;
+  }
+
   function slicing() {
-    return current && current.sharing && form.querySelector("input[name=rent_kind]:checked").value === "slice";
+    return current && current.sharing && kind() === "slice";
+  }
+
+  function bidding() {
+    return current && current.minBid !== null && kind() === "bid";
   }
 
   function updatePrice() {
@@ -20,12 +28,19 @@
     var slice = slicing();
     document.getElementById("slice-fields").hidden = !slice;
     document.getElementById("whole-gpus").hidden = slice;
+    document.getElementById("bid-fields").hidden = !bidding();
+    form.bid_price.disabled = !bidding();
     form.num_gpus.required = !slice;
     var gpus = slice ? 1 : parseInt(form.num_gpus.value, 10) || 0;
     var hours = parseFloat(form.duration_hours.value) || 0;
     var disk = parseInt(form.disk_gb.value, 10) || 0;
     var problems = [];
     var rate = current.price * gpus, units = Math.max(gpus, 1);
+    if (bidding()) {
+      var bid = Math.round((parseFloat(form.bid_price.value) || 0) * 1e6);
+      rate = bid * gpus;
+      if (bid < current.minBid) problems.push("Bid at least " + money(current.minBid) + " per GPU-hour.");
+    }
     if (slice) {
       // The server's rule: the card's rate × the larger of the compute and memory shares.
       var core = parseInt(form.core_percent.value, 10) || 0;
@@ -58,8 +73,15 @@
       end: button.dataset.end, sharing: button.dataset.sharing === "1",
       sliceCore: +button.dataset.sliceCore || 0, sliceMemory: +button.dataset.sliceMemory || 0,
       minSlice: +button.dataset.minSlice || 1, cardMemory: +button.dataset.cardMemoryMb || 1,
+      minBid: button.dataset.minBid ? +button.dataset.minBid : null,
     };
-    document.getElementById("rent-kind").hidden = !current.sharing;
+    document.getElementById("rent-kind").hidden = !current.sharing && current.minBid === null;
+    document.getElementById("rent-kind-slice").hidden = !current.sharing;
+    document.getElementById("rent-kind-bid").hidden = current.minBid === null;
+    if (current.minBid !== null) {
+      document.getElementById("rent-min-bid").textContent = money(current.minBid);
+      form.bid_price.value = (current.minBid / 1e6).toString();
+    }
     form.querySelector("input[name=rent_kind][value=whole]").checked = current.free > 0 || !current.sharing;
     form.querySelector("input[name=rent_kind][value=slice]").checked = current.free === 0 && current.sharing;
     form.action = "/offers/" + current.machine + "/rent/";

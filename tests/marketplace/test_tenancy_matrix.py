@@ -573,6 +573,7 @@ MATRIX: dict[str, list[Check]] = {
         Obj(inst("stop/"), "post"),
         Obj(inst("start/"), "post"),
         Obj(inst("extend/"), "post", {"hours": "5"}),
+        Obj(inst("bid/"), "post", {"bid_price": "0.01"}),
         Obj(inst("pause/"), "post"),
         Obj(inst("continue/"), "post"),
         Obj(inst("restart/"), "post"),
@@ -707,6 +708,7 @@ MATRIX: dict[str, list[Check]] = {
     "api-instance-restart": [Obj(api_inst("restart/"), "post")],
     "api-instance-extend": [Obj(api_inst("extend/"), "post", {"hours": 5})],
     "api-instance-label": [Obj(api_inst("label/"), "post", {"label": "theirs now"})],
+    "api-instance-bid": [Obj(api_inst("bid/"), "put", {"bid_price": "0.01"})],
     "api-instance-logs": [Obj(api_inst("logs/"))],
     "api-instance-exec-command": [Obj(api_inst("exec/"), "post", {"command": "id"})],
     "api-sshkey-list": [
@@ -802,6 +804,10 @@ MATRIX: dict[str, list[Check]] = {
     ],
     "vast-instance-logs": [
         Obj(lambda w: f"/api/v0/instances/request_logs/{w.instance.pk}/", "put")
+    ],
+    "vast-instance-reboot": [Obj(lambda w: f"/api/v0/instances/reboot/{w.instance.pk}/", "put")],
+    "vast-instance-bid": [
+        Obj(lambda w: f"/api/v0/instances/bid_price/{w.instance.pk}/", "put", {"price": 0.01})
     ],
     "vast-instance-command": [
         Obj(

@@ -25,7 +25,7 @@ from marketplace.models import ApiKey, Membership, Role, SshKey
 from marketplace.services.accounts import api_key_create
 from scheduler.models import Instance, InstanceState, LaunchMode
 from tests.factories import TeamFactory, UserFactory, add_member
-from tests.marketplace.conftest import fund, machine_for
+from tests.marketplace.conftest import docker_inspect, fund, machine_for
 from tests.vast.cli import CLI_VERSION, ROOT, VastCli, ensure_cli
 
 pytestmark = [pytest.mark.system, pytest.mark.django_db(transaction=True)]
@@ -130,6 +130,7 @@ def test_the_vastai_cli_drives_the_marketplace(
         instance_id = create(cli, table, main)
         instance_life(cli, table, instance_id, funded_team)
         launch_modes(cli, table, spare)
+        interruptible(cli, table, spare, main, key_for(provider_team))
         ssh_keys(cli, table, funded_team)
         invoices(cli, table)
         hosting(cli, table, main, spare, key_for(provider_team))
@@ -172,7 +173,6 @@ def market(cli, table, machine) -> None:
         "Failed with error 400" in bad.stderr and "unknown field 'gpu_nmae'" in bad.stderr,
         bad.output,
     )
-    table.refused("search offers --type bid", cli("search", "offers", "--type", "bid"), "on-demand")
 
 
 def create(cli, table, machine) -> int:
@@ -251,10 +251,18 @@ def instance_life(cli, table, instance_id: int, team) -> None:
         and wait_for_state(instance_id, InstanceState.RUNNING) == InstanceState.RUNNING,
         started.output,
     )
-    table.refused(
+    instance = Instance.objects.get(pk=instance_id)
+    started_at = docker_inspect(instance.container_id)["State"]["StartedAt"]
+    rebooted = cli("reboot", "instance", str(instance_id))
+    after = docker_inspect(instance.container_id)["State"]
+    table.works(
         "reboot instance <id>",
-        cli("reboot", "instance", str(instance_id)),
-        "does not offer PUT /api/v0/instances/reboot/",
+        "the container restarts in place (same GPUs, ports and files; its command runs again)",
+        f"Rebooting instance {instance_id}" in rebooted.stdout
+        and after["Running"]
+        and after["StartedAt"] != started_at
+        and Instance.objects.get(pk=instance_id).state == InstanceState.RUNNING,
+        rebooted.output,
     )
     labelled = cli("label", "instance", str(instance_id), "trainer #2; $(id)")
     raw = cli("show", "instance", str(instance_id), raw=True)
@@ -309,6 +317,88 @@ def launch_modes(cli, table, machine) -> None:
         "--onstart-cmd", "echo hi",
     )  # fmt: skip
     table.refused("create instance --jupyter|--ssh --onstart-cmd …", jupyter, "--onstart-cmd")
+
+
+def interruptible(cli, table, machine, on_demand_machine, provider_key: str) -> None:
+    """The bid market through the CLI: the provider sets a minimum bid, a renter bids, an
+    on-demand renter interrupts it, the bid is raised, and it runs again when the GPU is free."""
+    listed = cli(
+        "list", "machine", str(machine.pk), "-g", "0.5", "-s", "0.1", "-b", "0.2",
+        key=provider_key,
+    )  # fmt: skip
+    machine.refresh_from_db()
+    table.works(
+        "list machine <id> … -b <min bid>",
+        "sets the machine's minimum bid per GPU-hour (without -b a machine takes no bids)",
+        f"offers created/updated for machine {machine.pk}" in listed.stdout
+        and machine.min_bid_price_per_gpu_hour == 200_000,
+        listed.output,
+    )
+    raw = cli("search", "offers", "num_gpus>=1", "--type", "bid", raw=True)
+    offers = json.loads(raw.stdout) if raw.returncode == 0 and raw.stdout.strip() else []
+    by_id = {offer["id"]: offer for offer in offers}
+    table_run = cli("search", "offers", "num_gpus>=1", "--type", "bid")
+    table.works(
+        "search offers '<query>' --type bid",
+        "lists only machines that take bids, each with min_bid: the lowest bid for the whole "
+        "offer per hour (the machine's floor, or above the highest running bid)",
+        machine.pk in by_id
+        and by_id[machine.pk]["min_bid"] == 0.2
+        and on_demand_machine.pk not in by_id
+        and has_row(table_run.stdout, str(machine.pk)),
+        raw.output + table_run.output,
+    )
+    bid = cli(
+        "create", "instance", str(machine.pk), "--image", "gpumkt/busybox:latest",
+        "--bid_price", "0.3", "--onstart-cmd", "sh", "--args", "-c", "exec sleep 600",
+    )  # fmt: skip
+    found = re.search(r"'new_contract': (\d+)", bid.stdout)
+    instance = Instance.objects.filter(pk=int(found.group(1))).first() if found else None
+    table.works(
+        "create instance <offer> --image … --bid_price <dollars per hour>",
+        "rents interruptibly at that bid (for the whole instance, per hour, as vast.ai's docs "
+        "say; kept per GPU here): the rental is charged its bid while it runs",
+        instance is not None
+        and instance.rental.interruptible
+        and instance.rental.price_per_gpu_hour == 300_000
+        and wait_for_state(instance.pk, InstanceState.RUNNING) == InstanceState.RUNNING,
+        bid.output,
+    )
+    if instance is None:
+        return
+    rival = TeamFactory(name="Rival Co")
+    add_member(rival, UserFactory(username="rival"), Role.OWNER)
+    fund(rival)
+    rival_key = key_for(rival)
+    taken = cli(
+        "create", "instance", str(machine.pk), "--image", "gpumkt/busybox:latest",
+        "--onstart-cmd", "sh", "--args", "-c", "exec sleep 600", key=rival_key,
+    )  # fmt: skip
+    found = re.search(r"'new_contract': (\d+)", taken.stdout)
+    rival_id = int(found.group(1)) if found else 0
+    interrupted = (
+        rival_id
+        and wait_for_state(rival_id, InstanceState.RUNNING) == InstanceState.RUNNING
+        and wait_for_state(instance.pk, InstanceState.STOPPED) == InstanceState.STOPPED
+    )
+    shown = cli("show", "instance", str(instance.pk), raw=True)
+    changed = cli("change", "bid", str(instance.pk), "--price", "0.4")
+    instance.rental.refresh_from_db()
+    raised = "bid price changed" in changed.stdout and instance.rental.price_per_gpu_hour == 400_000
+    cli("destroy", "instance", str(rival_id), "-y", key=rival_key)
+    table.works(
+        "change bid <id> --price <dollars per hour>",
+        "an on-demand rental interrupts the bid (it stops, data kept; show instance says so); "
+        "the raised bid is charged from then on, and the instance runs again on its GPU once "
+        "the on-demand rental ends",
+        bool(interrupted)
+        and "Interrupted" in shown.stdout
+        and raised
+        and wait_for_state(instance.pk, InstanceState.RUNNING) == InstanceState.RUNNING,
+        taken.output + shown.output + changed.output,
+    )
+    cli("destroy", "instance", str(instance.pk), "-y")
+    wait_for_state(instance.pk, InstanceState.DESTROYED)
 
 
 def ssh_keys(cli, table, team) -> None:

@@ -95,13 +95,40 @@ def test_a_bad_query_answers_a_readable_msg(funded_team, machine):
     assert body["error"]["code"] == "validation_error"
 
 
-def test_bid_and_reserved_searches_are_refused_not_answered_with_on_demand_offers(funded_team):
-    for kind in ("bid", "reserved"):
-        response = renter(funded_team).post(
-            "/api/v0/bundles/", {**SEARCH, "type": kind}, format="json"
-        )
-        assert response.status_code == 400
-        assert "on-demand" in response.json()["msg"]
+def test_a_reserved_search_is_refused_not_answered_with_on_demand_offers(funded_team):
+    response = renter(funded_team).post(
+        "/api/v0/bundles/", {**SEARCH, "type": "reserved"}, format="json"
+    )
+    assert response.status_code == 400
+    assert "on-demand or interruptible" in response.json()["msg"]
+
+
+def test_a_bid_search_lists_machines_that_take_bids_with_the_whole_offers_min_bid(
+    funded_team, machine, sim_host_factory, provider_team
+):
+    from tests.marketplace.conftest import machine_for
+
+    biddable = machine_for(
+        sim_host_factory(gpus=2), provider_team, min_bid_price_per_gpu_hour=150_000
+    )
+    response = renter(funded_team).post(
+        "/api/v0/bundles/", {**SEARCH, "type": "bid"}, format="json"
+    )
+    assert response.status_code == 200, response.content
+    offers = {offer["id"]: offer for offer in response.json()["offers"]}
+    assert biddable.pk in offers and machine.pk not in offers
+    # vast.ai's units: dollars per hour for the offer's GPUs together (2 × $0.15).
+    assert offers[biddable.pk]["min_bid"] == 0.3 and offers[biddable.pk]["is_bid"] is True
+
+
+def test_a_bid_rents_interruptibly_at_the_bid_split_over_the_offers_gpus(funded_team, machine):
+    machine.min_bid_price_per_gpu_hour = 100_000
+    machine.save(update_fields=["min_bid_price_per_gpu_hour"])
+    response = rent(renter(funded_team), machine, price=1.0)  # the CLI's --bid_price 1.0
+    assert response.status_code == 200, response.content
+    rental = Rental.objects.get(instance_id=response.json()["new_contract"])
+    assert rental.interruptible and rental.gpu_count == 4
+    assert rental.price_per_gpu_hour == 250_000  # $1.00 an hour for 4 GPUs
 
 
 def test_create_rents_the_offer_with_image_disk_env_ports_and_args(funded_team, machine):
@@ -134,7 +161,7 @@ def test_shell_metacharacters_in_args_and_env_are_kept_as_data(funded_team, mach
     ("changes", "words"),
     [
         ({"label": "two\nlines"}, "Printable characters only"),
-        ({"price": 0.1}, "--bid_price is not supported"),
+        ({"price": 0.1}, "This machine takes no bids"),
         ({"image_login": "-u bob -p x docker.io"}, "--login is not supported"),
         ({"env": {"-h": "billybob"}}, "'-h' is not supported"),
         ({"env": {"-p 53:53/udp": "1"}}, "only TCP"),
@@ -234,9 +261,9 @@ def test_ssh_keys_are_the_teams(funded_team):
 
 
 def test_a_command_we_do_not_offer_says_so(funded_team):
-    response = renter(funded_team).put("/api/v0/instances/reboot/1/", {}, format="json")
+    response = renter(funded_team).put("/api/v0/instances/recycle/1/", {}, format="json")
     assert response.status_code == 404
-    assert "does not offer PUT /api/v0/instances/reboot/1/" in response.json()["msg"]
+    assert "does not offer PUT /api/v0/instances/recycle/1/" in response.json()["msg"]
 
 
 def test_no_key_answers_401_with_a_msg(client):
@@ -285,7 +312,8 @@ def test_list_machine_sets_the_terms_and_lists(provider_team, machine):
 @pytest.mark.parametrize(
     ("changes", "words"),
     [
-        ({"price_min_bid": 0.1}, "-b/--price_min_bid is not supported"),
+        ({"price_min_bid": 0}, "min_bid_price_per_gpu_hour: Between $0.000001"),
+        ({"price_min_bid": -0.5}, "--price_min_bid: The amount must not be negative."),
         ({"price_gpu": -1}, "--price_gpu: The amount must not be negative."),
         ({"price_gpu": "lots"}, "--price_gpu: a price in dollars"),
         ({"min_chunk": 9}, "min_gpus: Between 1 and the machine's 4 GPU(s)."),
