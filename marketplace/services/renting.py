@@ -9,7 +9,6 @@ the same path (``rentals_create``), so they cannot drift apart.
 
 from __future__ import annotations
 
-import math
 import secrets
 from collections import defaultdict
 from dataclasses import dataclass
@@ -31,7 +30,6 @@ from marketplace.models.rentals import rental_reference
 from marketplace.services.bids import (
     ON_DEMAND_REASON,
     Bidder,
-    bid_check,
     bidders_to_interrupt,
     outbid_reason,
     rentals_interrupt,
@@ -46,14 +44,15 @@ from marketplace.services.pricing import (
     slice_rate,
 )
 from marketplace.services.registries import registry_check, registry_login_seal
+from marketplace.services.rental_terms import MAX_RENTAL_HOURS as MAX_RENTAL_HOURS
+from marketplace.services.rental_terms import MIN_RENTAL_HOURS as MIN_RENTAL_HOURS
+from marketplace.services.rental_terms import RentalRequest as RentalRequest
+from marketplace.services.rental_terms import container_ports, request_check, terms_check
 from marketplace.services.rental_versions import committed_image_check
-from marketplace.services.volumes import MountRequest, mounts_check, mounts_lock_ready, mounts_write
-from marketplace.validation import label_check, validate_launch
+from marketplace.services.volumes import mounts_check, mounts_lock_ready, mounts_write
 from scheduler.models import Instance, InstanceEvent, InstanceState, LaunchMode
-from scheduler.placement import BINPACK, CARD_POLICIES, SliceSize, slice_fraction
+from scheduler.placement import slice_fraction
 from scheduler.services import (
-    JUPYTER_CONTAINER_PORT,
-    SSH_CONTAINER_PORT,
     MachineRoom,
     NoCapacity,
     allocations_write,
@@ -61,38 +60,10 @@ from scheduler.services import (
 from scheduler.services.allocations import SliceTaken
 from scheduler.work import work_enqueue_on_commit
 
-MAX_RENTAL_HOURS = 24 * 365
-MIN_RENTAL_HOURS = 0.01  # 36 seconds: less would hold nothing
-
 
 class OfferUnavailable(Exception):
     http_status = 409
     error_code = "offer_unavailable"
-
-
-@dataclass(frozen=True)
-class RentalRequest:
-    machine_id: int
-    gpu_count: int
-    image: str
-    hours: float
-    disk_gb: int = 10
-    launch_mode: str = LaunchMode.ENTRYPOINT
-    env: dict[str, str] | None = None
-    ports: list[int] | None = None
-    entrypoint: str = ""
-    args: list[str] | None = None
-    registry_username: str = ""
-    registry_password: str = ""
-    label: str = ""
-    # A slice of one card instead of whole GPUs (gpu_count is then 1), placed on the card
-    # ``card_policy`` picks: binpack the fullest that fits, spread the emptiest.
-    gpu_slice: SliceSize | None = None
-    card_policy: str = BINPACK
-    volumes: tuple[MountRequest, ...] = ()
-    # An interruptible rental at this bid per GPU-hour (micro-dollars) instead of the
-    # machine's price; None: on demand.
-    bid: int | None = None
 
 
 def rental_create(*, team: Team, request: RentalRequest) -> Rental:
@@ -242,7 +213,7 @@ def _check_orders(orders: list[RentalOrder], outcomes: list) -> dict[int, dict[s
         )  # fmt: skip
         if key not in checked:
             try:
-                _validate_request(request)
+                request_check(request)
                 registry_check(image=request.image, allow_private=key[-1])
                 checked[key] = None
             except ValidationError as error:
@@ -315,7 +286,7 @@ def _accept(
     if machine is None or not machine.listed or machine.status != MachineStatus.ONLINE:
         raise OfferUnavailable("This machine is not offered for rent right now.")
     machine.present_gpu_count = room.present[machine.pk]
-    ends_at = _validate_terms(
+    ends_at = terms_check(
         machine=machine,
         request=request,
         now=now,
@@ -329,7 +300,7 @@ def _accept(
     if short > 0 and (request.bid is not None or bidders.on(machine.pk)):
         interrupts = bidders.take(machine.pk, short, request.bid, room)
     try:
-        gpu_ids, ports = room.take(machine.pk, request.gpu_count, _container_ports(request))
+        gpu_ids, ports = room.take(machine.pk, request.gpu_count, container_ports(request))
     except NoCapacity:
         bidders.spare(machine.pk, interrupts, room)
         raise
@@ -367,7 +338,7 @@ def _accept_slice(
             raise ValidationError(
                 {"disk_gb": f"Choose between 1 and {max_disk} GB for this slice of a card."}
             )
-        _, ports = room.take(machine.pk, 0, _container_ports(request))
+        _, ports = room.take(machine.pk, 0, container_ports(request))
     except (ValidationError, NoCapacity):
         room.give_back(machine.pk, [], [], slice_)
         raise
@@ -503,108 +474,6 @@ def _instance_for(accepted: _Accepted, credential: dict[str, str], now: datetime
         work_due_at=now,
         label=request.label,
     )
-
-
-def _validate_request(request: RentalRequest) -> None:
-    """What the renter asks to run, checked here whoever calls (API, console, a script), so
-    nothing invalid is ever allocated, held or stored (hosts.runtime checks the final spec
-    again before any command is built)."""
-    label_check(request.label)
-    if request.launch_mode not in LaunchMode.values:
-        raise ValidationError({"launch_mode": f"Choose one of {', '.join(LaunchMode.values)}."})
-    validate_launch(
-        image=request.image,
-        env=dict(request.env or {}),
-        ports=list(request.ports or []),
-        entrypoint=request.entrypoint,
-        args=list(request.args or []),
-    )
-
-
-def _validate_terms(
-    *,
-    machine: Machine,
-    request: RentalRequest,
-    now: datetime,
-    windows: list,
-    largest_card_memory_mb: int,
-) -> datetime:
-    """The rental's end, or ValidationError naming each term it breaks. ``windows`` are the
-    machine's maintenance windows (start, end) that end after ``now``."""
-    errors: dict[str, str] = {}
-    present = machine.gpu_count
-    if request.bid is not None:
-        try:
-            bid_check(machine, request.bid)
-        except ValidationError as error:
-            errors.update({k: v[0] for k, v in error.message_dict.items()})
-        if request.gpu_slice is not None:
-            errors["bid_price"] = "Interruptible rentals take whole GPUs; rent a slice on demand."
-    if request.gpu_slice is not None:
-        errors.update(_slice_errors(machine, request, largest_card_memory_mb))
-    elif request.gpu_count < max(machine.min_gpus, 1):
-        errors["num_gpus"] = f"This machine rents at least {machine.min_gpus} GPU(s) at a time."
-    elif request.gpu_count > present:
-        errors["num_gpus"] = f"This machine has {present} GPU(s)."
-    # NaN fails every comparison, so it is refused by name before it reaches a timedelta.
-    hours_ok = (
-        math.isfinite(request.hours) and MIN_RENTAL_HOURS <= request.hours <= MAX_RENTAL_HOURS
-    )
-    if not hours_ok:
-        errors["duration_hours"] = (
-            f"Rent for at least {MIN_RENTAL_HOURS} and at most {MAX_RENTAL_HOURS} hours."
-        )
-    ends_at = now + timedelta(hours=request.hours if hours_ok else MIN_RENTAL_HOURS)
-    if "duration_hours" not in errors and machine.end_date and ends_at > machine.end_date:
-        errors["duration_hours"] = (
-            f"The machine is offered until {machine.end_date:%Y-%m-%d %H:%M} UTC; "
-            "choose a shorter duration."
-        )
-    if "duration_hours" not in errors and any(
-        starts_at < ends_at and window_end > now for starts_at, window_end in windows
-    ):
-        errors["duration_hours"] = "The rental would overlap a maintenance window of this machine."
-    max_disk = int(machine.unit_disk_gb * max(request.gpu_count, 1))
-    if request.gpu_slice is not None:
-        if request.disk_gb < 1:  # its most is its fraction of a unit, checked on its card
-            errors["disk_gb"] = "Choose at least 1 GB."
-    elif not (1 <= request.disk_gb <= max(max_disk, 1)):
-        errors["disk_gb"] = f"Choose between 1 and {max_disk} GB for {request.gpu_count} GPU(s)."
-    if errors:
-        raise ValidationError(errors)
-    return ends_at
-
-
-def _slice_errors(machine: Machine, request: RentalRequest, largest: int) -> dict[str, str]:
-    """What refuses a slice on this machine whatever its cards hold now (400s; a card too full
-    now is a 409 from ``MachineRoom.take_slice``)."""
-    size = request.gpu_slice
-    if not machine.sharing_enabled:
-        return {
-            "gpu_share": "This machine does not share its GPUs; rent whole GPUs (num_gpus) "
-            "or choose an offer with gpu_frac."
-        }
-    if request.gpu_count != 1:
-        return {"num_gpus": "A slice is part of one GPU: leave num_gpus out or set it to 1."}
-    if request.card_policy not in CARD_POLICIES:
-        return {"card_policy": f"Choose one of {', '.join(CARD_POLICIES)}."}
-    low = machine.sharing_min_core_percent
-    if not (low <= size.core_percent <= 100):
-        return {"gpu_share": f"core_percent: this machine shares from {low} to 100 percent."}
-    if not (1 <= size.memory_mb <= largest):
-        return {
-            "gpu_share": f"memory_mb: this machine's cards have {largest} MB; ask for 1 to {largest}."
-        }
-    return {}
-
-
-def _container_ports(request: RentalRequest) -> list[int]:
-    ports = list(dict.fromkeys(request.ports or []))
-    if request.launch_mode == LaunchMode.SSH and SSH_CONTAINER_PORT not in ports:
-        ports.insert(0, SSH_CONTAINER_PORT)
-    if request.launch_mode == LaunchMode.JUPYTER and JUPYTER_CONTAINER_PORT not in ports:
-        ports.insert(0, JUPYTER_CONTAINER_PORT)
-    return ports
 
 
 def rental_extend(*, rental: Rental, hours: float) -> Rental:
