@@ -248,9 +248,13 @@ def _win_back(machine: Machine, rental: Rental, now: datetime) -> bool:
         for holder in losers
     ):
         return False
-    rentals_interrupt(sorted(losers), reason=outbid_reason(rental.price_per_gpu_hour), now=now)
     try:
-        gpu_allocation_reclaim(instance=rental.instance)
+        # One savepoint: if the GPUs cannot be taken after all (one went missing), nobody was
+        # interrupted for it.
+        with transaction.atomic():
+            reason = outbid_reason(rental.price_per_gpu_hour)
+            rentals_interrupt(sorted(losers), reason=reason, now=now)
+            gpu_allocation_reclaim(instance=rental.instance)
     except NoCapacity:
         logger.warning("interrupted rental %s could not take its GPUs back", rental.pk)
         return False
