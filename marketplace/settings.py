@@ -245,6 +245,10 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 6 * 60 * 60, "socket_co
 # After Redis went away a worker tries again every BROKER_RETRY_MAX_SECONDS at most (Celery's
 # own backoff grows to 30 s, so a worker could idle 30 s after Redis is back) and never gives
 # up (Celery's 100 tries would end it in a long outage): marketplace/broker_reconnect.py.
+# BROKER_KEY_PREFIX puts every broker key under a prefix, so installations (or concurrent test
+# runs, tests/environment.py) can share one Redis database without sharing a queue.
+if os.environ.get("BROKER_KEY_PREFIX"):
+    CELERY_BROKER_TRANSPORT_OPTIONS["global_keyprefix"] = os.environ["BROKER_KEY_PREFIX"]
 CELERY_WORKER_CONSUMER = "marketplace.broker_reconnect:BrokerConsumer"
 CELERY_BROKER_CONNECTION_MAX_RETRIES = None
 BROKER_RETRY_MAX_SECONDS = 2
