@@ -134,6 +134,10 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql" and env_boo
     # Each process has its own pool, made at its first query (so a Celery child that forks
     # before any query never shares a parent's). DB_POOL=0 behind an external pooler.
     DATABASES["default"]["CONN_MAX_AGE"] = 0
+    # The pool checks a connection (one empty query) before handing it out. Without it, after
+    # PostgreSQL restarts every pooled connection is dead, and each process fails one request
+    # or task per connection it kept (the first metering sweep after an outage among them).
+    DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
     DATABASES["default"]["OPTIONS"] = {
         "pool": {
             "min_size": int(os.environ.get("DB_POOL_MIN", "1")),
@@ -235,7 +239,19 @@ CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 # Redis re-delivers an unacked message after the visibility timeout; it must be longer than
 # any countdown/eta we schedule, or a delayed task would run twice.
-CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 6 * 60 * 60}
+# A connection attempt to an unreachable Redis gives up after 5 s instead of the kernel's
+# minutes of SYN retries, so the reconnect loop below keeps its pace.
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 6 * 60 * 60, "socket_connect_timeout": 5}
+# After Redis went away a worker tries again every BROKER_RETRY_MAX_SECONDS at most (Celery's
+# own backoff grows to 30 s, so a worker could idle 30 s after Redis is back) and never gives
+# up (Celery's 100 tries would end it in a long outage): marketplace/broker_reconnect.py.
+# BROKER_KEY_PREFIX puts every broker key under a prefix, so installations (or concurrent test
+# runs, tests/environment.py) can share one Redis database without sharing a queue.
+if os.environ.get("BROKER_KEY_PREFIX"):
+    CELERY_BROKER_TRANSPORT_OPTIONS["global_keyprefix"] = os.environ["BROKER_KEY_PREFIX"]
+CELERY_WORKER_CONSUMER = "marketplace.broker_reconnect:BrokerConsumer"
+CELERY_BROKER_CONNECTION_MAX_RETRIES = None
+BROKER_RETRY_MAX_SECONDS = 2
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
 CELERY_TASK_EAGER_PROPAGATES = True
 # Each room keeps its periodic tasks in <room>/schedule.py (plain data, safe to import here).

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -35,6 +37,60 @@ def django_db_setup(django_db_setup, django_db_blocker):
         for connection in connections.all():
             if hasattr(connection, "close_pool"):
                 connection.close_pool()
+
+
+# Sessions on the test database that are running a statement or hold a transaction open:
+# the flush's TRUNCATE would wait for their locks, or deadlock with them.
+BUSY_SESSIONS = """
+    SELECT pid, application_name, state, left(query, 200) FROM pg_stat_activity
+    WHERE datname = current_database() AND pid <> pg_backend_pid()
+      AND backend_type = 'client backend' AND state <> 'idle'
+"""
+
+
+def _transactional(request) -> bool:
+    marker = request.node.get_closest_marker("django_db")
+    if marker is not None and (marker.kwargs.get("transaction") or marker.args[:1] == (True,)):
+        return True
+    return bool({"transactional_db", "live_server"} & set(request.fixturenames))
+
+
+@pytest.fixture(autouse=True)
+def database_quiet_before_flush(request):
+    """A transactional test's database is flushed (TRUNCATE of every table) after the test.
+    Other processes and threads on it (the browser tests' live server and worker, a live
+    server thread, a socket consumer) may still be finishing a query then; the flush waits
+    here until none is, and ends a session still busy after 30 s (a stuck one) so the flush
+    neither deadlocks nor hangs. Idle sessions hold no locks and stay."""
+    if not _transactional(request):
+        yield
+        return
+    # Already set up by the marker; asked for here so this teardown runs before the flush.
+    request.getfixturevalue("transactional_db")
+    yield
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        return
+    logger = logging.getLogger(__name__)
+    started = time.monotonic()
+    first = None
+    with connection.cursor() as cursor:
+        while True:
+            cursor.execute(BUSY_SESSIONS)
+            busy = cursor.fetchall()
+            first = first or busy
+            if not busy:
+                if first:
+                    waited = time.monotonic() - started
+                    logger.info("waited %.2f s for sessions busy after the test: %s", waited, first)
+                return
+            if time.monotonic() - started > 30:
+                break
+            time.sleep(0.05)
+        logger.warning("ending sessions busy 30 s after the test: %s", busy)
+        for pid, *_ in busy:
+            cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
 
 
 @pytest.fixture

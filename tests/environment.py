@@ -23,6 +23,9 @@ redis_base = os.environ.get("REDIS_URL", "redis://127.0.0.1:6391/0").rsplit("/",
 os.environ["REDIS_URL"] = f"{redis_base}/{(namespace * 4 + worker_index) % 16}"
 os.environ["CHANNEL_PREFIX"] = f"gpumkt-test-{tag}"
 os.environ["CACHE_KEY_PREFIX"] = f"gpumkt-test-{tag}"
+# Namespaces share Redis's 16 databases (namespace 4's gw0 is namespace 0's gw0): the broker's
+# keys are prefixed too, so no run consumes or purges another's tasks.
+os.environ["BROKER_KEY_PREFIX"] = f"gpumkt-test-{tag}:"
 os.environ.setdefault("CELERY_TASK_ALWAYS_EAGER", "1")
 # Set, not defaulted: xdist workers inherit the controller's environment, so a default set
 # there (tagged gw0) would make every worker share one folder and one platform key file.

@@ -131,9 +131,10 @@ def queue_lengths() -> Metric:
     try:
         pipe = client.pipeline(transaction=False)
         names = celery_queue_names()
+        prefix = settings.CELERY_BROKER_TRANSPORT_OPTIONS.get("global_keyprefix", "")
         for name in names:
             for suffix in PRIORITY_SUFFIXES:
-                pipe.llen(name + suffix)
+                pipe.llen(prefix + name + suffix)
         lengths = pipe.execute()
     finally:
         client.close()

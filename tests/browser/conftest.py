@@ -47,6 +47,7 @@ def live_server_url(django_db_setup, django_db_blocker):
         "DATABASE_URL": f"{base}/{database}",
         "ALLOWED_HOSTS": "127.0.0.1,localhost",
         "CELERY_TASK_ALWAYS_EAGER": "0",
+        "PGAPPNAME": "test-live-server",  # names its sessions in pg_stat_activity
     }
     log = open(_log_dir() / f"uvicorn-{port}.log", "wb")  # noqa: SIM115
     server = subprocess.Popen(
@@ -103,23 +104,41 @@ def page(browser):
     context.close()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def celery_worker(live_server_url, django_db_blocker):
-    """A real Celery worker on the test database and this worker's Redis."""
+    """A real Celery worker on the test database and this worker's Redis, for one test.
+
+    It ends with the test, before the database is flushed: a worker kept for the session went
+    on running the last test's tasks (a stop's rentals being destroyed over SSH) while the
+    flush's TRUNCATE took its locks, and the two deadlocked. Its warm shutdown lets the tasks
+    it runs finish; what is still queued (a retry's countdown) is purged, so nothing of this
+    test runs in the next. ``tests/conftest.py`` then waits for the database to be quiet."""
     with django_db_blocker.unblock():
         database = connection.settings_dict["NAME"]
     base = os.environ["DATABASE_URL"].rsplit("/", 1)[0]
-    env = {**os.environ, "DATABASE_URL": f"{base}/{database}", "CELERY_TASK_ALWAYS_EAGER": "0"}
-    log = open(_log_dir() / "celery-worker.log", "wb")  # noqa: SIM115
+    env = {
+        **os.environ,
+        "DATABASE_URL": f"{base}/{database}",
+        "CELERY_TASK_ALWAYS_EAGER": "0",
+        "PGAPPNAME": "test-celery-worker",  # names its sessions in pg_stat_activity
+    }
+    log = open(_log_dir() / "celery-worker.log", "ab")  # noqa: SIM115
     worker = subprocess.Popen(
         [sys.executable, "-m", "celery", "-A", "marketplace", "worker", "--pool", "threads",
          "--concurrency", "4", "--loglevel", "info", "--without-mingle", "--without-gossip"],
         cwd=ROOT, env=env, stdout=log, stderr=log,
     )  # fmt: skip
     yield worker
-    worker.terminate()
-    worker.wait(timeout=15)
+    worker.terminate()  # warm shutdown: running tasks finish, unstarted ones go back to Redis
+    try:
+        worker.wait(timeout=90)
+    except subprocess.TimeoutExpired:
+        worker.kill()
+        worker.wait(timeout=10)
     log.close()
+    from marketplace.celery import app
+
+    app.control.purge()
 
 
 # The renting fixtures (provider team, container clean-up) are shared with the marketplace tests.
