@@ -7,6 +7,7 @@ from django.dispatch import receiver
 from marketplace.events import publish_instance_event
 from marketplace.services.clocks import rental_follow_instance
 from marketplace.services.offers import offer_refresh
+from marketplace.services.rental_versions import rental_follow_version
 from scheduler.signals import instance_progress, instance_state_changed
 
 
@@ -14,6 +15,9 @@ from scheduler.signals import instance_progress, instance_state_changed
 def on_instance_state_changed(
     sender, *, instance_id, team_id, machine_id, from_state, to_state, reason, **kwargs
 ):
+    if to_state == "running":
+        # A failed version may have given way to the one before it (its GPUs, its volumes).
+        rental_follow_version(instance_id=instance_id)
     rental_follow_instance(instance_id=instance_id)
     # Also on a same-state event: it may be GPUs released once a container was seen stopped.
     offer_refresh(machine_id=machine_id)

@@ -100,7 +100,8 @@ def rental_new_version(*, instance: Instance, changes: dict, by: str, reason: st
     _check_spec(instance, spec)
     _within_period(instance)
     changed = sorted(name for name in spec if spec[name] != current[name])
-    reason = reason or f"Version {instance.version + 1}: changed {', '.join(changed)}"
+    number = scheduler.next_version_number(instance)
+    reason = reason or f"Version {number}: changed {', '.join(changed)}"
     gpus = spec["gpu_count"]
     if gpus != instance.gpu_count:
         _check_gpu_count(instance, gpus)
@@ -108,7 +109,7 @@ def rental_new_version(*, instance: Instance, changes: dict, by: str, reason: st
     try:
         with transaction.atomic():
             if gpus != instance.gpu_count:
-                _gpus_follow(instance, gpus)
+                _gpus_follow(instance, gpus, number)
             if mounts is not None:
                 _mounts_follow(instance, mounts)
             moved = scheduler.instance_version_begin(
@@ -187,7 +188,7 @@ def _check_gpu_count(instance: Instance, gpus: int) -> None:
         )
 
 
-def _gpus_follow(instance: Instance, gpus: int) -> None:
+def _gpus_follow(instance: Instance, gpus: int, number: int) -> None:
     """Under the machine's and the rental's locks: take the extra GPUs (409 naming what is
     missing) or give the highest back; bank the GPU-seconds used at the old count; hold the
     extra GPUs' price for the rest of the period (402 when short)."""
@@ -205,19 +206,54 @@ def _gpus_follow(instance: Instance, gpus: int) -> None:
             holds.hold_extend(
                 hold_id=rental.hold_id,
                 amount=amount,
-                idempotency_key=f"rental:{instance.uuid}:gpus:v{instance.version + 1}",
+                idempotency_key=f"rental:{instance.uuid}:gpus:v{number}",
             )
     else:
         held = GpuAllocation.objects.filter(instance=instance, released_at=None)
         give_back = list(held.order_by("-gpu__index").values_list("pk", flat=True)[:-extra])
         GpuAllocation.objects.filter(pk__in=give_back).update(released_at=now)
+    _bank_gpu_count(rental, gpus, now)
+    transaction.on_commit(lambda: offer_refresh(machine_id=machine.pk))
+
+
+def _bank_gpu_count(rental: Rental, gpus: int, now) -> None:
+    """Bank the GPU-seconds used at the old count; the clock runs on at ``gpus``."""
     rental.gpu_unit_seconds += rental.gpu_count * rental.gpu_seconds_at(now)
     rental.gpu_seconds = 0
     if rental.gpu_clock_since is not None:
         rental.gpu_clock_since = min(now, rental.ends_at)
     rental.gpu_count = gpus
     rental.save(update_fields=["gpu_unit_seconds", "gpu_seconds", "gpu_clock_since", "gpu_count"])
-    transaction.on_commit(lambda: offer_refresh(machine_id=machine.pk))
+
+
+@transaction.atomic
+def rental_follow_version(*, instance_id: int) -> None:
+    """The rental follows the version its instance runs, as it is now: after a failed
+    version gave way to the one before it (``scheduler.instance_version_fall_back``) the
+    GPU count charged and the volumes mounted are that version's again. Idempotent; the hold
+    is left as it is (it covers the larger of the two counts already)."""
+    rental = (
+        Rental.objects.select_for_update(of=("self",))
+        .select_related("instance")
+        .filter(instance_id=instance_id, settled_at=None)
+        .first()
+    )
+    if rental is None:
+        return
+    instance = rental.instance
+    if not instance.is_slice and rental.gpu_count != instance.gpu_count:
+        _bank_gpu_count(rental, instance.gpu_count, timezone.now())
+    wanted = sorted((name, target) for name, target in instance.volumes or [])
+    mounts = VolumeMount.objects.filter(instance=instance).select_related("volume")
+    if sorted((m.volume.docker_name, m.target) for m in mounts) != wanted:
+        ready = {
+            volume.docker_name: volume
+            for volume in Volume.objects.filter(
+                team_id=instance.team_id, machine_id=instance.machine_id, state=VolumeState.READY
+            )
+        }
+        VolumeMount.objects.filter(instance=instance).delete()
+        mounts_write(instance, [(ready[n], t) for n, t in wanted if n in ready])
 
 
 def rental_rollback(*, instance: Instance, number: int, by: str) -> Instance:
@@ -231,7 +267,8 @@ def rental_rollback(*, instance: Instance, number: int, by: str) -> Instance:
         instance=instance,
         changes=dict(version.spec),
         by=by,
-        reason=f"Version {instance.version + 1}: rolled back to version {number}",
+        reason=f"Version {scheduler.next_version_number(instance)}: "
+        f"rolled back to version {number}",
     )
 
 

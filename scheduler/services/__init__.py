@@ -53,6 +53,7 @@ from scheduler.services.versions import (
     instance_version_begin,
     instance_version_delete,
     instance_version_prepare,
+    next_version_number,
     version_spec,
 )
 
@@ -91,6 +92,7 @@ __all__ = [
     "instance_version_begin",
     "instance_version_delete",
     "instance_version_prepare",
+    "next_version_number",
     "version_spec",
     "live_gpu_allocations",
     "live_gpu_slices",

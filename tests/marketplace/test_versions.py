@@ -103,3 +103,51 @@ def test_versions_rollback_delete_and_commit(funded_team, owner, machine):
     finally:
         CommittedImage.objects.all().delete()
         docker("rmi", "--force", image, check=False)
+
+
+def test_a_version_that_cannot_start_gives_way_to_the_one_before(funded_team, owner, machine):
+    """Version 2 asks for a command the image lacks and one more GPU: Docker refuses it on the
+    real host, version 1's container runs again on its one GPU, the rental carries on, and the
+    failure is in the versions list, the events and the console."""
+    client = key_client(funded_team)
+    first = rented(client, machine, env={"MODE": "one"})
+    base = f"/api/v1/instances/{first.pk}/"
+    patched = client.patch(base, {"entrypoint": "/no/such/program", "num_gpus": 2}, format="json")
+    assert patched.status_code == 202, patched.content
+
+    back = Instance.objects.get(pk=first.pk)
+    assert (back.state, back.version, back.gpu_count) == ("running", 1, 1), back.status_message
+    assert (
+        back.container_id == first.container_id
+        and docker_inspect(first.container_id)["State"]["Running"]
+    )
+    assert containers_named(f"{first.container_name}-2") == []  # the failed one is removed
+    assert "Version 2 did not start" in back.status_message
+    assert "version 1 runs again" in back.status_message
+    assert GpuAllocation.objects.filter(instance=first, released_at=None).count() == 1
+    rental = Rental.objects.get(instance=first)
+    assert rental.settled_at is None and rental.gpu_count == 1
+    assert Hold.objects.get(pk=rental.hold_id).status == "open"
+    now = timezone.now()
+    hour = rental_owed(rental, now + timedelta(hours=1)).gpu - rental_owed(rental, now).gpu
+    assert hour == rental.price_per_gpu_hour  # one GPU again
+
+    shown = client.get(base).json()
+    assert shown["state"] == "running" and "did not start" in shown["status_message"]
+    versions = client.get(f"{base}versions/").json()
+    assert [(v["number"], v["state"], v["current"]) for v in versions] == [
+        (1, "running", True),
+        (2, "failed", False),
+    ]
+    assert "/no/such/program" in versions[1]["failure"]
+    page = client_for(Client(), owner, funded_team).get(f"/instances/{first.pk}/").content.decode()
+    assert "data-version-failure" in page and "did not start" in page
+
+    # The next version gets a new number, and it runs.
+    again = client.patch(base, {"env": {"MODE": "three"}}, format="json")
+    assert again.status_code == 202, again.content
+    third = Instance.objects.get(pk=first.pk)
+    assert (third.state, third.version) == ("running", 3), third.status_message
+    assert env_of(third.container_id)["MODE"] == "three"
+    assert client.delete(f"{base}versions/2/").status_code == 204
+    assert [v["number"] for v in client.get(f"{base}versions/").json()] == [1, 3]
