@@ -144,7 +144,18 @@ def expiry_sweep() -> int:
             volumes.volume_delete(volume=Volume.objects.get(pk=volume_id))
         except Exception:
             logger.exception("could not delete volume %s; the next sweep tries again", volume_id)
+    # Deleted volumes whose removal on the host has not happened yet (it failed, or the
+    # machine was out of service and no event brought it back).
+    for volume_id in volumes.volumes_pending_removal():
+        volumes.volume_remove_on_host(volume_id=volume_id)
     return done
+
+
+@shared_task(name="marketplace.tasks.volume_remove")
+def volume_remove(volume_id: int) -> bool:
+    """Remove a deleted volume on its host (queued when it is deleted, and when its machine
+    comes back into service)."""
+    return volumes.volume_remove_on_host(volume_id=volume_id)
 
 
 @shared_task(name="marketplace.tasks.offers_refresh")

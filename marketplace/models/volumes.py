@@ -20,12 +20,17 @@ def volume_reference(volume_id: int) -> str:
 
 class VolumeState(models.TextChoices):
     READY = "ready", "Ready"
+    # Deleted by its team and settled (nothing is charged), still to be removed on its host:
+    # its machine was out of service, or the removal has not run yet. The machine coming
+    # back, or a sweep, removes it and it becomes deleted.
+    REMOVING = "removing", "Removing"
     DELETED = "deleted", "Deleted"
 
 
 class Volume(models.Model):
     """Storage clock: ``gb_seconds`` accumulated at earlier sizes, plus ``size_gb`` × the time
-    since ``clock_since`` while it runs; never past ``ends_at`` (what the hold covers)."""
+    since ``clock_since`` while it runs; never past ``ends_at`` (what the hold covers). The
+    clock stops while the machine is out of service (``volumes_follow_machine``)."""
 
     uuid = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
     team = models.ForeignKey("marketplace.Team", on_delete=models.CASCADE, related_name="volumes")

@@ -1,14 +1,18 @@
 """Volumes: create, resize, delete, mount at renting, and their metering.
 
-Each write changes the host over the pooled SSH connection inside its transaction: a host that
-does not answer fails the request (503) and rolls everything back, so the rows never claim a
-volume the host lacks. The size is enforced on the host (``hosts.runtime.volumes``); money
-follows the rentals' rules: a hold for the size × the period at creation, topped up when the
-volume grows, captured per GB-second by the metering sweep, released when it is deleted.
+Creating and resizing change the host over the pooled SSH connection inside their
+transaction: a host that does not answer fails the request (503) and rolls everything back,
+so the rows never claim a volume the host lacks. Deleting settles at once and removes the
+volume on its host after the commit (``volume_remove_on_host``): a machine out of service
+gets it removed when it is back. The size is enforced on the host (``hosts.runtime.volumes``);
+money follows the rentals' rules: a hold for the size × the period at creation, topped up
+when the volume grows or its period is extended, captured per GB-second by the metering
+sweep (the clock stops while the machine is out of service), released when it is deleted.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -16,12 +20,12 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
-from django.db.models import Sum
+from django.db.models import Q, Sum
 from django.utils import timezone
 
 from billing import holds
-from hosts.models import Machine, MachineStatus
-from hosts.runtime import InvalidContainerSpec
+from hosts.models import Machine, MachineStatus, in_service
+from hosts.runtime import CommandFailed, HostKeyMismatch, HostUnreachable, InvalidContainerSpec
 from hosts.runtime.container_spec import validate_volumes
 from hosts.runtime.volumes import MAX_VOLUME_GB, HostVolumes, VolumeUsage
 from marketplace.events import publish_team_events
@@ -30,6 +34,8 @@ from marketplace.models import Team, Volume, VolumeMount, VolumeState, VolumeVer
 from marketplace.models.volumes import volume_reference
 from marketplace.services.pricing import storage_owed
 from scheduler.models import Instance, InstanceState
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_VOLUME_HOURS = 30 * 24
 MAX_VOLUME_HOURS = 24 * 365
@@ -59,12 +65,55 @@ def volume_meter(*, volume: Volume, now: datetime | None = None) -> int:
 
 
 def volumes_meter_sweep(*, now: datetime | None = None) -> int:
-    """The metering sweep's share for volumes: capture every open volume's storage."""
+    """The metering sweep's share for volumes: capture every open volume's storage, after
+    putting in step the clocks a lost machine-status event left running or stopped."""
+    volumes_resync()
     now = now or timezone.now()
     total = 0
     for volume in Volume.objects.filter(settled_at=None).order_by("pk").iterator():
         total += volume_meter(volume=volume, now=now)
     return total
+
+
+@transaction.atomic
+def volumes_follow_machine(*, machine_id: int) -> int:
+    """The machine left service (its volumes' clocks stop: nothing stored there is charged
+    while it is out) or came back (they run again), as its status is now, so status events
+    handled late, twice or out of order end the same way. Only the clocks change; the
+    metering sweep captures. Returns how many clocks changed."""
+    volumes = list(
+        Volume.objects.select_for_update()
+        .filter(machine_id=machine_id, settled_at=None)
+        .order_by("pk")
+    )
+    # Read after the locks: the latest status.
+    online = in_service(Machine.objects.values_list("status", flat=True).get(pk=machine_id))
+    now = timezone.now()
+    changed = 0
+    for volume in volumes:
+        if online and volume.clock_since is None:
+            volume.clock_since = now
+        elif not online and volume.clock_since is not None:
+            volume.gb_seconds = volume.gb_seconds_at(now)
+            volume.clock_since = None
+        else:
+            continue
+        volume.save(update_fields=["gb_seconds", "clock_since"])
+        changed += 1
+    return changed
+
+
+def volumes_resync() -> int:
+    """Follow the machines whose open volumes' clocks disagree with their status (what a
+    lost event leaves); normally none."""
+    online = Q(machine__status=MachineStatus.ONLINE)
+    out_of_step = Volume.objects.filter(settled_at=None).filter(
+        (online & Q(clock_since=None)) | (~online & Q(clock_since__isnull=False))
+    )
+    changed = 0
+    for machine_id in sorted(set(out_of_step.values_list("machine_id", flat=True))):
+        changed += volumes_follow_machine(machine_id=machine_id)
+    return changed
 
 
 def _check_name(name: str) -> str:
@@ -88,7 +137,10 @@ def _room_check(machine: Machine, size_gb: int, *, besides: Volume | None = None
     """A machine's volumes together may not exceed the disk its probe found free: each image is
     sparse and fills as it is written, so sizes promised past the disk would fill the host
     for every tenant. The caller holds the machine's lock."""
-    others = Volume.objects.filter(machine=machine, state=VolumeState.READY)
+    # A volume being removed still takes its disk until the host has removed it.
+    others = Volume.objects.filter(
+        machine=machine, state__in=(VolumeState.READY, VolumeState.REMOVING)
+    )
     if besides is not None:
         others = others.exclude(pk=besides.pk)
     promised = others.aggregate(total=Sum("size_gb"))["total"] or 0
@@ -228,7 +280,8 @@ def volume_resize(*, volume: Volume, size_gb: int, user) -> Volume:
             )
     change = f"{'grown' if size_gb > volume.size_gb else 'shrunk'} from {volume.size_gb} GB"
     volume.gb_seconds = volume.gb_seconds_at(now)
-    volume.clock_since = min(now, volume.ends_at)
+    if volume.clock_since is not None:  # a stopped clock (machine out of service) stays so
+        volume.clock_since = min(now, volume.ends_at)
     volume.size_gb = size_gb
     volume.save(update_fields=["gb_seconds", "clock_since", "size_gb"])
     _version(volume, size_gb, change, user)
@@ -239,12 +292,14 @@ def volume_resize(*, volume: Volume, size_gb: int, user) -> Volume:
 
 @transaction.atomic
 def volume_delete(*, volume: Volume) -> Volume:
-    """Remove it from its host and settle: what was used is captured, the rest released.
-    Refused (409) while a rental that is not destroyed mounts it."""
+    """Settle at once (what was used is captured, the rest of the hold released: nothing is
+    charged from now on) and remove it from its host after the commit; a machine out of
+    service, or a removal that fails, leaves it ``removing`` until the machine is back or the
+    next sweep. Refused (409) while a rental that is not destroyed mounts it."""
     machine = Machine.objects.select_for_update().get(pk=volume.machine_id)
     volume = Volume.objects.select_for_update().get(pk=volume.pk)
     volume.machine = machine
-    if volume.state == VolumeState.DELETED:
+    if volume.state != VolumeState.READY:
         return volume
     mounted = list(_live_mounts(volume).values_list("instance_id", flat=True))
     if mounted:
@@ -256,11 +311,52 @@ def volume_delete(*, volume: Volume) -> Volume:
     holds.hold_release(hold_id=volume.hold_id)
     volume.gb_seconds = volume.gb_seconds_at(now)
     volume.clock_since = None
-    volume.state, volume.deleted_at, volume.settled_at = VolumeState.DELETED, now, now
+    volume.state, volume.deleted_at, volume.settled_at = VolumeState.REMOVING, now, now
     volume.save(update_fields=["gb_seconds", "clock_since", "state", "deleted_at", "settled_at"])
-    HostVolumes(volume.machine).remove(volume.docker_name)
     _tell(volume, "deleted")  # sent on commit
+    if in_service(machine.status):
+        volume_id = volume.pk
+        transaction.on_commit(lambda: _queue_removal(volume_id))
     return volume
+
+
+def _queue_removal(volume_id: int) -> None:
+    from marketplace.tasks import volume_remove  # the task module imports this one
+
+    volume_remove.delay(volume_id)
+
+
+def volume_remove_on_host(*, volume_id: int) -> bool:
+    """Remove a deleted volume from its host (outside any transaction: a slow host holds no
+    row locks) and record it as deleted. Idempotent: the host's script removes what is left
+    of it, and a volume already deleted is left alone. False (still ``removing``, for the
+    next sweep or the machine's return) when its machine is out of service or the host did
+    not do it."""
+    volume = Volume.objects.select_related("machine").filter(pk=volume_id).first()
+    if volume is None or volume.state != VolumeState.REMOVING:
+        return False
+    if not in_service(volume.machine.status):
+        return False
+    try:
+        HostVolumes(volume.machine).remove(volume.docker_name)
+    except (CommandFailed, HostUnreachable, HostKeyMismatch):
+        logger.warning("could not remove volume %s on its host; retried later", volume_id)
+        return False
+    Volume.objects.filter(pk=volume_id, state=VolumeState.REMOVING).update(
+        state=VolumeState.DELETED
+    )
+    return True
+
+
+def volumes_pending_removal(*, machine_id: int | None = None) -> list[int]:
+    """Deleted volumes still on an in-service host (the removal sweep's and the machine's
+    return's work)."""
+    pending = Volume.objects.filter(
+        state=VolumeState.REMOVING, machine__status=MachineStatus.ONLINE
+    )
+    if machine_id is not None:
+        pending = pending.filter(machine_id=machine_id)
+    return list(pending.order_by("pk").values_list("pk", flat=True))
 
 
 def volumes_due_for_deletion(now: datetime | None = None) -> list[int]:

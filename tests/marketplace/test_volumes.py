@@ -19,7 +19,12 @@ from marketplace.services.pricing import storage_owed
 from marketplace.services.volumes import volumes_meter_sweep
 from tests.conftest import client_for, key_client, sim_container_label
 from tests.factories import TeamFactory, UserFactory, add_member
-from tests.marketplace.conftest import STORAGE_PER_GB_MONTH, fund, remove_containers
+from tests.marketplace.conftest import (
+    STORAGE_PER_GB_MONTH,
+    fund,
+    machine_for,
+    remove_containers,
+)
 from tests.marketplace.test_rental_lifecycle import rented
 
 pytestmark = [pytest.mark.system, pytest.mark.django_db(transaction=True)]
@@ -30,7 +35,7 @@ def _no_volume_left_on_the_host():
     """A test that fails midway leaves no loop-mounted image behind: its containers go first
     (they hold the volume), then the volume's image and mount."""
     yield
-    left = list(Volume.objects.filter(state=VolumeState.READY).select_related("machine"))
+    left = list(Volume.objects.exclude(state=VolumeState.DELETED).select_related("machine"))
     if left:
         remove_containers(sim_container_label())
     for volume in left:
@@ -201,3 +206,77 @@ def test_a_volume_lost_from_the_host_is_mounted_again_before_its_container_start
     assert started.status_code == 200, started.content
     assert os.path.ismount(mount)
     assert run(client, instance, "cat /data/mark")["output"].strip() == "kept"
+
+
+def test_a_volume_is_not_charged_while_its_machine_is_offline_and_deleting_it_then_waits_for_it(
+    funded_team, sim_host_factory, provider_team, settings
+):
+    """The machine goes down for real: the volume's clock stops (charges freeze), deleting it
+    settles at once (nothing charged from then) though the host cannot be reached, and the
+    volume is removed on the host when the machine is back."""
+    from hosts import services as host_services
+    from marketplace.tasks import metering_sweep
+
+    settings.HOST_HEARTBEAT_MISSES = 1
+    host = sim_host_factory(gpus=1)
+    machine = machine_for(host, provider_team)
+    client = key_client(funded_team)
+    made = client.post(
+        "/api/v1/volumes/",
+        {"machine_id": machine.pk, "name": "away", "size_gb": 1, "duration_hours": 24},
+        format="json",
+    )
+    assert made.status_code == 201, made.content
+    volume = Volume.objects.get(pk=made.json()["id"])
+    on_host = os.path.join(VOLUME_DIR, volume.docker_name)
+    assert os.path.ismount(on_host)
+    host.stop()
+    try:
+        host_services.machine_heartbeat(machine_id=machine.pk)
+        volume.refresh_from_db()
+        assert volume.clock_since is None  # stopped with the machine
+        frozen = volume.gb_seconds_at(timezone.now() + timedelta(hours=5))
+        assert frozen == volume.gb_seconds_at(timezone.now())
+        metering_sweep()
+        captured = Hold.objects.get(pk=volume.hold_id).captured_storage
+        assert captured == storage_owed(
+            price_per_gb_month=STORAGE_PER_GB_MONTH, disk_gb=1, seconds=volume.gb_seconds
+        )
+
+        deleted = client.delete(f"/api/v1/volumes/{volume.pk}/")
+        assert deleted.status_code == 204, deleted.content
+        volume.refresh_from_db()
+        assert volume.state == VolumeState.REMOVING and volume.settled_at is not None
+        hold = Hold.objects.get(pk=volume.hold_id)
+        assert hold.status == "released" and hold.captured_storage == captured
+        shown = client.get(f"/api/v1/volumes/{volume.pk}/").json()
+        assert shown["state"] == "removing"
+        assert os.path.exists(on_host + ".img")  # the host could not be told yet
+        assert client.delete(f"/api/v1/volumes/{volume.pk}/").status_code == 204  # no-op
+    finally:
+        host.start()
+    host_services.machine_heartbeat(machine_id=machine.pk)  # online: the removal runs
+    volume.refresh_from_db()
+    assert volume.state == VolumeState.DELETED and volume.clock_since is None
+    assert not os.path.exists(on_host) and not os.path.exists(on_host + ".img")
+    assert client.get(f"/api/v1/volumes/{volume.pk}/").status_code == 404
+    assert Hold.objects.get(pk=volume.hold_id).captured_storage == captured
+
+
+def test_volume_clocks_put_in_step_by_the_sweep_when_a_status_event_was_lost(funded_team, machine):
+    from marketplace.services.volumes import volumes_resync
+
+    made = key_client(funded_team).post(
+        "/api/v1/volumes/",
+        {"machine_id": machine.pk, "name": "step", "size_gb": 1, "duration_hours": 24},
+        format="json",
+    )
+    volume = Volume.objects.get(pk=made.json()["id"])
+    type(machine).objects.filter(pk=machine.pk).update(status="offline")  # no event
+    assert volumes_resync() == 1 and volumes_resync() == 0
+    volume.refresh_from_db()
+    assert volume.clock_since is None
+    type(machine).objects.filter(pk=machine.pk).update(status="online")
+    assert volumes_resync() == 1
+    volume.refresh_from_db()
+    assert volume.clock_since is not None
