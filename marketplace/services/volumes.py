@@ -226,6 +226,55 @@ def volume_create(
     return volume
 
 
+def volume_extend(*, volume: Volume, hours: float) -> Volume:
+    """Add ``hours`` to the volume's period and its size × the price × ``hours`` to its hold
+    (402 when credit is short), never past the machine's end date; the rules and error
+    shapes of a rental's extension. A period that has ended already starts again from now
+    (the time since its end was not held, and is not charged)."""
+    from marketplace.services.renting import MAX_RENTAL_HOURS, MIN_RENTAL_HOURS
+
+    if not (
+        isinstance(hours, int | float) and MIN_RENTAL_HOURS <= hours <= MAX_RENTAL_HOURS
+    ):  # (NaN fails both)
+        raise ValidationError(
+            {
+                "hours": f"Extend by at least {MIN_RENTAL_HOURS} and at most {MAX_RENTAL_HOURS} hours."
+            }
+        )
+    with transaction.atomic():
+        # The machine first (its end date cannot move meanwhile), then the volume.
+        machine = Machine.objects.select_for_update().get(pk=volume.machine_id)
+        volume = Volume.objects.select_for_update().get(pk=volume.pk)
+        if volume.state != VolumeState.READY:
+            raise ValidationError({"hours": "This volume was deleted."})
+        now = timezone.now()
+        ended = volume.ends_at <= now
+        new_end = (now if ended else volume.ends_at) + timedelta(hours=hours)
+        if machine.end_date and new_end > machine.end_date:
+            raise ValidationError(
+                {"hours": f"The machine is offered until {machine.end_date:%Y-%m-%d %H:%M} UTC."}
+            )
+        amount = storage_owed(
+            price_per_gb_month=volume.storage_price_per_gb_month,
+            disk_gb=volume.size_gb,
+            seconds=round(hours * 3600),
+        )
+        if amount:
+            holds.hold_extend(
+                hold_id=volume.hold_id,
+                amount=amount,
+                idempotency_key=f"volume:{volume.uuid}:extend:{new_end.isoformat()}",
+            )
+        if ended:
+            volume.gb_seconds = volume.gb_seconds_at(now)  # up to the old end
+            if volume.clock_since is not None:
+                volume.clock_since = now
+        volume.ends_at = new_end
+        volume.save(update_fields=["gb_seconds", "clock_since", "ends_at"])
+        _tell(volume, "extended")  # sent on commit
+    return volume
+
+
 def volume_usage(volume: Volume) -> VolumeUsage:
     return HostVolumes(volume.machine).usage(volume.docker_name)
 

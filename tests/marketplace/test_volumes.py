@@ -280,3 +280,48 @@ def test_volume_clocks_put_in_step_by_the_sweep_when_a_status_event_was_lost(fun
     assert volumes_resync() == 1
     volume.refresh_from_db()
     assert volume.clock_since is not None
+
+
+def test_a_volumes_period_is_extended_and_its_hold_grows(team, owner, machine):
+    """API and console: the hold grows by the size × the price × the hours; credit short is
+    402 with nothing written; a period already over starts again from now."""
+    fund(team, dollars=1)
+    client = key_client(team)
+    made = client.post(
+        "/api/v1/volumes/",
+        {"machine_id": machine.pk, "name": "longer", "size_gb": 1, "duration_hours": 1},
+        format="json",
+    )
+    assert made.status_code == 201, made.content
+    volume = Volume.objects.get(pk=made.json()["id"])
+    hold = Hold.objects.get(pk=volume.hold_id)
+    base = f"/api/v1/volumes/{volume.pk}/extend/"
+
+    for bad in ({"hours": 0}, {"hours": "soon"}, {}):
+        refused = client.post(base, bad, format="json")
+        assert refused.status_code == 400 and "hours" in refused.json()["error"]["fields"]
+    short = client.post(base, {"hours": 24 * 365}, format="json")  # $1.20 of storage
+    assert short.status_code == 402, short.content
+    assert Volume.objects.get(pk=volume.pk).ends_at == volume.ends_at
+    assert Hold.objects.get(pk=hold.pk).amount == hold.amount
+
+    extended = client.post(base, {"hours": 24}, format="json")
+    assert extended.status_code == 200, extended.content
+    day = storage_owed(price_per_gb_month=STORAGE_PER_GB_MONTH, disk_gb=1, seconds=24 * 3600)
+    assert Hold.objects.get(pk=hold.pk).amount == hold.amount + day
+    assert Volume.objects.get(pk=volume.pk).ends_at == volume.ends_at + timedelta(hours=24)
+
+    console = client_for(Client(), owner, team)
+    page = console.post("/volumes/", {"action": "extend", "volume": volume.pk, "days": 1})
+    assert page.status_code == 302
+    assert Volume.objects.get(pk=volume.pk).ends_at == volume.ends_at + timedelta(hours=48)
+
+    # Over: extending starts a new period from now; the time since its end is not charged.
+    ended_at = timezone.now() - timedelta(hours=3)
+    Volume.objects.filter(pk=volume.pk).update(ends_at=ended_at)
+    used = Volume.objects.get(pk=volume.pk).gb_seconds_at(timezone.now())
+    again = client.post(base, {"hours": 2}, format="json")
+    assert again.status_code == 200, again.content
+    volume.refresh_from_db()
+    assert volume.gb_seconds == used and volume.ends_at > timezone.now() + timedelta(hours=1)
+    assert volume.gb_seconds_at(timezone.now()) - used < 60  # seconds, not hours
