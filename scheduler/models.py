@@ -162,8 +162,11 @@ def version_container_name(instance: Instance, number: int) -> str:
     return base if number == 1 else f"{base}-{number}"
 
 
-# What a version of an instance's spec is: the fields a PATCH may change.
-VERSION_FIELDS = ("image", "env", "entrypoint", "args", "launch_mode", "gpu_count", "volumes")
+# What a version of an instance's spec is: the fields a PATCH may change. A version's spec
+# also has "ports" (its published container ports: PortAllocation rows, not a field).
+VERSION_FIELDS = (
+    "image", "env", "entrypoint", "args", "launch_mode", "gpu_count", "volumes", "disk_gb",
+)  # fmt: skip
 
 
 class InstanceVersion(models.Model):

@@ -50,6 +50,7 @@ from scheduler.services.stop_destroy import (
 )
 from scheduler.services.transitions import instance_report_progress, instance_transition
 from scheduler.services.versions import (
+    instance_ports_set,
     instance_version_begin,
     instance_version_delete,
     instance_version_prepare,
@@ -91,6 +92,7 @@ __all__ = [
     "instance_transition",
     "instance_version_begin",
     "instance_version_delete",
+    "instance_ports_set",
     "instance_version_prepare",
     "next_version_number",
     "version_spec",

@@ -23,9 +23,10 @@ from scheduler.models import (
     Instance,
     InstanceState,
     InstanceVersion,
+    PortAllocation,
     version_container_name,
 )
-from scheduler.services.allocations import MachineRoom
+from scheduler.services.allocations import MachineRoom, allocations_write
 from scheduler.services.containers import (
     container_gone_or_stopped,
     existing_container,
@@ -41,7 +42,43 @@ VERSIONABLE_STATES = {InstanceState.RUNNING, InstanceState.EXITED}
 
 
 def version_spec(instance: Instance) -> dict:
-    return {name: getattr(instance, name) for name in VERSION_FIELDS}
+    return {
+        **{name: getattr(instance, name) for name in VERSION_FIELDS},
+        "ports": sorted(
+            PortAllocation.objects.filter(instance=instance, released_at=None).values_list(
+                "container_port", flat=True
+            )
+        ),
+    }
+
+
+def instance_ports_set(
+    *, instance: Instance, container_ports: list[int], host_ports: dict[int, int] | None = None
+) -> None:
+    """The instance publishes ``container_ports`` from now on: a port it keeps keeps its host
+    port, one it drops is released, a new one gets a free host port of the machine's range
+    (or the one ``host_ports`` names, which must be free). NoCapacity (nothing written) when
+    the range is full or a named host port was taken. The caller's transaction holds."""
+    with transaction.atomic():
+        machine = Machine.objects.select_for_update().get(pk=instance.machine_id)
+        live = {
+            allocation.container_port: allocation
+            for allocation in PortAllocation.objects.filter(instance=instance, released_at=None)
+        }
+        wanted = list(dict.fromkeys(container_ports))
+        dropped = [a.pk for port, a in live.items() if port not in wanted]
+        PortAllocation.objects.filter(pk__in=dropped).update(released_at=timezone.now())
+        added = [port for port in wanted if port not in live]
+        if not added:
+            return
+        if host_ports is None:
+            _, pairs = MachineRoom([machine]).take(machine.pk, 0, added)
+        else:
+            used = MachineRoom([machine]).used_ports[machine.pk]
+            pairs = [(port, host_ports.get(port)) for port in added]
+            if any(host is None or host in used for _, host in pairs):
+                raise NoCapacity("the host ports it published were taken meanwhile")
+        allocations_write([(instance, [], pairs, None)])
 
 
 def next_version_number(instance: Instance) -> int:
@@ -69,10 +106,17 @@ def instance_version_prepare(*, instance_id: int) -> Instance:
 
 @transaction.atomic
 def instance_version_begin(
-    *, instance_id: int, expected_version: int, changes: dict, by: str, reason: str
+    *,
+    instance_id: int,
+    expected_version: int,
+    changes: dict,
+    by: str,
+    reason: str,
+    current_spec: dict | None = None,
 ) -> Instance:
     """Record the current version as history and launch the next with ``changes``. The
-    caller queues the launch work in the same transaction."""
+    caller queues the launch work in the same transaction; ``current_spec`` is the current
+    version's spec as read before the caller changed its ports in this transaction."""
     instance = Instance.objects.select_for_update().get(pk=instance_id)
     _versionable(instance)
     if instance.version != expected_version:
@@ -81,7 +125,7 @@ def instance_version_begin(
     InstanceVersion.objects.create(
         instance=instance,
         number=instance.version,
-        spec=version_spec(instance),
+        spec=current_spec or version_spec(instance),
         container_id=instance.container_id,
         created_by=instance.version_by,
         created_at=instance.version_at or instance.created_at,
@@ -151,6 +195,8 @@ def instance_version_fall_back(
     ref = previous.container_id or version_container_name(instance, previous.number)
     try:
         _gpus_back(instance, int(previous.spec.get("gpu_count", instance.gpu_count)))
+        if "ports" in previous.spec:
+            _ports_back(instance, list(previous.spec["ports"]))
         host.start(ref)  # outside any transaction: a slow host holds no row locks
     except (NoCapacity, CommandFailed, HostUnreachable) as error:
         logger.warning(
@@ -190,6 +236,20 @@ def instance_version_fall_back(
         )
         previous.delete()  # it is the current version again
     return moved
+
+
+def _ports_back(instance: Instance, container_ports: list[int]) -> None:
+    """The earlier container's published ports: the host ports it was made with (the ones
+    last released for each of its container ports), which must still be free."""
+    released = (
+        PortAllocation.objects.filter(instance=instance)
+        .exclude(released_at=None)
+        .order_by("released_at", "pk")
+        .values_list("container_port", "host_port")
+    )
+    instance_ports_set(
+        instance=instance, container_ports=container_ports, host_ports=dict(released)
+    )
 
 
 def _gpus_back(instance: Instance, count: int) -> None:
