@@ -148,7 +148,21 @@ def expiry_sweep() -> int:
     # machine was out of service and no event brought it back).
     for volume_id in volumes.volumes_pending_removal():
         volumes.volume_remove_on_host(volume_id=volume_id)
+    # Volumes whose making on the host has not happened yet (the host was silent), and
+    # resizes a dead worker left half done.
+    for volume_id in volumes.volumes_still_creating():
+        try:
+            volumes.volume_create_on_host(volume_id=volume_id)
+        except Exception:
+            logger.exception("could not make volume %s; the next sweep tries again", volume_id)
+    volumes.volumes_resize_finish()
     return done
+
+
+@shared_task(name="marketplace.tasks.volume_build")
+def volume_build(volume_id: int) -> str:
+    """Make a volume on its host (queued when it is created)."""
+    return volumes.volume_create_on_host(volume_id=volume_id)
 
 
 @shared_task(name="marketplace.tasks.volume_remove")

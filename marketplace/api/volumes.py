@@ -35,7 +35,7 @@ class VolumeSerializer(serializers.ModelSerializer):
     class Meta:
         model = Volume
         fields = [
-            "id", "name", "machine_id", "size_gb", "state", "version", "mounted_by",
+            "id", "name", "machine_id", "size_gb", "state", "failure", "version", "mounted_by",
             "storage_price_per_gb_month", "ends_at", "created_at", "deleted_at",
         ]  # fmt: skip
 

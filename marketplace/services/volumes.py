@@ -83,7 +83,7 @@ def volumes_follow_machine(*, machine_id: int) -> int:
     metering sweep captures. Returns how many clocks changed."""
     volumes = list(
         Volume.objects.select_for_update()
-        .filter(machine_id=machine_id, settled_at=None)
+        .filter(machine_id=machine_id, settled_at=None, state=VolumeState.READY)
         .order_by("pk")
     )
     # Read after the locks: the latest status.
@@ -107,7 +107,7 @@ def volumes_resync() -> int:
     """Follow the machines whose open volumes' clocks disagree with their status (what a
     lost event leaves); normally none."""
     online = Q(machine__status=MachineStatus.ONLINE)
-    out_of_step = Volume.objects.filter(settled_at=None).filter(
+    out_of_step = Volume.objects.filter(settled_at=None, state=VolumeState.READY).filter(
         (online & Q(clock_since=None)) | (~online & Q(clock_since__isnull=False))
     )
     changed = 0
@@ -139,7 +139,8 @@ def _room_check(machine: Machine, size_gb: int, *, besides: Volume | None = None
     for every tenant. The caller holds the machine's lock."""
     # A volume being removed still takes its disk until the host has removed it.
     others = Volume.objects.filter(
-        machine=machine, state__in=(VolumeState.READY, VolumeState.REMOVING)
+        machine=machine,
+        state__in=(VolumeState.CREATING, VolumeState.READY, VolumeState.REMOVING),
     )
     if besides is not None:
         others = others.exclude(pk=besides.pk)
@@ -187,7 +188,7 @@ def volume_create(
             }
         )
     if Volume.objects.filter(
-        team=team, machine=machine, name=name, state=VolumeState.READY
+        team=team, machine=machine, name=name, state__in=(VolumeState.READY, VolumeState.CREATING)
     ).exists():
         raise ValidationError({"name": "Your team has a volume of this name on this machine."})
     _room_check(machine, size_gb)
@@ -204,7 +205,8 @@ def volume_create(
         size_gb=size_gb,
         storage_price_per_gb_month=machine.storage_price_per_gb_month,
         ends_at=ends_at,
-        clock_since=now,
+        state=VolumeState.CREATING,
+        clock_since=None,  # charged from when its host has made it
     )
     # The hold's reference names the volume's id, so the row comes first (its hold id is
     # set before the transaction ends; a failed hold rolls both back).
@@ -221,9 +223,79 @@ def volume_create(
     volume.hold_id = hold.pk
     volume.save(update_fields=["hold_id"])
     _version(volume, size_gb, "created", user)
-    HostVolumes(machine).create(volume.docker_name, size_gb)
-    _tell(volume, "created")  # sent on commit
+    volume_id = volume.pk
+    transaction.on_commit(lambda: _queue("volume_build", volume_id))
     return volume
+
+
+# A volume its host has not made this long after it was asked for (the host silent all that
+# time) fails, and its hold goes back.
+CREATE_PATIENCE = timedelta(minutes=15)
+
+
+def volume_create_on_host(*, volume_id: int) -> str:
+    """Make a volume that is ``creating`` on its host, outside any transaction (a slow host
+    holds no row locks), and record the outcome: ready (its clock starts), or failed with the
+    host's reason (its hold released). A host that does not answer leaves it creating for
+    the sweep, until ``CREATE_PATIENCE`` has passed. Idempotent (the host's script finishes
+    what an earlier try began). Returns the volume's state."""
+    volume = Volume.objects.select_related("machine").get(pk=volume_id)
+    if volume.state != VolumeState.CREATING:
+        return volume.state
+    try:
+        HostVolumes(volume.machine).create(volume.docker_name, volume.size_gb)
+    except CommandFailed as error:
+        return _creation_failed(volume_id, f"The host could not make it: {error}")
+    except (HostUnreachable, HostKeyMismatch) as error:
+        if timezone.now() - volume.created_at > CREATE_PATIENCE:
+            return _creation_failed(volume_id, f"The host did not answer: {error}")
+        logger.warning("volume %s: host not reached (%s); the sweep tries again", volume_id, error)
+        return VolumeState.CREATING
+    with transaction.atomic():
+        volume = Volume.objects.select_related("machine").select_for_update(of=("self",))
+        volume = volume.get(pk=volume_id)
+        made = volume.state == VolumeState.CREATING
+        if made:
+            volume.state = VolumeState.READY
+            volume.clock_since = timezone.now() if in_service(volume.machine.status) else None
+            volume.save(update_fields=["state", "clock_since"])
+            _tell(volume, "created")  # sent on commit
+    if not made and volume.state in (VolumeState.REMOVING, VolumeState.DELETED):
+        # Deleted while its host made it: the removal may have run before; remove it again.
+        volume_id_ = volume.pk
+        Volume.objects.filter(pk=volume_id_, state=VolumeState.DELETED).update(
+            state=VolumeState.REMOVING
+        )
+        volume_remove_on_host(volume_id=volume_id_)
+    return Volume.objects.values_list("state", flat=True).get(pk=volume_id)
+
+
+def _creation_failed(volume_id: int, reason: str) -> str:
+    with transaction.atomic():
+        volume = Volume.objects.select_for_update().get(pk=volume_id)
+        if volume.state != VolumeState.CREATING:
+            return volume.state
+        holds.hold_release(hold_id=volume.hold_id)
+        now = timezone.now()
+        volume.state, volume.failure, volume.settled_at = VolumeState.FAILED, reason[:500], now
+        volume.save(update_fields=["state", "failure", "settled_at"])
+        _tell(volume, "failed")  # sent on commit
+    logger.warning("volume %s failed: %s", volume_id, reason)
+    return VolumeState.FAILED
+
+
+def volumes_still_creating() -> list[int]:
+    return list(
+        Volume.objects.filter(state=VolumeState.CREATING)
+        .order_by("pk")
+        .values_list("pk", flat=True)
+    )
+
+
+def _queue(task_name: str, volume_id: int) -> None:
+    from marketplace import tasks  # the task module imports this one
+
+    getattr(tasks, task_name).delay(volume_id)
 
 
 def volume_extend(*, volume: Volume, hours: float) -> Volume:
@@ -285,28 +357,20 @@ def _live_mounts(volume: Volume):
     )
 
 
-@transaction.atomic
 def volume_resize(*, volume: Volume, size_gb: int, user) -> Volume:
     """Grow or shrink to ``size_gb``: a new version. Growing holds the extra GB for the rest
     of the period (402 if short); shrinking is refused while more than the new size is
-    stored. Done on the host while mounted and in use."""
+    stored. Done on the host while mounted and in use, outside any transaction: the resize is
+    recorded on the row (``resizing_to``) and held for first, the host asked, and the new
+    size recorded once it has done it. A host that fails raises (nothing changes but the
+    hold, which keeps the extra it took until the volume is deleted: captures never pass
+    what was used); a resize a dead worker left is finished by the sweep."""
     size_gb = _check_size(size_gb)
-    # The machine first, as renting locks it before the volumes it mounts; then the volume.
-    machine = Machine.objects.select_for_update().get(pk=volume.machine_id)
-    volume = Volume.objects.select_for_update().get(pk=volume.pk)
-    volume.machine = machine
     if volume.state != VolumeState.READY:
-        raise ValidationError({"size_gb": "This volume was deleted."})
-    if size_gb > volume.size_gb:
-        _room_check(machine, size_gb, besides=volume)
-    if size_gb == volume.size_gb:
-        raise ValidationError({"size_gb": f"The volume is {size_gb} GB already."})
-    now = timezone.now()
-    if now >= volume.ends_at:
-        raise ValidationError(
-            {"size_gb": "This volume's period has ended; it can only be deleted."}
-        )
+        raise ValidationError({"size_gb": "This volume is not ready (being made, or deleted)."})
     if size_gb < volume.size_gb:
+        # What it stores, read on the host before anything is locked; btrfs itself refuses a
+        # shrink below it too (the host's error then).
         used = volume_usage(volume).used_bytes
         if used > size_gb * 1024**3:
             raise ValidationError(
@@ -315,7 +379,35 @@ def volume_resize(*, volume: Volume, size_gb: int, user) -> Volume:
                     "delete data first."
                 }
             )
-    else:
+    volume = _resize_begin(volume, size_gb)
+    try:
+        HostVolumes(volume.machine).resize(volume.docker_name, size_gb)
+    except (CommandFailed, HostUnreachable, HostKeyMismatch):
+        Volume.objects.filter(pk=volume.pk, resizing_to=size_gb).update(resizing_to=None)
+        raise
+    return _resize_record(volume.pk, size_gb, user)
+
+
+@transaction.atomic
+def _resize_begin(volume: Volume, size_gb: int) -> Volume:
+    # The machine first, as renting locks it before the volumes it mounts; then the volume.
+    machine = Machine.objects.select_for_update().get(pk=volume.machine_id)
+    volume = Volume.objects.select_for_update().get(pk=volume.pk)
+    volume.machine = machine
+    if volume.state != VolumeState.READY:
+        raise ValidationError({"size_gb": "This volume is not ready (being made, or deleted)."})
+    if volume.resizing_to is not None:
+        raise ValidationError({"size_gb": "A resize of this volume is under way; look again."})
+    if size_gb == volume.size_gb:
+        raise ValidationError({"size_gb": f"The volume is {size_gb} GB already."})
+    if size_gb > volume.size_gb:
+        _room_check(machine, size_gb, besides=volume)
+    now = timezone.now()
+    if now >= volume.ends_at:
+        raise ValidationError(
+            {"size_gb": "This volume's period has ended; extend it or delete it."}
+        )
+    if size_gb > volume.size_gb:
         extra = storage_owed(
             price_per_gb_month=volume.storage_price_per_gb_month,
             disk_gb=size_gb - volume.size_gb,
@@ -325,18 +417,51 @@ def volume_resize(*, volume: Volume, size_gb: int, user) -> Volume:
             holds.hold_extend(
                 hold_id=volume.hold_id,
                 amount=extra,
-                idempotency_key=f"volume:{volume.uuid}:resize:{volume.versions.count() + 1}",
+                idempotency_key=(
+                    f"volume:{volume.uuid}:resize:{volume.versions.count() + 1}:{size_gb}"
+                ),
             )
-    change = f"{'grown' if size_gb > volume.size_gb else 'shrunk'} from {volume.size_gb} GB"
-    volume.gb_seconds = volume.gb_seconds_at(now)
-    if volume.clock_since is not None:  # a stopped clock (machine out of service) stays so
-        volume.clock_since = min(now, volume.ends_at)
-    volume.size_gb = size_gb
-    volume.save(update_fields=["gb_seconds", "clock_since", "size_gb"])
-    _version(volume, size_gb, change, user)
-    HostVolumes(volume.machine).resize(volume.docker_name, size_gb)
-    _tell(volume, "resized")  # sent on commit
+    volume.resizing_to = size_gb
+    volume.save(update_fields=["resizing_to"])
     return volume
+
+
+def _resize_record(volume_id: int, size_gb: int, user) -> Volume:
+    """The host has the new size: charge it from now (the time before at the old size) and
+    record the version. A volume deleted meanwhile is left as it is."""
+    with transaction.atomic():
+        volume = Volume.objects.select_related("machine").select_for_update(of=("self",))
+        volume = volume.get(pk=volume_id)
+        if volume.state != VolumeState.READY or volume.resizing_to != size_gb:
+            return volume
+        now = timezone.now()
+        change = f"{'grown' if size_gb > volume.size_gb else 'shrunk'} from {volume.size_gb} GB"
+        volume.gb_seconds = volume.gb_seconds_at(now)
+        if volume.clock_since is not None:  # a stopped clock (machine out of service) stays so
+            volume.clock_since = min(now, volume.ends_at)
+        volume.size_gb, volume.resizing_to = size_gb, None
+        volume.save(update_fields=["gb_seconds", "clock_since", "size_gb", "resizing_to"])
+        _version(volume, size_gb, change, user)
+        _tell(volume, "resized")  # sent on commit
+    return volume
+
+
+def volumes_resize_finish() -> int:
+    """Finish the resizes a request left half done (its worker died between asking for it and
+    recording it): the host's script is idempotent, so it is asked again and the outcome
+    recorded. Run by the sweep; returns how many were finished."""
+    done = 0
+    pending = Volume.objects.filter(state=VolumeState.READY, resizing_to__isnull=False)
+    for volume in pending.select_related("machine").filter(machine__status=MachineStatus.ONLINE):
+        size_gb = volume.resizing_to
+        try:
+            HostVolumes(volume.machine).resize(volume.docker_name, size_gb)
+        except (CommandFailed, HostUnreachable, HostKeyMismatch):
+            logger.warning("volume %s: resize to %s GB not finished yet", volume.pk, size_gb)
+            continue
+        _resize_record(volume.pk, size_gb, None)
+        done += 1
+    return done
 
 
 @transaction.atomic
@@ -348,7 +473,7 @@ def volume_delete(*, volume: Volume) -> Volume:
     machine = Machine.objects.select_for_update().get(pk=volume.machine_id)
     volume = Volume.objects.select_for_update().get(pk=volume.pk)
     volume.machine = machine
-    if volume.state != VolumeState.READY:
+    if volume.state not in (VolumeState.READY, VolumeState.CREATING):
         return volume
     mounted = list(_live_mounts(volume).values_list("instance_id", flat=True))
     if mounted:
@@ -365,14 +490,8 @@ def volume_delete(*, volume: Volume) -> Volume:
     _tell(volume, "deleted")  # sent on commit
     if in_service(machine.status):
         volume_id = volume.pk
-        transaction.on_commit(lambda: _queue_removal(volume_id))
+        transaction.on_commit(lambda: _queue("volume_remove", volume_id))
     return volume
-
-
-def _queue_removal(volume_id: int) -> None:
-    from marketplace.tasks import volume_remove  # the task module imports this one
-
-    volume_remove.delay(volume_id)
 
 
 def volume_remove_on_host(*, volume_id: int) -> bool:

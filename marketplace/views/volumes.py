@@ -43,7 +43,15 @@ def _act(request: HttpRequest) -> None:
             size_gb=_whole(request.POST.get("size_gb"), "size_gb"),
             hours=float(_whole(request.POST.get("days"), "days") * 24),
         )
-        messages.success(request, f"Volume {volume.name} ({volume.size_gb} GB) is ready.")
+        volume.refresh_from_db()
+        if volume.state == VolumeState.READY:
+            messages.success(request, f"Volume {volume.name} ({volume.size_gb} GB) is ready.")
+        elif volume.state == VolumeState.FAILED:
+            messages.error(request, f"Volume {volume.name} could not be made: {volume.failure}")
+        else:
+            messages.success(
+                request, f"Volume {volume.name} ({volume.size_gb} GB) is being made on its host."
+            )
         return
     volume = team_object_or_404(
         request.team,
@@ -89,7 +97,10 @@ def volumes(request: HttpRequest) -> HttpResponse:
             )
         return redirect("volumes")
     rows = (
-        team_objects(request.team, Volume.objects.filter(state=VolumeState.READY))
+        team_objects(
+            request.team,
+            Volume.objects.filter(state__in=(VolumeState.CREATING, VolumeState.READY)),
+        )
         .select_related("machine")
         .prefetch_related("versions", "mounts__instance")
     )

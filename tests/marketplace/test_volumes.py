@@ -325,3 +325,64 @@ def test_a_volumes_period_is_extended_and_its_hold_grows(team, owner, machine):
     volume.refresh_from_db()
     assert volume.gb_seconds == used and volume.ends_at > timezone.now() + timedelta(hours=1)
     assert volume.gb_seconds_at(timezone.now()) - used < 60  # seconds, not hours
+
+
+def test_a_volumes_host_work_runs_after_its_transaction_and_is_recorded(
+    funded_team, sim_host_factory, provider_team
+):
+    """The host is silent (its sshd down, the machine still online): creating answers at once
+    with a volume being made and not charged, and the sweep makes it once the host is back; a
+    resize fails cleanly (503, nothing recorded) and one a dead worker left half done is
+    finished by the sweep; a volume its host never made fails and its hold goes back."""
+    from marketplace.tasks import expiry_sweep
+
+    host = sim_host_factory(gpus=1)
+    machine = machine_for(host, provider_team)
+    client = key_client(funded_team)
+    body = {"machine_id": machine.pk, "size_gb": 1, "duration_hours": 24}
+    host.stop()
+    try:
+        made = client.post("/api/v1/volumes/", {**body, "name": "later"}, format="json")
+        assert made.status_code == 201, made.content
+        assert made.json()["state"] == "creating"
+        volume = Volume.objects.get(pk=made.json()["id"])
+        assert volume.clock_since is None and Hold.objects.get(pk=volume.hold_id).status == "open"
+        refused = client.post(
+            "/api/v1/instances/",
+            {"machine_id": machine.pk, "num_gpus": 1, "image": "gpumkt/busybox:latest",
+             "duration_hours": 1, "volumes": [{"volume": volume.pk, "target": "/data"}]},
+            format="json",
+        )  # fmt: skip
+        assert refused.status_code == 400  # not mountable until it is made
+        never = client.post("/api/v1/volumes/", {**body, "name": "never"}, format="json")
+        lost = Volume.objects.get(pk=never.json()["id"])
+        Volume.objects.filter(pk=lost.pk).update(created_at=timezone.now() - timedelta(hours=1))
+        expiry_sweep()  # the host still silent: "later" waits, "never" has waited too long
+        assert Volume.objects.get(pk=volume.pk).state == VolumeState.CREATING
+        lost.refresh_from_db()
+        assert lost.state == VolumeState.FAILED and "did not answer" in lost.failure
+        assert Hold.objects.get(pk=lost.hold_id).status == "released"
+    finally:
+        host.start()
+    expiry_sweep()
+    volume.refresh_from_db()
+    on_host = os.path.join(VOLUME_DIR, volume.docker_name)
+    assert volume.state == VolumeState.READY and volume.clock_since is not None
+    assert os.path.ismount(on_host)
+
+    host.stop()
+    try:
+        silent = client.patch(f"/api/v1/volumes/{volume.pk}/", {"size_gb": 2}, format="json")
+        assert silent.status_code == 503, silent.content
+    finally:
+        host.start()
+    volume.refresh_from_db()
+    assert (volume.size_gb, volume.resizing_to, volume.versions.count()) == (1, None, 1)
+
+    Volume.objects.filter(pk=volume.pk).update(resizing_to=2)  # a worker died mid-resize
+    busy = client.patch(f"/api/v1/volumes/{volume.pk}/", {"size_gb": 3}, format="json")
+    assert busy.status_code == 400 and "under way" in str(busy.json()["error"])
+    expiry_sweep()
+    volume.refresh_from_db()
+    assert (volume.size_gb, volume.resizing_to, volume.versions.count()) == (2, None, 2)
+    assert os.path.getsize(on_host + ".img") == 2 * 1024**3
