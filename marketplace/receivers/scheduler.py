@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 from django.dispatch import receiver
 
 from marketplace.events import publish_instance_event
@@ -10,15 +12,20 @@ from marketplace.services.offers import offer_refresh
 from marketplace.services.rental_versions import rental_follow_version
 from scheduler.signals import instance_progress, instance_state_changed
 
+logger = logging.getLogger(__name__)
+
 
 @receiver(instance_state_changed, dispatch_uid="marketplace.rental_follow_instance")
 def on_instance_state_changed(
     sender, *, instance_id, team_id, machine_id, from_state, to_state, reason, **kwargs
 ):
-    if to_state == "running":
-        # A failed version may have given way to the one before it (its GPUs, its volumes).
-        rental_follow_version(instance_id=instance_id)
     rental_follow_instance(instance_id=instance_id)
+    if to_state == "running":
+        # A failed version may have given way to the one before it (its GPUs, disk, volumes).
+        try:
+            rental_follow_version(instance_id=instance_id)
+        except Exception:
+            logger.exception("rental of instance %s did not follow its version", instance_id)
     # Also on a same-state event: it may be GPUs released once a container was seen stopped.
     offer_refresh(machine_id=machine_id)
     publish_instance_event(
