@@ -19,6 +19,7 @@ from marketplace.services import (
     registries,
     renter_actions,
     ssh_keys,
+    volume_metering,
     volumes,
 )
 from marketplace.services.accounts import invitations_expire as expire
@@ -112,7 +113,7 @@ def metering_sweep() -> int:
     # First whatever a lost state-change event left out of step (an ended rental unsettled,
     # a clock running for a stopped instance), so the sweep never charges for it.
     clocks.rentals_resync()
-    return metering.metering_sweep() + volumes.volumes_meter_sweep()
+    return metering.metering_sweep() + volume_metering.volumes_meter_sweep()
 
 
 @shared_task(name="marketplace.tasks.expiry_sweep")

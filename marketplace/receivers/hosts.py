@@ -14,7 +14,8 @@ from marketplace.events import publish_team_event
 from marketplace.models import Rental
 from marketplace.services.clocks import rentals_follow_machine
 from marketplace.services.offers import offer_refresh
-from marketplace.services.volumes import volumes_follow_machine, volumes_pending_removal
+from marketplace.services.volume_metering import volumes_follow_machine
+from marketplace.services.volumes import volumes_pending_removal
 from scheduler.services import live_gpu_allocations, sliced_gpu_ids
 
 

@@ -7,7 +7,8 @@ volume on its host after the commit (``volume_remove_on_host``): a machine out o
 gets it removed when it is back. The size is enforced on the host (``hosts.runtime.volumes``);
 money follows the rentals' rules: a hold for the size × the period at creation, topped up
 when the volume grows or its period is extended, captured per GB-second by the metering
-sweep (the clock stops while the machine is out of service), released when it is deleted.
+sweep (``volume_metering``: the clock stops while the machine is out of service),
+released when it is deleted.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
-from django.db.models import Q, Sum
+from django.db.models import Sum
 from django.utils import timezone
 
 from billing import holds
@@ -33,6 +34,7 @@ from marketplace.fleet import machine_reference
 from marketplace.models import Team, Volume, VolumeMount, VolumeState, VolumeVersion
 from marketplace.models.volumes import volume_reference
 from marketplace.services.pricing import storage_owed
+from marketplace.services.volume_metering import volume_meter
 from scheduler.models import Instance, InstanceState
 
 logger = logging.getLogger(__name__)
@@ -45,75 +47,6 @@ MAX_MOUNTS = 8
 class VolumeInUse(Exception):
     http_status = 409
     error_code = "volume_in_use"
-
-
-def _owed(volume: Volume, now: datetime) -> int:
-    return storage_owed(
-        price_per_gb_month=volume.storage_price_per_gb_month,
-        disk_gb=1,
-        seconds=volume.gb_seconds_at(now),
-    )
-
-
-def volume_meter(*, volume: Volume, now: datetime | None = None) -> int:
-    """Capture the storage owed so far beyond what was captured (0 on a repeated run)."""
-    if volume.settled_at is not None:
-        return 0
-    return holds.hold_capture_usage(
-        hold_id=volume.hold_id, kind="storage", owed_total=_owed(volume, now or timezone.now())
-    )
-
-
-def volumes_meter_sweep(*, now: datetime | None = None) -> int:
-    """The metering sweep's share for volumes: capture every open volume's storage, after
-    putting in step the clocks a lost machine-status event left running or stopped."""
-    volumes_resync()
-    now = now or timezone.now()
-    total = 0
-    for volume in Volume.objects.filter(settled_at=None).order_by("pk").iterator():
-        total += volume_meter(volume=volume, now=now)
-    return total
-
-
-@transaction.atomic
-def volumes_follow_machine(*, machine_id: int) -> int:
-    """The machine left service (its volumes' clocks stop: nothing stored there is charged
-    while it is out) or came back (they run again), as its status is now, so status events
-    handled late, twice or out of order end the same way. Only the clocks change; the
-    metering sweep captures. Returns how many clocks changed."""
-    volumes = list(
-        Volume.objects.select_for_update()
-        .filter(machine_id=machine_id, settled_at=None, state=VolumeState.READY)
-        .order_by("pk")
-    )
-    # Read after the locks: the latest status.
-    online = in_service(Machine.objects.values_list("status", flat=True).get(pk=machine_id))
-    now = timezone.now()
-    changed = 0
-    for volume in volumes:
-        if online and volume.clock_since is None:
-            volume.clock_since = now
-        elif not online and volume.clock_since is not None:
-            volume.gb_seconds = volume.gb_seconds_at(now)
-            volume.clock_since = None
-        else:
-            continue
-        volume.save(update_fields=["gb_seconds", "clock_since"])
-        changed += 1
-    return changed
-
-
-def volumes_resync() -> int:
-    """Follow the machines whose open volumes' clocks disagree with their status (what a
-    lost event leaves); normally none."""
-    online = Q(machine__status=MachineStatus.ONLINE)
-    out_of_step = Volume.objects.filter(settled_at=None, state=VolumeState.READY).filter(
-        (online & Q(clock_since=None)) | (~online & Q(clock_since__isnull=False))
-    )
-    changed = 0
-    for machine_id in sorted(set(out_of_step.values_list("machine_id", flat=True))):
-        changed += volumes_follow_machine(machine_id=machine_id)
-    return changed
 
 
 def _check_name(name: str) -> str:
@@ -473,6 +406,12 @@ def volume_delete(*, volume: Volume) -> Volume:
     machine = Machine.objects.select_for_update().get(pk=volume.machine_id)
     volume = Volume.objects.select_for_update().get(pk=volume.pk)
     volume.machine = machine
+    if volume.state == VolumeState.FAILED:
+        # Settled when it failed; what its host may have begun is cleaned up like a removal.
+        volume.state, volume.deleted_at = VolumeState.REMOVING, timezone.now()
+        volume.save(update_fields=["state", "deleted_at"])
+        _remove_after_commit(volume)
+        return volume
     if volume.state not in (VolumeState.READY, VolumeState.CREATING):
         return volume
     mounted = list(_live_mounts(volume).values_list("instance_id", flat=True))
@@ -488,10 +427,14 @@ def volume_delete(*, volume: Volume) -> Volume:
     volume.state, volume.deleted_at, volume.settled_at = VolumeState.REMOVING, now, now
     volume.save(update_fields=["gb_seconds", "clock_since", "state", "deleted_at", "settled_at"])
     _tell(volume, "deleted")  # sent on commit
-    if in_service(machine.status):
+    _remove_after_commit(volume)
+    return volume
+
+
+def _remove_after_commit(volume: Volume) -> None:
+    if in_service(volume.machine.status):
         volume_id = volume.pk
         transaction.on_commit(lambda: _queue("volume_remove", volume_id))
-    return volume
 
 
 def volume_remove_on_host(*, volume_id: int) -> bool:

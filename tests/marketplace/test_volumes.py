@@ -16,7 +16,7 @@ from hosts.runtime.volumes import VOLUME_DIR, HostVolumes
 from marketplace.models import Volume, VolumeState
 from marketplace.models.volumes import volume_reference
 from marketplace.services.pricing import storage_owed
-from marketplace.services.volumes import volumes_meter_sweep
+from marketplace.services.volume_metering import volumes_meter_sweep
 from tests.conftest import client_for, key_client, sim_container_label
 from tests.factories import TeamFactory, UserFactory, add_member
 from tests.marketplace.conftest import (
@@ -264,7 +264,7 @@ def test_a_volume_is_not_charged_while_its_machine_is_offline_and_deleting_it_th
 
 
 def test_volume_clocks_put_in_step_by_the_sweep_when_a_status_event_was_lost(funded_team, machine):
-    from marketplace.services.volumes import volumes_resync
+    from marketplace.services.volume_metering import volumes_resync
 
     made = key_client(funded_team).post(
         "/api/v1/volumes/",
@@ -362,9 +362,12 @@ def test_a_volumes_host_work_runs_after_its_transaction_and_is_recorded(
         lost.refresh_from_db()
         assert lost.state == VolumeState.FAILED and "did not answer" in lost.failure
         assert Hold.objects.get(pk=lost.hold_id).status == "released"
+        assert client.delete(f"/api/v1/volumes/{lost.pk}/").status_code == 204
+        assert Volume.objects.get(pk=lost.pk).state == VolumeState.REMOVING  # host silent
     finally:
         host.start()
     expiry_sweep()
+    assert Volume.objects.get(pk=lost.pk).state == VolumeState.DELETED
     volume.refresh_from_db()
     on_host = os.path.join(VOLUME_DIR, volume.docker_name)
     assert volume.state == VolumeState.READY and volume.clock_since is not None
