@@ -154,6 +154,22 @@ def test_a_version_that_cannot_start_gives_way_to_the_one_before(funded_team, ow
     assert client.delete(f"{base}versions/2/").status_code == 204
     assert [v["number"] for v in client.get(f"{base}versions/").json()] == [1, 3]
 
+    # A failed version that gave a GPU back: the one before gets that very GPU again.
+    assert client.patch(base, {"num_gpus": 2}, format="json").status_code == 202
+    two = Instance.objects.get(pk=first.pk)
+    held = set(GpuAllocation.objects.filter(instance=first, released_at=None).values_list(
+        "gpu_id", flat=True
+    ))  # fmt: skip
+    assert (two.version, len(held)) == (4, 2)
+    fewer = client.patch(base, {"num_gpus": 1, "entrypoint": "/no/such"}, format="json")
+    assert fewer.status_code == 202, fewer.content
+    back = Instance.objects.get(pk=first.pk)
+    assert (back.state, back.version, back.gpu_count) == ("running", 4, 2), back.status_message
+    assert back.container_id == two.container_id
+    live = GpuAllocation.objects.filter(instance=first, released_at=None)
+    assert set(live.values_list("gpu_id", flat=True)) == held
+    assert Rental.objects.get(instance=first).gpu_count == 2
+
 
 def live_ports(instance: Instance) -> dict[int, int]:
     rows = PortAllocation.objects.filter(instance=instance, released_at=None)
