@@ -16,7 +16,7 @@ from django.db.models import Max
 from django.utils import timezone
 
 from hosts.models import Machine
-from hosts.runtime import CommandFailed, DockerHost, HostUnreachable
+from hosts.runtime import CommandFailed, DockerHost, HostKeyMismatch, HostUnreachable
 from scheduler.models import (
     VERSION_FIELDS,
     GpuAllocation,
@@ -193,12 +193,13 @@ def instance_version_fall_back(
     if previous is None:
         return None
     ref = previous.container_id or version_container_name(instance, previous.number)
+    failed_spec = version_spec(instance)  # before its ports go back to the earlier ones
     try:
         _gpus_back(instance, int(previous.spec.get("gpu_count", instance.gpu_count)))
         if "ports" in previous.spec:
             _ports_back(instance, list(previous.spec["ports"]))
         host.start(ref)  # outside any transaction: a slow host holds no row locks
-    except (NoCapacity, CommandFailed, HostUnreachable) as error:
+    except (NoCapacity, CommandFailed, HostUnreachable, HostKeyMismatch) as error:
         logger.warning(
             "instance %s: version %s cannot run again: %s", instance.pk, previous.number, error
         )
@@ -229,7 +230,7 @@ def instance_version_fall_back(
         InstanceVersion.objects.create(
             instance=moved,
             number=failed_number,
-            spec=version_spec(current),
+            spec=failed_spec,
             failure=failure[:500],
             created_by=current.version_by,
             created_at=current.version_at or current.created_at,
@@ -255,7 +256,10 @@ def _ports_back(instance: Instance, container_ports: list[int]) -> None:
 def _gpus_back(instance: Instance, count: int) -> None:
     """The GPUs of the version that runs again: the failed version's extra GPUs go back (the
     newest allocations), or the GPUs it gave back are taken again, the very ones the earlier
-    container is pinned to (NoCapacity when someone rented them meanwhile)."""
+    container is pinned to (NoCapacity when someone rented them meanwhile). A slice keeps
+    its slice (its count never changes)."""
+    if instance.is_slice:
+        return
     with transaction.atomic():
         machine = Machine.objects.select_for_update().get(pk=instance.machine_id)
         held = GpuAllocation.objects.filter(instance=instance, released_at=None)

@@ -246,3 +246,5 @@ def test_a_version_publishes_other_ports_and_changes_its_disk(funded_team, machi
     assert live_ports(back) == {9000: ports[9000]}
     assert published(back.container_id) == {9000: ports[9000]}
     assert docker_inspect(back.container_id)["State"]["Running"]
+    failed = client.get(f"{base}versions/").json()[-1]
+    assert (failed["state"], failed["spec"]["ports"]) == ("failed", [7000])
