@@ -120,7 +120,9 @@ def rental_versions(instance: Instance) -> list[dict[str, object]]:
             "spec": v.spec,
             "created_at": v.created_at,
             "created_by": v.created_by,
-            "state": "stopped",
+            # A failed version never ran: the one before it runs again (``failure`` says why).
+            "state": "failed" if v.failure else "stopped",
+            "failure": v.failure,
             "container_id": v.container_id,
             "current": False,
         }
@@ -133,10 +135,12 @@ def rental_versions(instance: Instance) -> list[dict[str, object]]:
             "created_at": instance.version_at or instance.created_at,
             "created_by": instance.version_by,
             "state": instance.state,
+            "failure": "",
             "container_id": instance.container_id,
             "current": True,
         }
     )
+    rows.sort(key=lambda row: row["number"])
     previous: dict | None = None
     for row in rows:
         spec = row["spec"]

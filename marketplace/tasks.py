@@ -20,6 +20,7 @@ from marketplace.services import (
     registries,
     renter_actions,
     ssh_keys,
+    volume_metering,
     volumes,
 )
 from marketplace.services.accounts import invitations_expire as expire
@@ -126,7 +127,7 @@ def metering_sweep() -> int:
     # First whatever a lost state-change event left out of step (an ended rental unsettled,
     # a clock running for a stopped instance), so the sweep never charges for it.
     clocks.rentals_resync()
-    return metering.metering_sweep() + volumes.volumes_meter_sweep()
+    return metering.metering_sweep() + volume_metering.volumes_meter_sweep()
 
 
 @shared_task(name="marketplace.tasks.expiry_sweep")
@@ -158,7 +159,32 @@ def expiry_sweep() -> int:
             volumes.volume_delete(volume=Volume.objects.get(pk=volume_id))
         except Exception:
             logger.exception("could not delete volume %s; the next sweep tries again", volume_id)
+    # Deleted volumes whose removal on the host has not happened yet (it failed, or the
+    # machine was out of service and no event brought it back).
+    for volume_id in volumes.volumes_pending_removal():
+        volumes.volume_remove_on_host(volume_id=volume_id)
+    # Volumes whose making on the host has not happened yet (the host was silent), and
+    # resizes a dead worker left half done.
+    for volume_id in volumes.volumes_still_creating():
+        try:
+            volumes.volume_create_on_host(volume_id=volume_id)
+        except Exception:
+            logger.exception("could not make volume %s; the next sweep tries again", volume_id)
+    volumes.volumes_resize_finish()
     return done
+
+
+@shared_task(name="marketplace.tasks.volume_build")
+def volume_build(volume_id: int) -> str:
+    """Make a volume on its host (queued when it is created)."""
+    return volumes.volume_create_on_host(volume_id=volume_id)
+
+
+@shared_task(name="marketplace.tasks.volume_remove")
+def volume_remove(volume_id: int) -> bool:
+    """Remove a deleted volume on its host (queued when it is deleted, and when its machine
+    comes back into service)."""
+    return volumes.volume_remove_on_host(volume_id=volume_id)
 
 
 @shared_task(name="marketplace.tasks.offers_refresh")

@@ -162,19 +162,26 @@ def version_container_name(instance: Instance, number: int) -> str:
     return base if number == 1 else f"{base}-{number}"
 
 
-# What a version of an instance's spec is: the fields a PATCH may change.
-VERSION_FIELDS = ("image", "env", "entrypoint", "args", "launch_mode", "gpu_count", "volumes")
+# What a version of an instance's spec is: the fields a PATCH may change. A version's spec
+# also has "ports" (its published container ports: PortAllocation rows, not a field).
+VERSION_FIELDS = (
+    "image", "env", "entrypoint", "args", "launch_mode", "gpu_count", "volumes", "disk_gb",
+)  # fmt: skip
 
 
 class InstanceVersion(models.Model):
     """An earlier version of an instance: its spec and its (stopped) container, kept as
-    history to compare with, roll back to, or delete. The current version is the instance."""
+    history to compare with, roll back to, or delete; or a later version whose launch failed
+    (``failure``). The current version is the instance."""
 
     instance = models.ForeignKey(Instance, on_delete=models.CASCADE, related_name="versions")
     number = models.PositiveIntegerField()
     spec = models.JSONField()
     container_id = models.CharField(max_length=80, blank=True)
     deleted = models.BooleanField(default=False, help_text="its container was removed")
+    # Why this version's launch failed (the version before it runs again); "" for a version
+    # that ran. A failed version has no container; it can be rolled back to (tried again).
+    failure = models.CharField(max_length=500, blank=True)
     created_by = models.CharField(max_length=150, blank=True)
     created_at = models.DateTimeField()
     replaced_at = models.DateTimeField(auto_now_add=True)

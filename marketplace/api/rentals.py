@@ -513,21 +513,21 @@ class VersionPatchSerializer(serializers.Serializer):
     )
     num_gpus = serializers.IntegerField(min_value=1, max_value=64, required=False)
     volumes = serializers.ListField(child=MountSerializer(), required=False, max_length=8)
-    NOT_YET = ("ports", "disk_gb")
+    ports = serializers.ListField(
+        child=serializers.IntegerField(min_value=1, max_value=65535), required=False, max_length=16
+    )
+    disk_gb = serializers.IntegerField(min_value=1, max_value=100_000, required=False)
 
     def validate(self, data):
-        refused = {
-            name: "Not changeable by a new version yet; rent again with it."
-            for name in self.NOT_YET
-            if name in self.initial_data
-        }
-        unknown = set(self.initial_data) - set(self.fields) - set(self.NOT_YET)
-        refused.update(dict.fromkeys(sorted(unknown), "Not a field of an instance's spec."))
-        if refused:
-            raise serializers.ValidationError(refused)
+        unknown = set(self.initial_data) - set(self.fields)
+        if unknown:
+            raise serializers.ValidationError(
+                dict.fromkeys(sorted(unknown), "Not a field of an instance's spec.")
+            )
         if not data:
             raise serializers.ValidationError(
-                "Give at least one of image, env, entrypoint, args, launch_mode, num_gpus."
+                "Give at least one of image, env, entrypoint, args, launch_mode, num_gpus, "
+                "volumes, ports, disk_gb."
             )
         if "num_gpus" in data:
             data["gpu_count"] = data.pop("num_gpus")

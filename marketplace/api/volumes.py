@@ -11,12 +11,14 @@ from rest_framework.response import Response
 from hosts.runtime.volumes import MAX_VOLUME_GB
 from marketplace.api.base import TeamScopedViewSet
 from marketplace.api.fields import DOLLARS_SCHEMA, FiniteFloatField, dollars
+from marketplace.api.rentals import ExtendSerializer
 from marketplace.models import Volume, VolumeState
 from marketplace.services.volumes import (
     DEFAULT_VOLUME_HOURS,
     MAX_VOLUME_HOURS,
     volume_create,
     volume_delete,
+    volume_extend,
     volume_resize,
     volume_usage,
 )
@@ -33,7 +35,7 @@ class VolumeSerializer(serializers.ModelSerializer):
     class Meta:
         model = Volume
         fields = [
-            "id", "name", "machine_id", "size_gb", "state", "version", "mounted_by",
+            "id", "name", "machine_id", "size_gb", "state", "failure", "version", "mounted_by",
             "storage_price_per_gb_month", "ends_at", "created_at", "deleted_at",
         ]  # fmt: skip
 
@@ -77,7 +79,8 @@ class VolumeVersionSerializer(serializers.Serializer):
 
 class VolumeViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScopedViewSet):
     """The team's volumes. POST creates one on a machine (held for its period), PATCH
-    resizes it (a new version), DELETE removes it once nothing mounts it."""
+    resizes it (a new version), ``extend`` lengthens its period, DELETE removes it once
+    nothing mounts it (``removing`` until its host has done it)."""
 
     base_queryset = (
         Volume.objects.exclude(state=VolumeState.DELETED)
@@ -132,6 +135,16 @@ class VolumeViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScoped
             size_gb=params.validated_data["size_gb"],
             user=self._actor(),
         )
+        return self._answer(volume)
+
+    @extend_schema(request=ExtendSerializer, responses={200: VolumeSerializer})
+    @action(detail=True, methods=["post"])
+    def extend(self, request, pk=None):
+        """Add hours to its period, and their storage to its hold (402 when short)."""
+        volume = self.get_object()
+        params = ExtendSerializer(data=request.data)
+        params.is_valid(raise_exception=True)
+        volume = volume_extend(volume=volume, hours=params.validated_data["hours"])
         return self._answer(volume)
 
     @extend_schema(request=None, responses={204: None})

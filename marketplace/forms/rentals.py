@@ -199,6 +199,8 @@ class NewVersionForm(forms.Form):
     image = forms.CharField(required=False)
     env = forms.CharField(required=False, strip=False)
     args = forms.CharField(required=False, strip=False)
+    ports = forms.CharField(required=False)
+    disk_gb = forms.IntegerField(required=False, min_value=1, max_value=100_000)
 
     def changes(self) -> dict[str, Any]:
         if not self.is_valid():
@@ -206,6 +208,18 @@ class NewVersionForm(forms.Form):
         data, changes = self.cleaned_data, {}
         if data["image"].strip():
             changes["image"] = data["image"].strip()
+        if data["ports"].strip():
+            words = data["ports"].replace(",", " ").split()
+            if words == ["none"]:
+                changes["ports"] = []
+            elif all(w.isdigit() and 1 <= int(w) <= 65535 for w in words) and len(words) <= 16:
+                changes["ports"] = [int(w) for w in words]
+            else:
+                raise ValidationError(
+                    {"ports": "Container ports 1-65535, like 8080 9000 (or none)."}
+                )
+        if data["disk_gb"] is not None:
+            changes["disk_gb"] = data["disk_gb"]
         try:
             if data["env"].strip():
                 changes["env"] = env_from_lines(data["env"])
@@ -216,7 +230,9 @@ class NewVersionForm(forms.Form):
                 {"env" if "Line" in str(error) else "args": error.messages}
             ) from None
         if not changes:
-            raise ValidationError({"image": "Change the image, the environment or the arguments."})
+            raise ValidationError(
+                {"image": "Change the image, the environment, the arguments, ports or disk."}
+            )
         return changes
 
 

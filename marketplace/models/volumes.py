@@ -19,13 +19,23 @@ def volume_reference(volume_id: int) -> str:
 
 
 class VolumeState(models.TextChoices):
+    # Held and recorded; its host makes it after the commit (``volume_create_on_host``).
+    # Not charged, not mountable until it is ready.
+    CREATING = "creating", "Creating"
     READY = "ready", "Ready"
+    # Deleted by its team and settled (nothing is charged), still to be removed on its host:
+    # its machine was out of service, or the removal has not run yet. The machine coming
+    # back, or a sweep, removes it and it becomes deleted.
+    REMOVING = "removing", "Removing"
     DELETED = "deleted", "Deleted"
+    # Its host refused to make it (``failure`` says why): its hold went back.
+    FAILED = "failed", "Failed"
 
 
 class Volume(models.Model):
     """Storage clock: ``gb_seconds`` accumulated at earlier sizes, plus ``size_gb`` × the time
-    since ``clock_since`` while it runs; never past ``ends_at`` (what the hold covers)."""
+    since ``clock_since`` while it runs; never past ``ends_at`` (what the hold covers). The
+    clock stops while the machine is out of service (``volumes_follow_machine``)."""
 
     uuid = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
     team = models.ForeignKey("marketplace.Team", on_delete=models.CASCADE, related_name="volumes")
@@ -36,6 +46,10 @@ class Volume(models.Model):
     name = models.CharField(max_length=64)
     size_gb = models.PositiveIntegerField()
     state = models.CharField(max_length=16, choices=VolumeState.choices, default=VolumeState.READY)
+    failure = models.CharField(max_length=500, blank=True)
+    # A resize under way: held for and recorded here before the host is asked (outside any
+    # transaction); the size becomes it once the host has done it. Null otherwise.
+    resizing_to = models.PositiveIntegerField(null=True, blank=True)
     storage_price_per_gb_month = models.BigIntegerField(help_text="micro-dollars, fixed")
     # Null only inside the creating transaction: the hold's reference names the volume's id.
     hold_id = models.BigIntegerField(unique=True, null=True)
@@ -52,7 +66,7 @@ class Volume(models.Model):
             models.CheckConstraint(condition=Q(size_gb__gte=1), name="volume_size_min1"),
             models.UniqueConstraint(
                 fields=["team", "machine", "name"],
-                condition=Q(state="ready"),
+                condition=Q(state__in=["ready", "creating"]),
                 name="volume_name_unique_per_team_machine",
             ),
         ]

@@ -14,6 +14,8 @@ from marketplace.events import publish_team_event
 from marketplace.models import Rental
 from marketplace.services.clocks import rentals_follow_machine
 from marketplace.services.offers import offer_refresh
+from marketplace.services.volume_metering import volumes_follow_machine
+from marketplace.services.volumes import volumes_pending_removal
 from scheduler.services import live_gpu_allocations, sliced_gpu_ids
 
 
@@ -23,6 +25,13 @@ def on_machine_status_changed(sender, *, machine_id, team_id, old, new, reason, 
         # A machine out of service (offline, a changed host key, an error: commands cannot
         # reach it or it cannot run them) stops being charged until it is online again.
         rentals_follow_machine(machine_id=machine_id)
+        # Its volumes' storage too; volumes deleted while it was out are removed now.
+        volumes_follow_machine(machine_id=machine_id)
+        if in_service(new):
+            from marketplace.tasks import volume_remove  # the tasks import the receivers' services
+
+            for volume_id in volumes_pending_removal(machine_id=machine_id):
+                volume_remove.delay(volume_id)
     offer_refresh(machine_id=machine_id)
     publish_team_event(
         team_id, "machine.status", {"id": machine_id, "status": new, "reason": reason}

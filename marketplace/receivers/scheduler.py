@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import logging
+
 from django.dispatch import receiver
 
 from marketplace.events import publish_instance_event
 from marketplace.services.bids import bids_waiting, interrupted_note, machine_bids_resolve
 from marketplace.services.clocks import rental_follow_instance
 from marketplace.services.offers import offer_refresh
+from marketplace.services.rental_versions import rental_follow_version
 from scheduler.models import GPU_HOLDING_STATES, InstanceState
 from scheduler.signals import instance_progress, instance_state_changed
+
+logger = logging.getLogger(__name__)
 
 
 @receiver(instance_state_changed, dispatch_uid="marketplace.rental_follow_instance")
@@ -17,6 +22,12 @@ def on_instance_state_changed(
     sender, *, instance_id, team_id, machine_id, from_state, to_state, reason, **kwargs
 ):
     rental_follow_instance(instance_id=instance_id)
+    if to_state == InstanceState.RUNNING:
+        # A failed version may have given way to the one before it (its GPUs, disk, volumes).
+        try:
+            rental_follow_version(instance_id=instance_id)
+        except Exception:
+            logger.exception("rental of instance %s did not follow its version", instance_id)
     if to_state == InstanceState.STOPPED:
         reason = interrupted_note(instance_id) or reason
     if to_state not in GPU_HOLDING_STATES and bids_waiting(machine_id):

@@ -24,7 +24,9 @@ from hosts.runtime import (
 )
 from marketplace.events import publish_instance_event
 from marketplace.models import CommittedImage, Rental, Team, Volume, VolumeMount, VolumeState
+from marketplace.services.metering import BANK_STORAGE_FIELDS, rental_bank_storage_owed
 from marketplace.services.offers import offer_refresh
+from marketplace.services.pricing import storage_owed
 from marketplace.services.registries import registry_check
 from marketplace.services.volumes import (
     MountRequest,
@@ -34,8 +36,23 @@ from marketplace.services.volumes import (
 )
 from marketplace.validation import validate_launch
 from scheduler import services as scheduler
-from scheduler.models import GpuAllocation, Instance, InstanceState, InstanceVersion, LaunchMode
-from scheduler.services import InvalidTransition, MachineRoom, NoCapacity, allocations_write
+from scheduler.models import (
+    GpuAllocation,
+    GpuSlice,
+    Instance,
+    InstanceState,
+    InstanceVersion,
+    LaunchMode,
+)
+from scheduler.placement import slice_fraction
+from scheduler.services import (
+    JUPYTER_CONTAINER_PORT,
+    SSH_CONTAINER_PORT,
+    InvalidTransition,
+    MachineRoom,
+    NoCapacity,
+    allocations_write,
+)
 from scheduler.work import work_enqueue_on_commit
 
 logger = logging.getLogger(__name__)
@@ -73,42 +90,84 @@ def _within_period(instance: Instance) -> None:
         raise InvalidTransition("The rental period is over; extend it first.")
 
 
-def _check_spec(instance: Instance, spec: dict) -> None:
+def _check_spec(instance: Instance, spec: dict, asked_ports: list[int]) -> None:
     if spec["launch_mode"] not in LaunchMode.values:
         raise ValidationError({"launch_mode": f"Choose one of {', '.join(LaunchMode.values)}."})
     validate_launch(
         image=spec["image"],
         env=dict(spec["env"]),
-        ports=[],
+        ports=list(asked_ports),
         entrypoint=spec["entrypoint"],
         args=list(spec["args"]),
     )
+    disk = spec["disk_gb"]
+    most = _max_disk_gb(instance, spec["gpu_count"])
+    if not isinstance(disk, int) or isinstance(disk, bool) or not 1 <= disk <= most:
+        raise ValidationError({"disk_gb": f"Choose between 1 and {most} GB on this machine."})
     registry_check(image=spec["image"], allow_private=instance.machine.allow_private_registries)
     committed_image_check(team=instance.team, machine_id=instance.machine_id, image=spec["image"])
+
+
+def _max_disk_gb(instance: Instance, gpus: int) -> int:
+    """The most disk the machine gives a rental of this size: a unit's disk per GPU, or a
+    slice's fraction of one unit (as at renting)."""
+    machine = instance.machine
+    if instance.is_slice:
+        card_memory = (
+            GpuSlice.objects.filter(instance=instance, released_at=None)
+            .values_list("gpu__memory_mib", flat=True)
+            .first()
+        )
+        fraction = slice_fraction(
+            instance.slice_core_percent, instance.slice_memory_mb, card_memory or 1
+        )
+        return max(int(machine.unit_disk_gb * fraction), 1)
+    return max(int(machine.unit_disk_gb * max(gpus, 1)), 1)
+
+
+def _published(spec: dict) -> list[int]:
+    """The container ports a spec publishes: those asked for, and its launch mode's own (SSH
+    22, Jupyter 8888), as at renting."""
+    ports = [int(port) for port in dict.fromkeys(spec.get("ports") or [])]
+    mode_port = {LaunchMode.SSH: SSH_CONTAINER_PORT, LaunchMode.JUPYTER: JUPYTER_CONTAINER_PORT}
+    needed = mode_port.get(spec["launch_mode"])
+    if needed is not None and needed not in ports:
+        ports.append(needed)
+    return sorted(ports)
 
 
 def rental_new_version(*, instance: Instance, changes: dict, by: str, reason: str = "") -> Instance:
     """Run the instance's spec with ``changes`` as its next version: the current container
     stops (and is kept), a new one starts on the same GPUs. 400 when nothing changes or the
-    spec is refused, 409 when the instance is not running or exited."""
+    spec is refused, 409 when the instance is not running or exited (or the machine lacks
+    the GPUs or host ports it needs), 402 when the hold cannot grow for more GPUs or disk."""
     current = scheduler.version_spec(instance)
     changes = dict(changes)
     mounts = _mounts_for(instance, changes)
     spec = {**current, **changes}
+    asked_ports = list(changes.get("ports", []))
+    spec["ports"] = _published(spec)
     if spec == current:
         raise ValidationError({"non_field_errors": "This is the current spec: nothing to change."})
-    _check_spec(instance, spec)
+    _check_spec(instance, spec, asked_ports)
     _within_period(instance)
     changed = sorted(name for name in spec if spec[name] != current[name])
-    reason = reason or f"Version {instance.version + 1}: changed {', '.join(changed)}"
+    number = scheduler.next_version_number(instance)
+    reason = reason or f"Version {number}: changed {', '.join(changed)}"
     gpus = spec["gpu_count"]
     if gpus != instance.gpu_count:
         _check_gpu_count(instance, gpus)
     prepared = scheduler.instance_version_prepare(instance_id=instance.pk)
     try:
         with transaction.atomic():
+            if spec["ports"] != current["ports"]:
+                # New host ports from the machine's range (409 when it is full); dropped
+                # ones are released. Under the machine's lock, as at renting.
+                scheduler.instance_ports_set(instance=instance, container_ports=spec["ports"])
             if gpus != instance.gpu_count:
-                _gpus_follow(instance, gpus)
+                _gpus_follow(instance, gpus, number)
+            if spec["disk_gb"] != current["disk_gb"]:
+                _disk_follow(instance, spec["disk_gb"], number)
             if mounts is not None:
                 _mounts_follow(instance, mounts)
             moved = scheduler.instance_version_begin(
@@ -117,6 +176,7 @@ def rental_new_version(*, instance: Instance, changes: dict, by: str, reason: st
                 changes={name: spec[name] for name in changed},
                 by=by,
                 reason=reason,
+                current_spec=current,
             )
             work_enqueue_on_commit(instance.pk, InstanceState.LAUNCHING)
     except Exception:
@@ -187,7 +247,7 @@ def _check_gpu_count(instance: Instance, gpus: int) -> None:
         )
 
 
-def _gpus_follow(instance: Instance, gpus: int) -> None:
+def _gpus_follow(instance: Instance, gpus: int, number: int) -> None:
     """Under the machine's and the rental's locks: take the extra GPUs (409 naming what is
     missing) or give the highest back; bank the GPU-seconds used at the old count; hold the
     extra GPUs' price for the rest of the period (402 when short)."""
@@ -205,19 +265,83 @@ def _gpus_follow(instance: Instance, gpus: int) -> None:
             holds.hold_extend(
                 hold_id=rental.hold_id,
                 amount=amount,
-                idempotency_key=f"rental:{instance.uuid}:gpus:v{instance.version + 1}",
+                idempotency_key=f"rental:{instance.uuid}:gpus:v{number}",
             )
     else:
         held = GpuAllocation.objects.filter(instance=instance, released_at=None)
         give_back = list(held.order_by("-gpu__index").values_list("pk", flat=True)[:-extra])
         GpuAllocation.objects.filter(pk__in=give_back).update(released_at=now)
+    _bank_gpu_count(rental, gpus, now)
+    transaction.on_commit(lambda: offer_refresh(machine_id=machine.pk))
+
+
+def _disk_follow(instance: Instance, disk_gb: int, number: int) -> None:
+    """Under the rental's lock: bank what storage owes at the old size (time used is never
+    repriced), charge the new size from now, and hold the extra GB for the rest of the
+    period when it grows (402 when short; a smaller disk leaves the hold as it is)."""
+    rental = Rental.objects.select_for_update(of=("self",)).get(instance_id=instance.pk)
+    now = timezone.now()
+    extra = disk_gb - rental.disk_gb
+    if extra > 0:
+        remaining = max(int((rental.ends_at - now).total_seconds()), 0)
+        amount = storage_owed(
+            price_per_gb_month=rental.storage_price_per_gb_month, disk_gb=extra, seconds=remaining
+        )
+        if amount:
+            holds.hold_extend(
+                hold_id=rental.hold_id,
+                amount=amount,
+                idempotency_key=f"rental:{instance.uuid}:disk:v{number}",
+            )
+    _bank_disk(rental, disk_gb, now)
+
+
+def _bank_disk(rental: Rental, disk_gb: int, now) -> None:
+    rental_bank_storage_owed(rental, now)
+    rental.disk_gb = disk_gb
+    rental.save(update_fields=[*BANK_STORAGE_FIELDS, "disk_gb"])
+
+
+def _bank_gpu_count(rental: Rental, gpus: int, now) -> None:
+    """Bank the GPU-seconds used at the old count; the clock runs on at ``gpus``."""
     rental.gpu_unit_seconds += rental.gpu_count * rental.gpu_seconds_at(now)
     rental.gpu_seconds = 0
     if rental.gpu_clock_since is not None:
         rental.gpu_clock_since = min(now, rental.ends_at)
     rental.gpu_count = gpus
     rental.save(update_fields=["gpu_unit_seconds", "gpu_seconds", "gpu_clock_since", "gpu_count"])
-    transaction.on_commit(lambda: offer_refresh(machine_id=machine.pk))
+
+
+@transaction.atomic
+def rental_follow_version(*, instance_id: int) -> None:
+    """The rental follows the version its instance runs, as it is now: after a failed
+    version gave way to the one before it (``scheduler.instance_version_fall_back``) the
+    GPU count and disk charged and the volumes mounted are that version's again. Idempotent; the hold
+    is left as it is (it covers the larger of the two counts already)."""
+    rental = (
+        Rental.objects.select_for_update(of=("self",))
+        .select_related("instance")
+        .filter(instance_id=instance_id, settled_at=None)
+        .first()
+    )
+    if rental is None:
+        return
+    instance = rental.instance
+    if not instance.is_slice and rental.gpu_count != instance.gpu_count:
+        _bank_gpu_count(rental, instance.gpu_count, timezone.now())
+    if rental.disk_gb != instance.disk_gb:
+        _bank_disk(rental, instance.disk_gb, timezone.now())
+    wanted = sorted((name, target) for name, target in instance.volumes or [])
+    mounts = VolumeMount.objects.filter(instance=instance).select_related("volume")
+    if sorted((m.volume.docker_name, m.target) for m in mounts) != wanted:
+        ready = {
+            volume.docker_name: volume
+            for volume in Volume.objects.filter(
+                team_id=instance.team_id, machine_id=instance.machine_id, state=VolumeState.READY
+            )
+        }
+        VolumeMount.objects.filter(instance=instance).delete()
+        mounts_write(instance, [(ready[n], t) for n, t in wanted if n in ready])
 
 
 def rental_rollback(*, instance: Instance, number: int, by: str) -> Instance:
@@ -231,7 +355,8 @@ def rental_rollback(*, instance: Instance, number: int, by: str) -> Instance:
         instance=instance,
         changes=dict(version.spec),
         by=by,
-        reason=f"Version {instance.version + 1}: rolled back to version {number}",
+        reason=f"Version {scheduler.next_version_number(instance)}: "
+        f"rolled back to version {number}",
     )
 
 

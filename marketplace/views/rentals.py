@@ -194,6 +194,7 @@ def _instance_context(request: HttpRequest, instance: Instance) -> dict[str, obj
         disk_gb=rental.disk_gb,
         hours=1,
     )
+    versions = _versions_with_diff(instance)
     return {
         "instance": instance,
         "rental": rental,
@@ -207,7 +208,8 @@ def _instance_context(request: HttpRequest, instance: Instance) -> dict[str, obj
         "bid_dollars": rental.price_per_gpu_hour / 1_000_000,
         "can_act": request.membership.allows(Role.MEMBER),
         "ended": instance.state in ENDED_STATES,
-        "versions": _versions_with_diff(instance),
+        "versions": versions,
+        "version_ports": next((v["spec"].get("ports", []) for v in versions if v["current"]), []),
         "versionable": instance.state in (InstanceState.RUNNING, InstanceState.EXITED),
     }
 
@@ -240,7 +242,8 @@ def _new_version(request: HttpRequest, instance: Instance) -> None:
     moved = rental_new_version(instance=instance, changes=changes, by=request.user.get_username())
     messages.success(
         request,
-        f"Version {moved.version} is launching; version {moved.version - 1} is stopped and kept.",
+        f"Version {moved.version} is launching; the one before it is stopped and kept "
+        "(it runs again if the new one cannot start).",
     )
 
 

@@ -9,6 +9,7 @@ from django.core.exceptions import ValidationError
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import path
+from django.utils import timezone
 
 from hosts.runtime import CommandFailed, HostUnreachable
 from marketplace.models import Offer, Role, Volume, VolumeState
@@ -17,6 +18,7 @@ from marketplace.services.volumes import (
     VolumeInUse,
     volume_create,
     volume_delete,
+    volume_extend,
     volume_resize,
 )
 from marketplace.tenancy import team_object_or_404, team_objects
@@ -41,7 +43,15 @@ def _act(request: HttpRequest) -> None:
             size_gb=_whole(request.POST.get("size_gb"), "size_gb"),
             hours=float(_whole(request.POST.get("days"), "days") * 24),
         )
-        messages.success(request, f"Volume {volume.name} ({volume.size_gb} GB) is ready.")
+        volume.refresh_from_db()
+        if volume.state == VolumeState.READY:
+            messages.success(request, f"Volume {volume.name} ({volume.size_gb} GB) is ready.")
+        elif volume.state == VolumeState.FAILED:
+            messages.error(request, f"Volume {volume.name} could not be made: {volume.failure}")
+        else:
+            messages.success(
+                request, f"Volume {volume.name} ({volume.size_gb} GB) is being made on its host."
+            )
         return
     volume = team_object_or_404(
         request.team,
@@ -55,9 +65,24 @@ def _act(request: HttpRequest) -> None:
             user=request.user,
         )
         messages.success(request, f"Volume {volume.name} is now {volume.size_gb} GB.")
+    elif action == "extend":
+        volume = volume_extend(
+            volume=volume, hours=float(_whole(request.POST.get("days"), "days") * 24)
+        )
+        messages.success(
+            request, f"Volume {volume.name} is held until {volume.ends_at:%Y-%m-%d %H:%M} UTC."
+        )
     elif action == "delete":
-        volume_delete(volume=volume)
-        messages.success(request, f"Volume {volume.name} deleted; its data is gone.")
+        volume = volume_delete(volume=volume)
+        volume.refresh_from_db()
+        if volume.state == VolumeState.DELETED:
+            messages.success(request, f"Volume {volume.name} deleted; its data is gone.")
+        else:
+            messages.success(
+                request,
+                f"Volume {volume.name} deleted and no longer charged; machine "
+                f"{volume.machine_id} removes its data when it is back online.",
+            )
 
 
 @login_required
@@ -72,7 +97,10 @@ def volumes(request: HttpRequest) -> HttpResponse:
             )
         return redirect("volumes")
     rows = (
-        team_objects(request.team, Volume.objects.filter(state=VolumeState.READY))
+        team_objects(
+            request.team,
+            Volume.objects.filter(state__in=(VolumeState.CREATING, VolumeState.READY)),
+        )
         .select_related("machine")
         .prefetch_related("versions", "mounts__instance")
     )
@@ -90,7 +118,12 @@ def volumes(request: HttpRequest) -> HttpResponse:
     return render(
         request,
         "marketplace/volumes.html",
-        {"volumes": listed, "machines": machines, "default_days": DEFAULT_VOLUME_HOURS // 24},
+        {
+            "volumes": listed,
+            "machines": machines,
+            "default_days": DEFAULT_VOLUME_HOURS // 24,
+            "now": timezone.now(),
+        },
     )
 
 

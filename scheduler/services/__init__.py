@@ -51,9 +51,11 @@ from scheduler.services.stop_destroy import (
 )
 from scheduler.services.transitions import instance_report_progress, instance_transition
 from scheduler.services.versions import (
+    instance_ports_set,
     instance_version_begin,
     instance_version_delete,
     instance_version_prepare,
+    next_version_number,
     version_spec,
 )
 
@@ -93,7 +95,9 @@ __all__ = [
     "instance_transition",
     "instance_version_begin",
     "instance_version_delete",
+    "instance_ports_set",
     "instance_version_prepare",
+    "next_version_number",
     "version_spec",
     "live_gpu_allocations",
     "live_gpu_slices",

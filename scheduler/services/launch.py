@@ -23,6 +23,7 @@ from scheduler.services.errors import LaunchInterrupted
 from scheduler.services.interruption import gpus_vacate
 from scheduler.services.leased_work import WorkOutcome, leased, waiting_for_host
 from scheduler.services.transitions import instance_report_progress, instance_transition, state_of
+from scheduler.services.versions import instance_version_fall_back
 
 logger = logging.getLogger(__name__)
 
@@ -56,8 +57,16 @@ def instance_launch_fail(*, instance_id: int, reason: str) -> WorkOutcome:
     return _launch_failed(instance_id, reason)
 
 
-def _launch_failed(instance_id: int, reason: str) -> WorkOutcome:
+def _launch_failed(instance_id: int, reason: str, *, host: DockerHost | None = None) -> WorkOutcome:
+    """The launch cannot go on. A new version whose host answered (``host``) gives way to
+    the version before it, which runs again; any other launch fails and its rental ends."""
     logger.warning("launch of instance %s failed: %s", instance_id, reason)
+    if host is not None:
+        instance = Instance.objects.get(pk=instance_id)
+        if instance.state == InstanceState.LAUNCHING and instance.version > 1:
+            back = instance_version_fall_back(host, instance, reason)
+            if back is not None:
+                return WorkOutcome(instance_id, back.state, back.container_id)
     moved = instance_transition(
         instance_id=instance_id,
         to_state=InstanceState.FAILED,
@@ -107,7 +116,7 @@ def _launch_leased(
         # `docker run` can fail after creating the container (a port taken, say): remove it,
         # so nothing is left behind the failed rental.
         remove_quietly(host, instance.container_name)
-        return _launch_failed(instance_id, f"Launch failed: {error}")
+        return _launch_failed(instance_id, f"Launch failed: {error}", host=host)
     moved = instance_transition(
         instance_id=instance_id,
         to_state=InstanceState.RUNNING,

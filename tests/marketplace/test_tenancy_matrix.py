@@ -450,11 +450,13 @@ def check_volumes(c: Checker) -> None:
         assert client.delete(base).status_code == 404
         assert client.get(f"{base}versions/").status_code == 404
         assert client.get(f"{base}usage/").status_code == 404
+        extend = client.post(f"{base}extend/", '{"hours": 5}', content_type="application/json")
+        assert extend.status_code == 404
         listed = client.get("/api/v1/volumes/").json()["results"]
         assert volume.pk not in [v["id"] for v in listed]
     for client in [c.outsider()]:  # the console's forms, with Acme's volume id
-        for action in ("resize", "delete"):
-            data = {"action": action, "volume": volume.pk, "size_gb": 9}
+        for action in ("resize", "extend", "delete"):
+            data = {"action": action, "volume": volume.pk, "size_gb": 9, "days": 1}
             assert client.post("/volumes/", data).status_code == 404
         assert "acme-data" not in client.get("/volumes/").content.decode()
     for client in c.members():
@@ -697,6 +699,7 @@ MATRIX: dict[str, list[Check]] = {
     "api-volume-detail": [Custom(check_volumes)],
     "api-volume-versions": [Custom(check_volumes)],
     "api-volume-usage": [Custom(check_volumes)],
+    "api-volume-extend": [Custom(check_volumes)],
     "api-deployment-detail": [Custom(check_deployments)],
     "api-deployment-stop": [Custom(check_deployments)],
     "api-deployment-replicas": [Custom(check_deployments)],

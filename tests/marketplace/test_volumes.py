@@ -16,10 +16,15 @@ from hosts.runtime.volumes import VOLUME_DIR, HostVolumes
 from marketplace.models import Volume, VolumeState
 from marketplace.models.volumes import volume_reference
 from marketplace.services.pricing import storage_owed
-from marketplace.services.volumes import volumes_meter_sweep
+from marketplace.services.volume_metering import volumes_meter_sweep
 from tests.conftest import client_for, key_client, sim_container_label
 from tests.factories import TeamFactory, UserFactory, add_member
-from tests.marketplace.conftest import STORAGE_PER_GB_MONTH, fund, remove_containers
+from tests.marketplace.conftest import (
+    STORAGE_PER_GB_MONTH,
+    fund,
+    machine_for,
+    remove_containers,
+)
 from tests.marketplace.test_rental_lifecycle import rented
 
 pytestmark = [pytest.mark.system, pytest.mark.django_db(transaction=True)]
@@ -30,7 +35,7 @@ def _no_volume_left_on_the_host():
     """A test that fails midway leaves no loop-mounted image behind: its containers go first
     (they hold the volume), then the volume's image and mount."""
     yield
-    left = list(Volume.objects.filter(state=VolumeState.READY).select_related("machine"))
+    left = list(Volume.objects.exclude(state=VolumeState.DELETED).select_related("machine"))
     if left:
         remove_containers(sim_container_label())
     for volume in left:
@@ -201,3 +206,186 @@ def test_a_volume_lost_from_the_host_is_mounted_again_before_its_container_start
     assert started.status_code == 200, started.content
     assert os.path.ismount(mount)
     assert run(client, instance, "cat /data/mark")["output"].strip() == "kept"
+
+
+def test_a_volume_is_not_charged_while_its_machine_is_offline_and_deleting_it_then_waits_for_it(
+    funded_team, sim_host_factory, provider_team, settings
+):
+    """The machine goes down for real: the volume's clock stops (charges freeze), deleting it
+    settles at once (nothing charged from then) though the host cannot be reached, and the
+    volume is removed on the host when the machine is back."""
+    from hosts import services as host_services
+    from marketplace.tasks import metering_sweep
+
+    settings.HOST_HEARTBEAT_MISSES = 1
+    host = sim_host_factory(gpus=1)
+    machine = machine_for(host, provider_team)
+    client = key_client(funded_team)
+    made = client.post(
+        "/api/v1/volumes/",
+        {"machine_id": machine.pk, "name": "away", "size_gb": 1, "duration_hours": 24},
+        format="json",
+    )
+    assert made.status_code == 201, made.content
+    volume = Volume.objects.get(pk=made.json()["id"])
+    on_host = os.path.join(VOLUME_DIR, volume.docker_name)
+    assert os.path.ismount(on_host)
+    host.stop()
+    try:
+        host_services.machine_heartbeat(machine_id=machine.pk)
+        volume.refresh_from_db()
+        assert volume.clock_since is None  # stopped with the machine
+        frozen = volume.gb_seconds_at(timezone.now() + timedelta(hours=5))
+        assert frozen == volume.gb_seconds_at(timezone.now())
+        metering_sweep()
+        captured = Hold.objects.get(pk=volume.hold_id).captured_storage
+        assert captured == storage_owed(
+            price_per_gb_month=STORAGE_PER_GB_MONTH, disk_gb=1, seconds=volume.gb_seconds
+        )
+
+        deleted = client.delete(f"/api/v1/volumes/{volume.pk}/")
+        assert deleted.status_code == 204, deleted.content
+        volume.refresh_from_db()
+        assert volume.state == VolumeState.REMOVING and volume.settled_at is not None
+        hold = Hold.objects.get(pk=volume.hold_id)
+        assert hold.status == "released" and hold.captured_storage == captured
+        shown = client.get(f"/api/v1/volumes/{volume.pk}/").json()
+        assert shown["state"] == "removing"
+        assert os.path.exists(on_host + ".img")  # the host could not be told yet
+        assert client.delete(f"/api/v1/volumes/{volume.pk}/").status_code == 204  # no-op
+    finally:
+        host.start()
+    host_services.machine_heartbeat(machine_id=machine.pk)  # online: the removal runs
+    volume.refresh_from_db()
+    assert volume.state == VolumeState.DELETED and volume.clock_since is None
+    assert not os.path.exists(on_host) and not os.path.exists(on_host + ".img")
+    assert client.get(f"/api/v1/volumes/{volume.pk}/").status_code == 404
+    assert Hold.objects.get(pk=volume.hold_id).captured_storage == captured
+
+
+def test_volume_clocks_put_in_step_by_the_sweep_when_a_status_event_was_lost(funded_team, machine):
+    from marketplace.services.volume_metering import volumes_resync
+
+    made = key_client(funded_team).post(
+        "/api/v1/volumes/",
+        {"machine_id": machine.pk, "name": "step", "size_gb": 1, "duration_hours": 24},
+        format="json",
+    )
+    volume = Volume.objects.get(pk=made.json()["id"])
+    type(machine).objects.filter(pk=machine.pk).update(status="offline")  # no event
+    assert volumes_resync() == 1 and volumes_resync() == 0
+    volume.refresh_from_db()
+    assert volume.clock_since is None
+    type(machine).objects.filter(pk=machine.pk).update(status="online")
+    assert volumes_resync() == 1
+    volume.refresh_from_db()
+    assert volume.clock_since is not None
+
+
+def test_a_volumes_period_is_extended_and_its_hold_grows(team, owner, machine):
+    """API and console: the hold grows by the size × the price × the hours; credit short is
+    402 with nothing written; a period already over starts again from now."""
+    fund(team, dollars=1)
+    client = key_client(team)
+    made = client.post(
+        "/api/v1/volumes/",
+        {"machine_id": machine.pk, "name": "longer", "size_gb": 1, "duration_hours": 1},
+        format="json",
+    )
+    assert made.status_code == 201, made.content
+    volume = Volume.objects.get(pk=made.json()["id"])
+    hold = Hold.objects.get(pk=volume.hold_id)
+    base = f"/api/v1/volumes/{volume.pk}/extend/"
+
+    for bad in ({"hours": 0}, {"hours": "soon"}, {}):
+        refused = client.post(base, bad, format="json")
+        assert refused.status_code == 400 and "hours" in refused.json()["error"]["fields"]
+    short = client.post(base, {"hours": 24 * 365}, format="json")  # $1.20 of storage
+    assert short.status_code == 402, short.content
+    assert Volume.objects.get(pk=volume.pk).ends_at == volume.ends_at
+    assert Hold.objects.get(pk=hold.pk).amount == hold.amount
+
+    extended = client.post(base, {"hours": 24}, format="json")
+    assert extended.status_code == 200, extended.content
+    day = storage_owed(price_per_gb_month=STORAGE_PER_GB_MONTH, disk_gb=1, seconds=24 * 3600)
+    assert Hold.objects.get(pk=hold.pk).amount == hold.amount + day
+    assert Volume.objects.get(pk=volume.pk).ends_at == volume.ends_at + timedelta(hours=24)
+
+    console = client_for(Client(), owner, team)
+    page = console.post("/volumes/", {"action": "extend", "volume": volume.pk, "days": 1})
+    assert page.status_code == 302
+    assert Volume.objects.get(pk=volume.pk).ends_at == volume.ends_at + timedelta(hours=48)
+
+    # Over: extending starts a new period from now; the time since its end is not charged.
+    ended_at = timezone.now() - timedelta(hours=3)
+    Volume.objects.filter(pk=volume.pk).update(ends_at=ended_at)
+    used = Volume.objects.get(pk=volume.pk).gb_seconds_at(timezone.now())
+    again = client.post(base, {"hours": 2}, format="json")
+    assert again.status_code == 200, again.content
+    volume.refresh_from_db()
+    assert volume.gb_seconds == used and volume.ends_at > timezone.now() + timedelta(hours=1)
+    assert volume.gb_seconds_at(timezone.now()) - used < 60  # seconds, not hours
+
+
+def test_a_volumes_host_work_runs_after_its_transaction_and_is_recorded(
+    funded_team, sim_host_factory, provider_team
+):
+    """The host is silent (its sshd down, the machine still online): creating answers at once
+    with a volume being made and not charged, and the sweep makes it once the host is back; a
+    resize fails cleanly (503, nothing recorded) and one a dead worker left half done is
+    finished by the sweep; a volume its host never made fails and its hold goes back."""
+    from marketplace.tasks import expiry_sweep
+
+    host = sim_host_factory(gpus=1)
+    machine = machine_for(host, provider_team)
+    client = key_client(funded_team)
+    body = {"machine_id": machine.pk, "size_gb": 1, "duration_hours": 24}
+    host.stop()
+    try:
+        made = client.post("/api/v1/volumes/", {**body, "name": "later"}, format="json")
+        assert made.status_code == 201, made.content
+        assert made.json()["state"] == "creating"
+        volume = Volume.objects.get(pk=made.json()["id"])
+        assert volume.clock_since is None and Hold.objects.get(pk=volume.hold_id).status == "open"
+        refused = client.post(
+            "/api/v1/instances/",
+            {"machine_id": machine.pk, "num_gpus": 1, "image": "gpumkt/busybox:latest",
+             "duration_hours": 1, "volumes": [{"volume": volume.pk, "target": "/data"}]},
+            format="json",
+        )  # fmt: skip
+        assert refused.status_code == 400  # not mountable until it is made
+        never = client.post("/api/v1/volumes/", {**body, "name": "never"}, format="json")
+        lost = Volume.objects.get(pk=never.json()["id"])
+        Volume.objects.filter(pk=lost.pk).update(created_at=timezone.now() - timedelta(hours=1))
+        expiry_sweep()  # the host still silent: "later" waits, "never" has waited too long
+        assert Volume.objects.get(pk=volume.pk).state == VolumeState.CREATING
+        lost.refresh_from_db()
+        assert lost.state == VolumeState.FAILED and "did not answer" in lost.failure
+        assert Hold.objects.get(pk=lost.hold_id).status == "released"
+        assert client.delete(f"/api/v1/volumes/{lost.pk}/").status_code == 204
+        assert Volume.objects.get(pk=lost.pk).state == VolumeState.REMOVING  # host silent
+    finally:
+        host.start()
+    expiry_sweep()
+    assert Volume.objects.get(pk=lost.pk).state == VolumeState.DELETED
+    volume.refresh_from_db()
+    on_host = os.path.join(VOLUME_DIR, volume.docker_name)
+    assert volume.state == VolumeState.READY and volume.clock_since is not None
+    assert os.path.ismount(on_host)
+
+    host.stop()
+    try:
+        silent = client.patch(f"/api/v1/volumes/{volume.pk}/", {"size_gb": 2}, format="json")
+        assert silent.status_code == 503, silent.content
+    finally:
+        host.start()
+    volume.refresh_from_db()
+    assert (volume.size_gb, volume.resizing_to, volume.versions.count()) == (1, None, 1)
+
+    Volume.objects.filter(pk=volume.pk).update(resizing_to=2)  # a worker died mid-resize
+    busy = client.patch(f"/api/v1/volumes/{volume.pk}/", {"size_gb": 3}, format="json")
+    assert busy.status_code == 400 and "under way" in str(busy.json()["error"])
+    expiry_sweep()
+    volume.refresh_from_db()
+    assert (volume.size_gb, volume.resizing_to, volume.versions.count()) == (2, None, 2)
+    assert os.path.getsize(on_host + ".img") == 2 * 1024**3
