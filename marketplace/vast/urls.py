@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from django.urls import path, re_path
 
-from marketplace.vast import views
+from marketplace.vast import hosting, views
 from marketplace.vast.errors import vast_not_found
 from marketplace.vast.schema import schema_view
 
@@ -30,16 +30,16 @@ urlpatterns = [
     ),
     path("ssh/", views.SshKeys.as_view(), name="vast-ssh-keys"),
     path("ssh/<int:pk>/", views.SshKeyDetail.as_view(), name="vast-ssh-key"),
-    re_path(r"^machines/?$", views.Machines.as_view(), name="vast-machines"),
-    path("machines/create_asks/", views.CreateAsks.as_view(), name="vast-machine-list"),
-    path("machines/<int:pk>/asks/", views.MachineAsks.as_view(), name="vast-machine-unlist"),
+    re_path(r"^machines/?$", hosting.Machines.as_view(), name="vast-machines"),
+    path("machines/create_asks/", hosting.CreateAsks.as_view(), name="vast-machine-list"),
+    path("machines/<int:pk>/asks/", hosting.MachineAsks.as_view(), name="vast-machine-unlist"),
     path(
         "machines/<int:pk>/dnotify/",
-        views.MachineMaintenance.as_view(),
+        hosting.MachineMaintenance.as_view(),
         name="vast-machine-maintenance",
     ),
     re_path(
-        r"^users/me/machine-earnings/?$", views.MachineEarnings.as_view(), name="vast-earnings"
+        r"^users/me/machine-earnings/?$", hosting.MachineEarnings.as_view(), name="vast-earnings"
     ),
     re_path(r"^.*$", vast_not_found),
 ]
