@@ -95,7 +95,7 @@ def populate(count: int) -> str:
         cursor.execute(
             f"""
             INSERT INTO hosts_machine (name, address, {", ".join(machine_copied)})
-            SELECT 'm' || i, '10.' || (i / 65536) || '.' || (i / 256 % 256) || '.' || (i % 256),
+            SELECT 'm' || i, '10.' || (i / 65536) || '.' || (i / 256 %% 256) || '.' || (i %% 256),
                    {", ".join("t." + name for name in machine_copied)}
             FROM hosts_machine t, generate_series(0, %s - 1) AS i
             WHERE t.id = %s
