@@ -20,7 +20,7 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from marketplace.events import instance_group, user_group
-from marketplace.fanout import FanOut, fan_out
+from marketplace.fanout import TeamFeed, fan_out
 from marketplace.log_follow import LogFollower, TooManyFollowers
 from marketplace.models import Membership
 from marketplace.tenancy import ACTIVE_TEAM_SESSION_KEY, membership_for, team_objects
@@ -121,7 +121,7 @@ class TeamEventsConsumer(_MemberSocket):
     (marketplace/fanout.py), which writes each event's frame to this socket; the socket's own
     channel hears only its user's group (a loss of access closes it)."""
 
-    feed: FanOut | None = None
+    feed: TeamFeed | None = None
 
     async def connect(self) -> None:
         membership, refusal = await _membership(self)
@@ -131,14 +131,13 @@ class TeamEventsConsumer(_MemberSocket):
         if await self._join(membership.team_id, None):
             # Added to the feed only once accepted (a frame may not precede the accept), and
             # before the hello: every event sent after the hello reaches the socket.
-            self.feed = fan_out()
-            await self.feed.join(self.channel_layer, membership.team_id, self)
+            self.feed = await fan_out().join(self.channel_layer, membership.team_id, self)
             await self.send_json({"event": "hello", "data": {"team": membership.team_id}})
 
     async def _leave(self) -> None:
         feed, self.feed = self.feed, None
         if feed is not None:
-            feed.leave(self.team_id, self)  # nothing more is written to this socket
+            fan_out().leave(feed, self)  # nothing more is written to this socket
         await super()._leave()
 
     async def receive_json(self, content, **kwargs) -> None:

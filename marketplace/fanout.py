@@ -21,6 +21,7 @@ import contextlib
 import json
 import logging
 import weakref
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from marketplace.events import team_group
@@ -30,6 +31,8 @@ logger = logging.getLogger(__name__)
 # channels_redis forgets a group's members after ``group_expiry`` (a day by default); a feed
 # lives as long as its process has sockets of the team, so it joins again well before.
 REJOIN_SECONDS = 3600.0
+# What a socket is closed with when its feed fails: 1011, the server hit an unexpected error.
+CLOSE_FAILED = {"type": "websocket.close", "code": 1011}
 
 
 class FeedSocket(Protocol):
@@ -38,11 +41,12 @@ class FeedSocket(Protocol):
     async def base_send(self, message: dict[str, Any]) -> None: ...
 
 
-class _TeamFeed:
+class TeamFeed:
     """The process's subscription to one team's group and the team's sockets in it."""
 
-    def __init__(self, layer, team_id: int) -> None:
+    def __init__(self, layer, team_id: int, on_failure: Callable[[TeamFeed], None]) -> None:
         self.layer, self.team_id, self.group = layer, team_id, team_group(team_id)
+        self.on_failure = on_failure
         self.sockets: dict[FeedSocket, None] = {}  # ordered: sockets get frames in join order
         self.subscribed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.channel: str | None = None
@@ -67,7 +71,7 @@ class _TeamFeed:
             if not self.subscribed.done():
                 self.subscribed.set_exception(error)
             logger.exception("the feed of team %s stopped", self.team_id)
-            raise
+            self._fail()
         finally:
             if not self.subscribed.done():
                 self.subscribed.cancel()
@@ -77,10 +81,23 @@ class _TeamFeed:
                 # Leaving must happen even though this task is being cancelled.
                 asyncio.get_running_loop().create_task(self._discard(self.channel))
 
+    def _fail(self) -> None:
+        """The layer failed (Redis gone): close the feed's sockets, as a consumer whose own
+        receive failed would have been. Browsers reconnect, fetch what they missed, and join
+        a new feed."""
+        self.on_failure(self)
+        for socket in list(self.sockets):
+            task = asyncio.get_running_loop().create_task(_write(socket, CLOSE_FAILED))
+            self.writes.add(task)
+            task.add_done_callback(self.writes.discard)
+
     async def _rejoin(self) -> None:
         while True:
             await asyncio.sleep(REJOIN_SECONDS)
-            await self.layer.group_add(self.group, self.channel)
+            try:
+                await self.layer.group_add(self.group, self.channel)
+            except Exception:  # tried again next time, well within the group's expiry
+                logger.warning("could not rejoin %s", self.group, exc_info=True)
 
     async def _discard(self, channel: str) -> None:
         try:
@@ -118,30 +135,33 @@ class FanOut:
     """The feeds of one event loop (one per web process; tests run several loops)."""
 
     def __init__(self) -> None:
-        self.feeds: dict[int, _TeamFeed] = {}
+        self.feeds: dict[int, TeamFeed] = {}
 
-    async def join(self, layer, team_id: int, socket: FeedSocket) -> None:
-        """Add ``socket`` to its team's feed; returns once the process listens on the group,
-        so anything sent after this reaches the socket."""
+    async def join(self, layer, team_id: int, socket: FeedSocket) -> TeamFeed:
+        """Add ``socket`` to its team's feed; returns the feed once the process listens on the
+        group, so anything sent after this reaches the socket."""
         feed = self.feeds.get(team_id)
-        if feed is None or feed.task.done():
-            feed = self.feeds[team_id] = _TeamFeed(layer, team_id)
+        if feed is None:
+            feed = self.feeds[team_id] = TeamFeed(layer, team_id, self._forget)
         feed.sockets[socket] = None
         try:
             await asyncio.shield(feed.subscribed)
         except BaseException:
-            self.leave(team_id, socket)
+            self.leave(feed, socket)
             raise
+        return feed
 
-    def leave(self, team_id: int, socket: FeedSocket) -> None:
-        """Remove ``socket``: nothing more is written to it. The last one out stops the feed."""
-        feed = self.feeds.get(team_id)
-        if feed is None:
-            return
+    def leave(self, feed: TeamFeed, socket: FeedSocket) -> None:
+        """Remove ``socket`` from ``feed``: nothing more is written to it. The last one out
+        stops the feed."""
         feed.sockets.pop(socket, None)
         if not feed.sockets:
-            del self.feeds[team_id]
+            self._forget(feed)
             feed.stop()
+
+    def _forget(self, feed: TeamFeed) -> None:
+        if self.feeds.get(feed.team_id) is feed:
+            del self.feeds[feed.team_id]
 
 
 _fan_outs: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, FanOut] = (
