@@ -19,7 +19,8 @@ from channels.consumer import get_handler_name
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
-from marketplace.events import instance_group, team_group, user_group
+from marketplace.events import instance_group, user_group
+from marketplace.fanout import TeamFeed, fan_out
 from marketplace.log_follow import LogFollower, TooManyFollowers
 from marketplace.models import Membership
 from marketplace.tenancy import ACTIVE_TEAM_SESSION_KEY, membership_for, team_objects
@@ -71,10 +72,12 @@ class _MemberSocket(AsyncJsonWebsocketConsumer):
             return
         await super().dispatch(message)
 
-    async def _join(self, team_id: int, group: str) -> bool:
-        """Listen on ``group`` and on the user's own group, then accept (False: refused)."""
+    async def _join(self, team_id: int, group: str | None) -> bool:
+        """Listen on ``group`` (if any) and on the user's own group, then accept (False:
+        refused)."""
         self.team_id = team_id
-        self.joined = (group, user_group(self.scope["user"].pk))
+        user = user_group(self.scope["user"].pk)
+        self.joined = (group, user) if group else (user,)
         for name in self.joined:
             await self.channel_layer.group_add(name, self.channel_name)
         # Once more now that a loss of access would be heard: one that committed between the
@@ -114,13 +117,28 @@ class _MemberSocket(AsyncJsonWebsocketConsumer):
 
 
 class TeamEventsConsumer(_MemberSocket):
+    """``/ws/events/``: the acting team's events. The team's group is heard once per process
+    (marketplace/fanout.py), which writes each event's frame to this socket; the socket's own
+    channel hears only its user's group (a loss of access closes it)."""
+
+    feed: TeamFeed | None = None
+
     async def connect(self) -> None:
         membership, refusal = await _membership(self)
         if membership is None:
             await self.close(code=refusal)  # closed before accept: the handshake is refused
             return
-        if await self._join(membership.team_id, team_group(membership.team_id)):
+        if await self._join(membership.team_id, None):
+            # Added to the feed only once accepted (a frame may not precede the accept), and
+            # before the hello: every event sent after the hello reaches the socket.
+            self.feed = await fan_out().join(self.channel_layer, membership.team_id, self)
             await self.send_json({"event": "hello", "data": {"team": membership.team_id}})
+
+    async def _leave(self) -> None:
+        feed, self.feed = self.feed, None
+        if feed is not None:
+            fan_out().leave(feed, self)  # nothing more is written to this socket
+        await super()._leave()
 
     async def receive_json(self, content, **kwargs) -> None:
         if content.get("type") == "ping":

@@ -65,6 +65,57 @@ async def test_member_receives_own_team_events_only(owner, team, outsider):
     await ws.disconnect()
 
 
+async def test_the_team_feed_reaches_each_member_and_stops_at_a_removed_one(
+    owner, teammate, team, outsider
+):
+    """A process hears a team's group once and writes each event to every socket of that team
+    it serves (marketplace/fanout.py): each gets every event once, in order; a member removed
+    from the team is closed out and gets nothing more, while the others go on; another team's
+    socket in the same process gets none of it."""
+    from asgiref.sync import sync_to_async
+
+    from marketplace.models import Membership, Role
+    from marketplace.services.accounts import membership_remove
+
+    def remove_teammate() -> None:
+        membership_remove(
+            actor=Membership.objects.get(team=team, role=Role.OWNER),
+            target=Membership.objects.get(team=team, user=teammate),
+        )
+
+    outsider_team = await sync_to_async(lambda: outsider.teams.get().id)()
+    sockets = {}
+    for name, user, team_id in [
+        ("owner", owner, team.id),
+        ("owner again", owner, team.id),
+        ("teammate", teammate, team.id),
+        ("outsider", outsider, outsider_team),
+    ]:
+        sockets[name] = communicator(cookie=await sync_to_async(session_cookie_for)(user, team_id))
+        assert (await sockets[name].connect())[0]
+        assert (await sockets[name].receive_json_from(timeout=5))["event"] == "hello"
+
+    for n in (1, 2):
+        await sync_to_async(publish_team_event)(team.id, "instance.updated", {"n": n})
+    for name in ("owner", "owner again", "teammate"):
+        for n in (1, 2):
+            message = await sockets[name].receive_json_from(timeout=5)
+            assert message == {"event": "instance.updated", "data": {"n": n}}
+        assert await sockets[name].receive_nothing(timeout=0.2)
+
+    await sync_to_async(remove_teammate)()
+    closed = await sockets["teammate"].receive_output(timeout=5)
+    assert closed == {"type": "websocket.close", "code": 4403}
+    await sync_to_async(publish_team_event)(team.id, "instance.updated", {"n": 3})
+    for name in ("owner", "owner again"):
+        message = await sockets[name].receive_json_from(timeout=5)
+        assert message == {"event": "instance.updated", "data": {"n": 3}}
+    assert await sockets["teammate"].receive_nothing(timeout=0.3)
+    assert await sockets["outsider"].receive_nothing(timeout=0.1)
+    for ws in sockets.values():
+        await ws.disconnect()
+
+
 def instance_socket(cookie: str, instance_id: int) -> WebsocketCommunicator:
     headers = [
         (b"origin", b"http://testserver"),

@@ -1,0 +1,178 @@
+"""One subscription per web process to each team's group, fanned out to that process's sockets.
+
+A team event used to reach every console socket through channels' per-consumer path: the
+group held one channel per socket, so ``group_send`` stored one message per socket in Redis,
+each web process popped them one at a time (a Redis round trip and the receive lock's task
+juggling per socket), and each socket's consumer task woke to encode the same JSON again.
+With 500 sockets a process, that was the event's way to the last browser
+(bench/websocket_fanout.py, p99 over 100 ms for 1,000 sockets over 2 processes).
+
+Here a process joins a team's group once, with one channel of its own, while it has at least
+one socket of that team's feed; an event is popped once, encoded once, and the same frame is
+written to each of the process's sockets of that team. Tenancy is unchanged: a socket is added
+only after its membership check, and removed the moment it loses access or closes, so it only
+ever receives its own team's events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import weakref
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from marketplace.events import team_group
+
+logger = logging.getLogger(__name__)
+
+# channels_redis forgets a group's members after ``group_expiry`` (a day by default); a feed
+# lives as long as its process has sockets of the team, so it joins again well before.
+REJOIN_SECONDS = 3600.0
+# What a socket is closed with when its feed fails: 1011, the server hit an unexpected error.
+CLOSE_FAILED = {"type": "websocket.close", "code": 1011}
+
+
+class FeedSocket(Protocol):
+    """What a feed writes to: the consumer's raw ASGI send."""
+
+    async def base_send(self, message: dict[str, Any]) -> None: ...
+
+
+class TeamFeed:
+    """The process's subscription to one team's group and the team's sockets in it."""
+
+    def __init__(self, layer, team_id: int, on_failure: Callable[[TeamFeed], None]) -> None:
+        self.layer, self.team_id, self.group = layer, team_id, team_group(team_id)
+        self.on_failure = on_failure
+        self.sockets: dict[FeedSocket, None] = {}  # ordered: sockets get frames in join order
+        self.subscribed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.channel: str | None = None
+        self.task = asyncio.create_task(self._run(), name=f"team feed {team_id}")
+        self.writes: set[asyncio.Task] = set()
+
+    async def _run(self) -> None:
+        rejoin = None
+        try:
+            # The layer's default prefix: this process's sockets' channels share one Redis list
+            # and one receive lock with it, so whoever holds the lock pops the feed's messages
+            # too (another prefix would wait behind each socket's blocking pop).
+            self.channel = await self.layer.new_channel()
+            await self.layer.group_add(self.group, self.channel)
+            self.subscribed.set_result(None)
+            rejoin = asyncio.create_task(self._rejoin())
+            while True:
+                self.deliver(await self.layer.receive(self.channel))
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:
+            if not self.subscribed.done():
+                self.subscribed.set_exception(error)
+            logger.exception("the feed of team %s stopped", self.team_id)
+            self._fail()
+        finally:
+            if not self.subscribed.done():
+                self.subscribed.cancel()
+            if rejoin is not None:
+                rejoin.cancel()
+            if self.channel is not None:
+                # Leaving must happen even though this task is being cancelled.
+                asyncio.get_running_loop().create_task(self._discard(self.channel))
+
+    def _fail(self) -> None:
+        """The layer failed (Redis gone): close the feed's sockets, as a consumer whose own
+        receive failed would have been. Browsers reconnect, fetch what they missed, and join
+        a new feed."""
+        self.on_failure(self)
+        for socket in list(self.sockets):
+            task = asyncio.get_running_loop().create_task(_write(socket, CLOSE_FAILED))
+            self.writes.add(task)
+            task.add_done_callback(self.writes.discard)
+
+    async def _rejoin(self) -> None:
+        while True:
+            await asyncio.sleep(REJOIN_SECONDS)
+            try:
+                await self.layer.group_add(self.group, self.channel)
+            except Exception:  # tried again next time, well within the group's expiry
+                logger.warning("could not rejoin %s", self.group, exc_info=True)
+
+    async def _discard(self, channel: str) -> None:
+        try:
+            await self.layer.group_discard(self.group, channel)
+        except Exception:  # the group expires by itself; nothing reaches a closed feed anyway
+            logger.warning("could not leave %s", self.group, exc_info=True)
+
+    def deliver(self, message: dict[str, Any]) -> None:
+        """Encode once; write the same frame to every socket of the team in this process.
+
+        Each write is its own task so that one slow browser (its send waiting for the socket
+        to drain) holds up nobody else; the frame itself is written before the task first
+        waits, so each socket still gets events in order."""
+        if message.get("type") != "team.event":
+            return
+        text = json.dumps({"event": message["event"], "data": message["data"]})
+        frame = {"type": "websocket.send", "text": text}
+        create_task = asyncio.get_running_loop().create_task
+        for socket in list(self.sockets):
+            task = create_task(_write(socket, frame))
+            self.writes.add(task)
+            task.add_done_callback(self.writes.discard)
+
+    def stop(self) -> None:
+        self.task.cancel()
+
+
+async def _write(socket: FeedSocket, frame: dict[str, Any]) -> None:
+    # A socket closed meanwhile refuses the write; its consumer leaves the feed as it closes.
+    with contextlib.suppress(Exception):
+        await socket.base_send(frame)
+
+
+class FanOut:
+    """The feeds of one event loop (one per web process; tests run several loops)."""
+
+    def __init__(self) -> None:
+        self.feeds: dict[int, TeamFeed] = {}
+
+    async def join(self, layer, team_id: int, socket: FeedSocket) -> TeamFeed:
+        """Add ``socket`` to its team's feed; returns the feed once the process listens on the
+        group, so anything sent after this reaches the socket."""
+        feed = self.feeds.get(team_id)
+        if feed is None:
+            feed = self.feeds[team_id] = TeamFeed(layer, team_id, self._forget)
+        feed.sockets[socket] = None
+        try:
+            await asyncio.shield(feed.subscribed)
+        except BaseException:
+            self.leave(feed, socket)
+            raise
+        return feed
+
+    def leave(self, feed: TeamFeed, socket: FeedSocket) -> None:
+        """Remove ``socket`` from ``feed``: nothing more is written to it. The last one out
+        stops the feed."""
+        feed.sockets.pop(socket, None)
+        if not feed.sockets:
+            self._forget(feed)
+            feed.stop()
+
+    def _forget(self, feed: TeamFeed) -> None:
+        if self.feeds.get(feed.team_id) is feed:
+            del self.feeds[feed.team_id]
+
+
+_fan_outs: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, FanOut] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def fan_out() -> FanOut:
+    """This event loop's fan-out."""
+    loop = asyncio.get_running_loop()
+    hub = _fan_outs.get(loop)
+    if hub is None:
+        hub = _fan_outs[loop] = FanOut()
+    return hub
