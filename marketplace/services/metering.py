@@ -17,9 +17,9 @@ from psycopg.types.datetime import TimestamptzLoader
 
 from billing import holds
 from billing import metering as billing_metering
-from billing.money import usage_owed
+from billing.money import SECONDS_PER_HOUR, usage_owed
 from marketplace.models import Rental
-from marketplace.services.pricing import Quote, storage_owed
+from marketplace.services.pricing import SECONDS_PER_MONTH, Quote, storage_owed
 
 
 def rental_owed(rental: Rental, now: datetime) -> Quote:
@@ -130,13 +130,19 @@ def _open_rentals_after(last_pk: int, limit: int) -> list[_MeteredRental]:
 def metering_sweep(*, batch_size: int = 5000, now: datetime | None = None) -> int:
     """Capture every open rental's usage up to ``now``, in batches; return what was captured.
 
-    Each batch of rentals (read in primary-key order, outside any transaction: the capture
-    is a difference of cumulative totals taken under the hold's lock, so a rental that
-    changed meanwhile is simply caught up by the next sweep) becomes one
-    ``holds_settle_usage`` call: one transaction and one capture per hold for both kinds.
-    Run again at the same ``now``, it captures nothing.
+    Each batch of rentals (primary-key order) becomes one settlement transaction: one capture
+    per hold that owes something new, for both kinds. The rentals are read without a lock: the
+    capture is a difference of cumulative totals taken under the hold's lock, so a rental that
+    changed meanwhile is simply caught up by the next sweep. Run again at the same ``now``, it
+    captures nothing.
+
+    On PostgreSQL the database computes what each rental owes (``_OWED_SQL``, the arithmetic
+    of ``rental_owed``) and settles it (``holds_settle_usage_sql``): no Python per rental.
+    Elsewhere (SQLite) each batch is read into Python and handed to ``holds_settle_usage``.
     """
     now = now or timezone.now()
+    if connection.vendor == "postgresql":
+        return _metering_sweep_sql(batch_size, now)
     total = 0
     last_pk = 0
     with billing_metering.cyclic_gc_paused():
@@ -148,3 +154,52 @@ def metering_sweep(*, batch_size: int = 5000, now: datetime | None = None) -> in
             total += billing_metering.holds_settle_usage(usage)
             last_pk = batch[-1].pk
     return total
+
+
+def _clock_seconds_sql(since: str) -> str:
+    """``Rental._running_seconds`` in SQL: whole seconds (truncated) from ``since`` to the
+    reading time (``now``, never past ``ends_at``), 0 for a stopped clock or a negative span.
+    ``extract(epoch …)`` of a timestamp is an exact numeric (microseconds), as Python's
+    ``total_seconds()`` is for the spans involved."""
+    return (
+        f"CASE WHEN {since} IS NULL THEN 0 ELSE greatest(trunc("
+        f"extract(epoch FROM least(%(now)s::timestamptz, ends_at)) - extract(epoch FROM {since})"
+        "), 0) END"
+    )
+
+
+# What each open rental of a batch owes so far, per kind: ``rental_owed`` in numeric (exact),
+# each charge rounded once, half up: (rate × seconds + half a period) div the period.
+_OWED_SQL = f"""
+SELECT hold_id,
+       (gpu_owed_banked + div(price_per_gpu_hour::numeric
+            * (gpu_unit_seconds + gpu_count * (gpu_seconds + {_clock_seconds_sql("gpu_clock_since")}))
+            + {SECONDS_PER_HOUR // 2}, {SECONDS_PER_HOUR}))::bigint AS gpu,
+       (storage_owed_banked + div(storage_price_per_gb_month::numeric * disk_gb
+            * (storage_seconds + {_clock_seconds_sql("storage_clock_since")})
+            + {SECONDS_PER_MONTH // 2}, {SECONDS_PER_MONTH}))::bigint AS storage
+FROM marketplace_rental
+WHERE settled_at IS NULL AND id > %(after)s AND (%(upto)s::bigint IS NULL OR id <= %(upto)s)
+"""  # noqa: S608  (no input in the text: constants and parameters only)
+
+
+def _metering_sweep_sql(batch_size: int, now: datetime) -> int:
+    total = 0
+    last_pk = 0
+    while True:
+        # The batch is the next ``batch_size`` open rentals: it ends at the last one's id
+        # (None: the rest).
+        upto = next(
+            iter(
+                Rental.objects.filter(settled_at=None, pk__gt=last_pk)
+                .order_by("pk")
+                .values_list("pk", flat=True)[batch_size - 1 : batch_size]
+            ),
+            None,
+        )
+        total += billing_metering.holds_settle_usage_sql(
+            _OWED_SQL, {"now": now, "after": last_pk, "upto": upto}
+        )
+        if upto is None:
+            return total
+        last_pk = upto
