@@ -88,11 +88,14 @@ _ENSURE_ACCOUNTS = """
 INSERT INTO billing_account (team_id, kind, balance)
 SELECT k.team_id, k.kind, 0
 FROM (SELECT DISTINCT team_id, %(held)s AS kind FROM billing_sweep_plan
-      UNION SELECT DISTINCT provider_team_id, %(earnings)s FROM billing_sweep_plan
-      UNION SELECT NULL::bigint, %(revenue)s) AS k
+      UNION SELECT DISTINCT provider_team_id, %(earnings)s FROM billing_sweep_plan) AS k
 WHERE NOT EXISTS (
-    SELECT 1 FROM billing_account a
-    WHERE a.kind = k.kind AND a.team_id IS NOT DISTINCT FROM k.team_id
+    SELECT 1 FROM billing_account a WHERE a.kind = k.kind AND a.team_id = k.team_id
+)
+UNION ALL
+SELECT NULL, %(revenue)s, 0
+WHERE NOT EXISTS (
+    SELECT 1 FROM billing_account a WHERE a.kind = %(revenue)s AND a.team_id IS NULL
 )
 ON CONFLICT DO NOTHING
 """
@@ -106,7 +109,7 @@ WHERE (kind = %(held)s AND team_id IN (SELECT team_id FROM billing_sweep_plan))
 """
 
 # Statement 2b: lock them in primary-key order.
-_LOCK_ACCOUNTS = f"SELECT count(*) FROM ({_ACCOUNTS} ORDER BY id FOR UPDATE) AS locked"
+_LOCK_ACCOUNTS = f"SELECT count(*) FROM ({_ACCOUNTS} ORDER BY id FOR UPDATE) AS locked"  # noqa: S608
 
 # Statement 3: transfers, entries, holds and balances, from the plan and the locked accounts.
 _WRITE = f"""
@@ -116,19 +119,27 @@ WITH p AS MATERIALIZED (
     FROM (SELECT * FROM billing_sweep_plan ORDER BY hold_id) AS plan
 ),
 acc AS MATERIALIZED ({_ACCOUNTS}),
+held AS MATERIALIZED (
+    SELECT id, team_id FROM billing_account
+    WHERE kind = %(held)s AND team_id IN (SELECT team_id FROM billing_sweep_plan)
+),
+earned AS MATERIALIZED (
+    SELECT id, team_id FROM billing_account
+    WHERE kind = %(earnings)s AND team_id IN (SELECT provider_team_id FROM billing_sweep_plan)
+),
 legs AS MATERIALIZED (
     SELECT p.transfer_id, l.leg, l.account_id, l.amount
     FROM p
-    JOIN acc held ON held.kind = %(held)s AND held.team_id = p.team_id
-    JOIN acc earned ON earned.kind = %(earnings)s AND earned.team_id = p.provider_team_id
-    CROSS JOIN (SELECT id FROM acc WHERE kind = %(revenue)s) AS revenue
+    JOIN held ON held.team_id = p.team_id
+    JOIN earned ON earned.team_id = p.provider_team_id
     CROSS JOIN LATERAL (VALUES
         (1, held.id, -p.delta),
         -- capture_legs: when the fee is the whole charge, the gross goes to the provider's
         -- earnings and the fee comes back out of it (the provider's ledger shows the charge).
         (2, earned.id, CASE WHEN p.fee = p.delta THEN p.delta ELSE p.delta - p.fee END),
         (3, earned.id, CASE WHEN p.fee = p.delta THEN -p.fee ELSE 0 END),
-        (4, revenue.id, p.fee)
+        (4, (SELECT id FROM billing_account WHERE kind = %(revenue)s AND team_id IS NULL),
+         p.fee)
     ) AS l(leg, account_id, amount)
     WHERE l.amount <> 0
 ),
@@ -173,7 +184,7 @@ SELECT coalesce(sum(delta), 0)::bigint,
        (SELECT array_agg(DISTINCT t) FROM (SELECT team_id FROM p
                                            UNION SELECT provider_team_id FROM p) AS teams(t))
 FROM p
-"""
+"""  # noqa: S608  (the text is this module's constants; every value is a parameter)
 
 _transfer_sequence: str | None = None
 

@@ -7,6 +7,7 @@ import re
 from collections import defaultdict
 from collections.abc import Iterable
 
+from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
 from billing.money import MICRO_PER_DOLLAR
@@ -46,14 +47,18 @@ def offers_refresh(
     if machines is None:
         machines = list(Machine.objects.filter(pk__in=ids))
     gpus: dict[int, list[tuple[int, int, str, int]]] = defaultdict(list)
-    rows = Gpu.objects.filter(machine_id__in=ids, present=True).values_list(
-        "machine_id", "index", "pk", "name", "memory_mib"
+    taken: set[int] = set()
+    # The present GPUs and whether each is rented whole, in one statement (a rent refreshes
+    # its machine's offer in the same request).
+    rows = (
+        Gpu.objects.filter(machine_id__in=ids, present=True)
+        .annotate(taken=Exists(live_gpu_allocations().filter(gpu_id=OuterRef("pk"))))
+        .values_list("machine_id", "index", "pk", "name", "memory_mib", "taken")
     )
-    for machine_id, index, pk, name, memory_mib in rows:
+    for machine_id, index, pk, name, memory_mib, is_taken in rows:
         gpus[machine_id].append((index, pk, name, memory_mib))
-    taken = set(
-        live_gpu_allocations().filter(gpu__machine_id__in=ids).values_list("gpu_id", flat=True)
-    )
+        if is_taken:
+            taken.add(pk)
     cards = machine_cards(machines)  # sharing machines only: no query when none shares
     taken.update(card.gpu_id for each in cards.values() for card in each if not card.whole_free)
     now = timezone.now()
