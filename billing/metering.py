@@ -104,7 +104,7 @@ def holds_settle_usage(usage: Iterable[HoldUsage]) -> int:
 @transaction.atomic
 def holds_settle_usage_sql(usage_sql: str, params: dict) -> int:
     """``holds_settle_usage`` for the holds a SQL query names, on PostgreSQL: one transaction,
-    three statements however many holds (``billing.pg_settle``); return the total captured.
+    a few statements however many holds (``billing.pg_settle``); return the total captured.
 
     ``usage_sql`` selects ``hold_id, gpu, storage``: each hold at most once, with what it
     owes so far per kind (cumulative micro-dollars, never negative), ``%(name)s`` parameters

@@ -1,4 +1,4 @@
-"""The metering sweep's settlement as SQL on PostgreSQL: a batch of holds captured in three
+"""The metering sweep's settlement as SQL on PostgreSQL: a batch of holds captured in a few
 statements, no Python per hold.
 
 Why: the sweep posts a capture per running rental every minute. Done in Python, each of
@@ -17,7 +17,11 @@ The rules are those of ``holds.hold_capture_usage`` and the Python twin in
   (exact, rounded half up), so its rounding never accumulates;
 * a hold that owes nothing new is not locked and nothing is written for it;
 * locks in the ledger's order: the batch's holds by primary key (statement 1), then their
-  accounts by primary key (statement 2), before anything is written (statement 3);
+  accounts by primary key (statement 3b). What needs only the holds' locks — the transfers
+  and the holds' new totals (statement 2) — is written before the accounts are locked, so
+  the accounts (which every batch shares: the platform's revenue account above all) stay
+  locked only while the entries and balances are written (statement 4), and two batches
+  on two connections overlap the rest;
 * each capture's legs as ``holds.capture_legs``, zero legs dropped as ``postings_write`` does;
   each entry's ``balance_after`` is the account's balance plus the running sum of its legs in
   posting order (holds by primary key), and entries are inserted in that order, so an
@@ -45,7 +49,8 @@ CREATE TEMP TABLE IF NOT EXISTS billing_sweep_plan (
     hold_id bigint NOT NULL, team_id bigint NOT NULL, provider_team_id bigint NOT NULL,
     reference text NOT NULL, machine_reference text NOT NULL,
     gpu_delta bigint NOT NULL, storage_delta bigint NOT NULL,
-    gpu_total bigint NOT NULL, storage_total bigint NOT NULL, fee bigint NOT NULL
+    gpu_total bigint NOT NULL, storage_total bigint NOT NULL, fee bigint NOT NULL,
+    transfer_id bigint NOT NULL
 ) ON COMMIT DELETE ROWS
 """
 
@@ -62,7 +67,8 @@ SELECT h.id, h.team_id, h.provider_team_id, h.reference, h.machine_reference,
        div(2 * (h.captured_gpu + h.captured_storage + g.gpu_delta + s.storage_delta)::numeric
                * %(fee_num)s + %(fee_den)s, 2 * %(fee_den)s::numeric)
        - div(2 * (h.captured_gpu + h.captured_storage)::numeric * %(fee_num)s + %(fee_den)s,
-             2 * %(fee_den)s::numeric)
+             2 * %(fee_den)s::numeric),
+       nextval(%(transfer_seq)s::regclass)
 FROM usage u
 JOIN billing_hold h ON h.id = u.hold_id
 CROSS JOIN LATERAL (
@@ -82,7 +88,7 @@ ORDER BY h.id
 FOR UPDATE OF h
 """
 
-# Statement 2a: the accounts the captures post to, created where missing (the platform's
+# Statement 3a: the accounts the captures post to, created where missing (the platform's
 # revenue account on a fresh database; a concurrent creator is absorbed by ON CONFLICT).
 _ENSURE_ACCOUNTS = """
 INSERT INTO billing_account (team_id, kind, balance)
@@ -100,7 +106,7 @@ WHERE NOT EXISTS (
 ON CONFLICT DO NOTHING
 """
 
-# The batch's accounts, as statements 2b and 3 read them.
+# The batch's accounts, as statements 3b and 4 read them.
 _ACCOUNTS = """
 SELECT id, team_id, kind, balance FROM billing_account
 WHERE (kind = %(held)s AND team_id IN (SELECT team_id FROM billing_sweep_plan))
@@ -108,15 +114,39 @@ WHERE (kind = %(held)s AND team_id IN (SELECT team_id FROM billing_sweep_plan))
    OR (kind = %(revenue)s AND team_id IS NULL)
 """
 
-# Statement 2b: lock them in primary-key order.
+# Statement 3b: lock them in primary-key order.
 _LOCK_ACCOUNTS = f"SELECT count(*) FROM ({_ACCOUNTS} ORDER BY id FOR UPDATE) AS locked"  # noqa: S608
 
-# Statement 3: transfers, entries, holds and balances, from the plan and the locked accounts.
-_WRITE = f"""
+# Statement 2: the captures' transfers and the holds' new totals, before any account is
+# locked (the holds are), so that a parallel batch's entries can be written meanwhile.
+_WRITE_TRANSFERS = """
+WITH transfers AS (
+    INSERT INTO billing_transfer (id, kind, idempotency_key, team_id, reference, description,
+                                  amount, fee, storage_amount, hold_id, usage_kind,
+                                  machine_reference, created_by_id, created_at)
+    SELECT transfer_id, %(capture)s,
+           CASE WHEN storage_delta = 0 THEN 'capture:' || hold_id || ':gpu:' || gpu_total
+                WHEN gpu_delta = 0 THEN 'capture:' || hold_id || ':storage:' || storage_total
+                ELSE 'capture:' || hold_id || ':gpu:' || gpu_total || ':storage:' || storage_total
+           END,
+           team_id, reference, '', gpu_delta + storage_delta, fee, storage_delta, hold_id,
+           CASE WHEN storage_delta = 0 THEN %(usage_gpu)s
+                WHEN gpu_delta = 0 THEN %(usage_storage)s
+                ELSE %(usage_both)s END,
+           machine_reference, NULL, %(now)s
+    FROM billing_sweep_plan ORDER BY transfer_id
+)
+UPDATE billing_hold SET captured_gpu = p.gpu_total, captured_storage = p.storage_total
+FROM billing_sweep_plan p
+-- The second id condition lets PostgreSQL fetch the holds through the primary key.
+WHERE billing_hold.id = p.hold_id
+  AND billing_hold.id = ANY(ARRAY(SELECT hold_id FROM billing_sweep_plan))
+"""
+
+# Statement 4 (after the accounts are locked): entries and balances.
+_WRITE_ENTRIES = f"""
 WITH p AS MATERIALIZED (
-    SELECT plan.*, plan.gpu_delta + plan.storage_delta AS delta,
-           nextval(%(transfer_seq)s::regclass) AS transfer_id
-    FROM (SELECT * FROM billing_sweep_plan ORDER BY hold_id) AS plan
+    SELECT plan.*, plan.gpu_delta + plan.storage_delta AS delta FROM billing_sweep_plan plan
 ),
 acc AS MATERIALIZED ({_ACCOUNTS}),
 held AS MATERIALIZED (
@@ -143,22 +173,6 @@ legs AS MATERIALIZED (
     ) AS l(leg, account_id, amount)
     WHERE l.amount <> 0
 ),
-transfers AS (
-    INSERT INTO billing_transfer (id, kind, idempotency_key, team_id, reference, description,
-                                  amount, fee, storage_amount, hold_id, usage_kind,
-                                  machine_reference, created_by_id, created_at)
-    SELECT transfer_id, %(capture)s,
-           CASE WHEN storage_delta = 0 THEN 'capture:' || hold_id || ':gpu:' || gpu_total
-                WHEN gpu_delta = 0 THEN 'capture:' || hold_id || ':storage:' || storage_total
-                ELSE 'capture:' || hold_id || ':gpu:' || gpu_total || ':storage:' || storage_total
-           END,
-           team_id, reference, '', delta, fee, storage_delta, hold_id,
-           CASE WHEN storage_delta = 0 THEN %(usage_gpu)s
-                WHEN gpu_delta = 0 THEN %(usage_storage)s
-                ELSE %(usage_both)s END,
-           machine_reference, NULL, %(now)s
-    FROM p ORDER BY transfer_id
-),
 entries AS (
     INSERT INTO billing_entry (transfer_id, account_id, team_id, account_kind, amount,
                                balance_after, created_at)
@@ -168,12 +182,6 @@ entries AS (
            %(now)s
     FROM legs l JOIN acc a ON a.id = l.account_id
     ORDER BY l.transfer_id, l.leg
-),
-captured AS (
-    UPDATE billing_hold SET captured_gpu = p.gpu_total, captured_storage = p.storage_total
-    FROM p
-    -- The second id condition lets PostgreSQL fetch the holds through the primary key.
-    WHERE billing_hold.id = p.hold_id AND billing_hold.id = ANY(ARRAY(SELECT hold_id FROM p))
 ),
 balances AS (
     UPDATE billing_account SET balance = billing_account.balance + s.total
@@ -205,7 +213,7 @@ def settle_batch_sql(
 
     ``usage_sql`` selects ``hold_id, gpu, storage`` (cumulative micro-dollars, each hold at
     most once) with ``%(name)s`` parameters from ``usage_params``. The caller holds the
-    transaction; this runs the three statements of the module's docstring in it.
+    transaction; this runs the statements of the module's docstring in it.
     """
     global _transfer_sequence
     connection.ensure_connection()
@@ -228,17 +236,14 @@ def settle_batch_sql(
                 "fee_num": percent.numerator,
                 "fee_den": percent.denominator * 100,
                 "open": HoldStatus.OPEN.value,
+                "transfer_seq": _transfer_sequence,
             },
         )
         if not cursor.rowcount:
             return 0, []
-        cursor.execute(_ENSURE_ACCOUNTS, names)
-        cursor.execute(_LOCK_ACCOUNTS, names)
         cursor.execute(
-            _WRITE,
+            _WRITE_TRANSFERS,
             {
-                **names,
-                "transfer_seq": _transfer_sequence,
                 "capture": TransferKind.CAPTURE.value,
                 "usage_gpu": ChargeUsage.GPU.value,
                 "usage_storage": ChargeUsage.STORAGE.value,
@@ -246,5 +251,8 @@ def settle_batch_sql(
                 "now": now,
             },
         )
+        cursor.execute(_ENSURE_ACCOUNTS, names)
+        cursor.execute(_LOCK_ACCOUNTS, names)
+        cursor.execute(_WRITE_ENTRIES, {**names, "now": now})
         total, team_ids = cursor.fetchone()
     return total, list(team_ids or [])

@@ -7,6 +7,8 @@ own timestamp loader) rather than model instances: it runs over every open renta
 
 from __future__ import annotations
 
+import queue
+import threading
 from datetime import datetime
 from typing import NamedTuple
 
@@ -183,23 +185,63 @@ WHERE settled_at IS NULL AND id > %(after)s AND (%(upto)s::bigint IS NULL OR id 
 """  # noqa: S608  (no input in the text: constants and parameters only)
 
 
+# Connections a sweep settles its batches on (PostgreSQL, outside a transaction): a batch
+# keeps the shared accounts locked only while it writes its entries, so a second connection
+# plans and writes its next batch's transfers meanwhile.
+SWEEP_CONNECTIONS = 2
+
+
+def _batch_bounds(batch_size: int) -> list[tuple[int, int | None]]:
+    """The sweep's batches as (after id, up to id) ranges of ``batch_size`` open rentals each
+    (the last one open-ended, so rentals made meanwhile are swept too)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT id FROM (SELECT id, row_number() OVER (ORDER BY id) AS n"
+            " FROM marketplace_rental WHERE settled_at IS NULL) AS open_rentals"
+            " WHERE n %% %s = 0 ORDER BY id",
+            [batch_size],
+        )
+        ends = [row[0] for row in cursor.fetchall()]
+    starts = [0, *ends]
+    return list(zip(starts, [*ends, None], strict=True))
+
+
 def _metering_sweep_sql(batch_size: int, now: datetime) -> int:
-    total = 0
-    last_pk = 0
-    while True:
-        # The batch is the next ``batch_size`` open rentals: it ends at the last one's id
-        # (None: the rest).
-        upto = next(
-            iter(
-                Rental.objects.filter(settled_at=None, pk__gt=last_pk)
-                .order_by("pk")
-                .values_list("pk", flat=True)[batch_size - 1 : batch_size]
-            ),
-            None,
+    batches = _batch_bounds(batch_size)
+
+    def settle(after: int, upto: int | None) -> int:
+        return billing_metering.holds_settle_usage_sql(
+            _OWED_SQL, {"now": now, "after": after, "upto": upto}
         )
-        total += billing_metering.holds_settle_usage_sql(
-            _OWED_SQL, {"now": now, "after": last_pk, "upto": upto}
-        )
-        if upto is None:
-            return total
-        last_pk = upto
+
+    if connection.in_atomic_block or SWEEP_CONNECTIONS < 2 or len(batches) < 2:
+        # Inside a caller's transaction (a test's) another connection would not see its rows,
+        # and the sweep belongs to that transaction: one connection.
+        return sum(settle(after, upto) for after, upto in batches)
+    pending = queue.SimpleQueue()
+    for bounds in batches:
+        pending.put(bounds)
+    totals: list[int] = []
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            while not errors:
+                try:
+                    after, upto = pending.get_nowait()
+                except queue.Empty:
+                    return
+                totals.append(settle(after, upto))
+        except BaseException as error:  # noqa: BLE001 - raised again in the sweep's thread
+            errors.append(error)
+        finally:
+            connection.close()  # this thread's own connection
+
+    threads = [threading.Thread(target=work) for _ in range(SWEEP_CONNECTIONS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+    return sum(totals)

@@ -162,3 +162,21 @@ def test_a_sweep_with_nothing_new_to_capture_writes_nothing_and_leaves_holds_alo
     assert Hold.objects.get(pk=idle.hold_id).captured_storage == idle_hold.captured_storage
     assert Hold.objects.get(pk=busy.hold_id).captured_gpu == 610_000
     assert_ledger_consistent()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_sweep_outside_a_transaction_settles_its_batches_on_two_connections(rent):
+    """As the worker runs it (no transaction around it): on PostgreSQL the batches are
+    settled on two connections at once; every rental is captured once, the books balance."""
+    now = rent.now
+    rentals = [
+        rent(gpu_clock_since=now - timedelta(minutes=n + 1), storage_clock_since=now)
+        for n in range(7)
+    ]
+    assert metering_sweep(now=now, batch_size=2) == 10_000 * sum(range(1, 8))
+    assert metering_sweep(now=now, batch_size=2) == 0
+    assert sorted(Hold.objects.get(pk=r.hold_id).captured_gpu for r in rentals) == [
+        10_000 * n for n in range(1, 8)
+    ]
+    assert Transfer.objects.filter(kind=TransferKind.CAPTURE).count() == 7
+    assert_ledger_consistent()
