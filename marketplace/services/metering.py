@@ -1,8 +1,11 @@
 """Metering: what a rental owes from its clocks, captured as the difference from what was
 already captured, so a repeated run captures nothing and rounding never accumulates.
 
-``metering_sweep`` reads open rentals as plain tuples (and, on PostgreSQL, through psycopg's
-own timestamp loader) rather than model instances: it runs over every open rental.
+``metering_sweep`` runs over every open rental. On PostgreSQL the database computes what each
+owes (``_OWED_SQL``: ``rental_owed``'s arithmetic, exact) and settles it (``billing.pg_settle``),
+with no Python per rental; on SQLite it reads open rentals as plain tuples (not model
+instances) and computes with ``rental_owed``. ``tests/billing/test_metering.py`` holds both to
+the same integers.
 """
 
 from __future__ import annotations
