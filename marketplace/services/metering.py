@@ -190,8 +190,10 @@ WHERE settled_at IS NULL AND id > %(after)s AND (%(upto)s::bigint IS NULL OR id 
 
 # Connections a sweep settles its batches on (PostgreSQL, outside a transaction): a batch
 # keeps the shared accounts locked only while it writes its entries, so a second connection
-# plans and writes its next batch's transfers meanwhile.
-SWEEP_CONNECTIONS = 2
+# can plan and write its next batch's transfers meanwhile. One by default: on the shared
+# 2-core machine two measured no faster (bench/metering.py, load 3.7-4.4: 5.3-6.1 s on one,
+# 5.7-6.6 s on two); worth measuring again where the database has cores to spare.
+SWEEP_CONNECTIONS = 1
 
 
 def _batch_bounds(batch_size: int) -> list[tuple[int, int | None]]:
