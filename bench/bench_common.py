@@ -108,7 +108,7 @@ def simulated_machine(gpus: int = 4) -> Iterator[object]:
 
 def web_bench_environment(name: str):
     """For a bench that starts web processes: a private Redis (not started yet), and this
-    process's Django pointed at it, at the scratch database ``gpumkt_bench_<name>`` and at a
+    process's Django pointed at it, at the scratch database ``gpumkt_bench_<name>`` (plus ``BENCH_DATABASE_SUFFIX``) and at a
     secret key the web processes share (they read the sessions and keys this process makes).
     Call before Django is set up."""
     import tempfile
@@ -118,7 +118,12 @@ def web_bench_environment(name: str):
 
     redis = Redis(Path(tempfile.mkdtemp(prefix=f"gpumkt-{name}-redis-")), persistent=False)
     os.environ.setdefault("DEBUG", "1")
-    os.environ["DATABASE_URL"] = f"postgres://gpumkt:gpumkt@127.0.0.1:5432/gpumkt_bench_{name}"
+    # BENCH_DATABASE_SUFFIX keeps two people's runs on one server apart (the database is
+    # dropped and made afresh).
+    suffix = os.environ.get("BENCH_DATABASE_SUFFIX", "")
+    os.environ["DATABASE_URL"] = (
+        f"postgres://gpumkt:gpumkt@127.0.0.1:5432/gpumkt_bench_{name}{suffix}"
+    )
     os.environ["DJANGO_SETTINGS_MODULE"] = "marketplace.settings"
     os.environ["REDIS_URL"] = redis.url
     os.environ["SECRET_KEY"] = f"bench-{name}-" + "k" * 50

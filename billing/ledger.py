@@ -86,9 +86,16 @@ def ensure_accounts(keys: set[AccountKey]) -> None:
 def lock_accounts(keys: Iterable[AccountKey]) -> dict[AccountKey, Account]:
     """Lock the accounts (creating missing ones) in primary-key order and return them."""
     wanted = set(keys)
-    ensure_accounts(wanted)
+    # Lock first and create only what is missing (rare: a team's first hold or top-up), so
+    # the common case is one statement. Creating takes no lock on existing rows, and the
+    # second pass locks everything again in primary-key order (rows already locked by this
+    # transaction do not wait).
     rows = Account.objects.select_for_update().filter(_account_filter(wanted)).order_by("pk")
     found = {(account.team_id, account.kind): account for account in rows}
+    if set(found) != wanted:
+        ensure_accounts(wanted - set(found))
+        rows = Account.objects.select_for_update().filter(_account_filter(wanted)).order_by("pk")
+        found = {(account.team_id, account.kind): account for account in rows}
     if set(found) != wanted:
         raise LedgerError(
             f"Accounts missing after creation: {sorted(wanted - set(found), key=str)}"

@@ -640,7 +640,10 @@ class InstanceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScop
         params = RentSerializer(data=request.data)
         params.is_valid(raise_exception=True)
         rental = rental_create(team=self.team, request=params.rental_request())
-        instance = self.get_queryset().get(pk=rental.instance_id)
+        # The response is built from what the rent just wrote (the instance with its rental
+        # and machine, all in memory), not read back: the rows are exactly these.
+        instance = rental.instance
+        instance.rental, instance.machine = rental, rental.machine
         return Response(InstanceSerializer(instance).data, status=status.HTTP_201_CREATED)
 
     def _as_now(self, instance: Instance) -> dict:

@@ -7,6 +7,7 @@ import re
 from collections import defaultdict
 from collections.abc import Iterable
 
+from django.db.models import Exists, OuterRef, Subquery
 from django.utils import timezone
 
 from billing.money import MICRO_PER_DOLLAR
@@ -47,27 +48,27 @@ def offers_refresh(
     if machines is None:
         machines = list(Machine.objects.filter(pk__in=ids))
     gpus: dict[int, list[tuple[int, int, str, int]]] = defaultdict(list)
-    rows = Gpu.objects.filter(machine_id__in=ids, present=True).values_list(
-        "machine_id", "index", "pk", "name", "memory_mib"
-    )
-    for machine_id, index, pk, name, memory_mib in rows:
-        gpus[machine_id].append((index, pk, name, memory_mib))
+    taken: set[int] = set()
     # GPUs an interruptible rental holds are still offered: an on-demand rental takes them,
     # and a bid above theirs does (``min_bid``).
-    taken: set[int] = set()
     bids: dict[int, dict[int, int]] = defaultdict(dict)  # machine → GPU → the bid holding it
-    held = live_gpu_allocations().filter(gpu__machine_id__in=ids)
-    for gpu_id, machine_id, interruptible, state, bid in held.values_list(
-        "gpu_id",
-        "gpu__machine_id",
-        "instance__rental__interruptible",
-        "instance__state",
-        "instance__rental__price_per_gpu_hour",
-    ):
-        if interruptible and state in INTERRUPTIBLE_STATES:
-            bids[machine_id][gpu_id] = bid
-        else:
-            taken.add(gpu_id)
+    # The present GPUs, whether each is rented whole and at which bid if interruptibly, in one
+    # statement (a rent refreshes its machine's offer in the same request).
+    live = live_gpu_allocations().filter(gpu_id=OuterRef("pk"))
+    held_by_bid = live.filter(
+        instance__rental__interruptible=True, instance__state__in=INTERRUPTIBLE_STATES
+    ).values("instance__rental__price_per_gpu_hour")[:1]
+    rows = (
+        Gpu.objects.filter(machine_id__in=ids, present=True)
+        .annotate(taken=Exists(live), bid=Subquery(held_by_bid))
+        .values_list("machine_id", "index", "pk", "name", "memory_mib", "taken", "bid")
+    )
+    for machine_id, index, pk, name, memory_mib, is_taken, bid in rows:
+        gpus[machine_id].append((index, pk, name, memory_mib))
+        if bid is not None:
+            bids[machine_id][pk] = bid
+        elif is_taken:
+            taken.add(pk)
     cards = machine_cards(machines)  # sharing machines only: no query when none shares
     taken.update(card.gpu_id for each in cards.values() for card in each if not card.whole_free)
     now = timezone.now()

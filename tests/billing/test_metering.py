@@ -9,7 +9,9 @@ import pytest
 
 from billing.holds import hold_release
 from billing.models import Hold, Transfer, TransferKind
-from marketplace.services.metering import metering_sweep, rental_meter
+from marketplace.models import Rental
+from marketplace.services import metering as rental_metering
+from marketplace.services.metering import metering_sweep, rental_meter, rental_owed
 from tests.billing.ledger_checks import assert_ledger_consistent, ledger_counts
 
 pytestmark = pytest.mark.django_db
@@ -99,3 +101,85 @@ def test_the_sweep_goes_through_every_batch(rent):
         10_000, 20_000, 30_000, 40_000, 50_000,
     ]  # fmt: skip
     assert Transfer.objects.filter(kind=TransferKind.CAPTURE).count() == 5
+
+
+def test_the_sweep_charges_exactly_what_rental_owed_says(rent):
+    """The sweep computes what each rental owes in the database on PostgreSQL (and through
+    ``rental_owed`` on SQLite): the same integers, banked amounts included, halves rounded up,
+    part-seconds dropped, both clocks stopped at the end."""
+    now = rent.now
+    rentals = {
+        # $0.0018 an hour for 1 s is 0.5 µ$ → 1; 10 GB at $0.1296 a GB-month for 1 s is 0.5 → 1.
+        "halves": rent(disk=10, gpu_clock_since=now - timedelta(seconds=1),
+                       storage_clock_since=now - timedelta(seconds=1)),
+        # Owed at earlier prices and GPU-seconds banked at an earlier count add to the clocks.
+        "banked": rent(gpus=2, gpu_owed_banked=123_457, storage_owed_banked=777,
+                       gpu_unit_seconds=4_321, gpu_seconds=60,
+                       gpu_clock_since=now - timedelta(seconds=90, microseconds=999_999),
+                       storage_seconds=30, storage_clock_since=now - timedelta(minutes=7)),
+        # A clock set after the reading time counts nothing (not a negative amount).
+        "ahead": rent(gpu_clock_since=now + timedelta(minutes=5), storage_seconds=100,
+                      storage_clock_since=now + timedelta(minutes=5)),
+        "ended": rent(ends_in=-timedelta(minutes=1), gpu_owed_banked=5,
+                      gpu_clock_since=now - timedelta(minutes=30, milliseconds=500),
+                      storage_clock_since=now - timedelta(minutes=30)),
+    }  # fmt: skip
+    Rental.objects.filter(pk=rentals["halves"].pk).update(
+        price_per_gpu_hour=1_800, storage_price_per_gb_month=129_600
+    )
+    expected = {}
+    for name, rental in rentals.items():
+        rental.refresh_from_db()
+        owed = rental_owed(rental, now)
+        expected[name] = (owed.gpu, owed.storage)
+    assert expected["halves"] == (1, 1)
+    # 600,000 × (4,321 + 2 × (60 + 90)) = 600,000 × 4,621 / 3,600 = 770,166.7 → 770,167, plus
+    # 123,457 banked; storage 3,000,000 × (30 + 420) / 2,592,000 = 520.8 → 521, plus 777.
+    assert expected["banked"] == (893_624, 1_298)
+    assert expected["ahead"] == (0, 116)  # 3,000,000 × 100 / 2,592,000 = 115.7 → 116
+
+    assert metering_sweep(now=now) == sum(gpu + storage for gpu, storage in expected.values())
+    for name, rental in rentals.items():
+        hold = Hold.objects.get(pk=rental.hold_id)
+        assert (hold.captured_gpu, hold.captured_storage) == expected[name], name
+    assert_ledger_consistent()
+
+
+def test_a_sweep_with_nothing_new_to_capture_writes_nothing_and_leaves_holds_alone(rent):
+    """A hold whose rental owes nothing beyond what was captured gets no capture, no entry
+    and no change; the others in its batch are captured as usual."""
+    now = rent.now
+    idle = rent(storage_clock_since=now - timedelta(hours=1))
+    busy = rent(gpu_clock_since=now - timedelta(hours=1))
+    assert metering_sweep(now=now) == 600_000 + 4_167
+    idle_hold = Hold.objects.get(pk=idle.hold_id)
+    # The idle rental's storage clock stopped at the first sweep's time (it was destroyed).
+    Rental.objects.filter(pk=idle.pk).update(storage_seconds=3_600, storage_clock_since=None)
+    before = Transfer.objects.filter(hold_id=idle.hold_id).count()
+
+    # A minute later only the busy rental owes more: 10,000 µ$ of GPU time.
+    assert metering_sweep(now=now + timedelta(minutes=1)) == 10_000
+    assert Transfer.objects.filter(hold_id=idle.hold_id).count() == before
+    assert Hold.objects.get(pk=idle.hold_id).captured_storage == idle_hold.captured_storage
+    assert Hold.objects.get(pk=busy.hold_id).captured_gpu == 610_000
+    assert_ledger_consistent()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_sweep_outside_a_transaction_settles_its_batches_on_two_connections(rent, monkeypatch):
+    """As the worker runs it (no transaction around it), with two connections: on PostgreSQL
+    the batches are settled on both at once; every rental is captured once, the books
+    balance."""
+    monkeypatch.setattr(rental_metering, "SWEEP_CONNECTIONS", 2)
+    now = rent.now
+    rentals = [
+        rent(gpu_clock_since=now - timedelta(minutes=n + 1), storage_clock_since=now)
+        for n in range(7)
+    ]
+    assert metering_sweep(now=now, batch_size=2) == 10_000 * sum(range(1, 8))
+    assert metering_sweep(now=now, batch_size=2) == 0
+    assert sorted(Hold.objects.get(pk=r.hold_id).captured_gpu for r in rentals) == [
+        10_000 * n for n in range(1, 8)
+    ]
+    assert Transfer.objects.filter(kind=TransferKind.CAPTURE).count() == 7
+    assert_ledger_consistent()
