@@ -7,7 +7,8 @@
   PostgreSQL keeps none for a partial index's expressions, and without them it guessed that
   a GPU model matches 0.5 % of offers and chose plans that fetch and sort thousands of rows.
 
-Built concurrently, so offers stay writable while the indexes build.
+Built concurrently on PostgreSQL, so offers stay writable while the indexes build; the
+embedded SQLite default builds them plainly and has no statistics objects.
 """
 
 import django.db.models.functions.text
@@ -20,6 +21,61 @@ STATISTICS = [
 ]
 
 
+def _postgresql(schema_editor) -> bool:
+    return schema_editor.connection.vendor == "postgresql"
+
+
+class AddIndexWhileWritable(AddIndexConcurrently):
+    """CREATE INDEX CONCURRENTLY on PostgreSQL; a plain index elsewhere (SQLite)."""
+
+    def database_forwards(self, app_label, schema_editor, from_state, to_state):
+        if _postgresql(schema_editor):
+            return super().database_forwards(app_label, schema_editor, from_state, to_state)
+        return migrations.AddIndex.database_forwards(
+            self, app_label, schema_editor, from_state, to_state
+        )
+
+    def database_backwards(self, app_label, schema_editor, from_state, to_state):
+        if _postgresql(schema_editor):
+            return super().database_backwards(app_label, schema_editor, from_state, to_state)
+        return migrations.AddIndex.database_backwards(
+            self, app_label, schema_editor, from_state, to_state
+        )
+
+
+class RemoveIndexWhileWritable(RemoveIndexConcurrently):
+    """DROP INDEX CONCURRENTLY on PostgreSQL; a plain drop elsewhere (SQLite)."""
+
+    def database_forwards(self, app_label, schema_editor, from_state, to_state):
+        if _postgresql(schema_editor):
+            return super().database_forwards(app_label, schema_editor, from_state, to_state)
+        return migrations.RemoveIndex.database_forwards(
+            self, app_label, schema_editor, from_state, to_state
+        )
+
+    def database_backwards(self, app_label, schema_editor, from_state, to_state):
+        if _postgresql(schema_editor):
+            return super().database_backwards(app_label, schema_editor, from_state, to_state)
+        return migrations.RemoveIndex.database_backwards(
+            self, app_label, schema_editor, from_state, to_state
+        )
+
+
+def statistics_create(apps, schema_editor):
+    if not _postgresql(schema_editor):
+        return
+    for name, expression in STATISTICS:
+        schema_editor.execute(f"CREATE STATISTICS {name} ON ({expression}) FROM marketplace_offer")
+    schema_editor.execute("ANALYZE marketplace_offer")
+
+
+def statistics_drop(apps, schema_editor):
+    if not _postgresql(schema_editor):
+        return
+    for name, _ in STATISTICS:
+        schema_editor.execute(f"DROP STATISTICS IF EXISTS {name}")
+
+
 class Migration(migrations.Migration):
     atomic = False
 
@@ -29,7 +85,7 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
-        AddIndexConcurrently(
+        AddIndexWhileWritable(
             model_name="offer",
             index=models.Index(
                 django.db.models.functions.text.Upper("gpu_name"),
@@ -39,8 +95,8 @@ class Migration(migrations.Migration):
                 name="offer_gpu_by_price_units",
             ),
         ),
-        RemoveIndexConcurrently(model_name="offer", name="offer_gpu_by_price"),
-        AddIndexConcurrently(
+        RemoveIndexWhileWritable(model_name="offer", name="offer_gpu_by_price"),
+        AddIndexWhileWritable(
             model_name="offer",
             index=models.Index(
                 django.db.models.functions.text.Upper("geolocation"),
@@ -50,12 +106,5 @@ class Migration(migrations.Migration):
                 name="offer_region_by_score",
             ),
         ),
-        *(
-            migrations.RunSQL(
-                f"CREATE STATISTICS {name} ON ({expression}) FROM marketplace_offer",
-                f"DROP STATISTICS IF EXISTS {name}",
-            )
-            for name, expression in STATISTICS
-        ),
-        migrations.RunSQL("ANALYZE marketplace_offer", migrations.RunSQL.noop),
+        migrations.RunPython(statistics_create, statistics_drop),
     ]
