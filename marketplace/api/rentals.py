@@ -1,17 +1,13 @@
-"""REST API for renters: offers, instances (rentals), SSH keys."""
+"""REST API for renters: instances (rentals), SSH keys, committed images. Offers and quotes
+are in ``offers.py``."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
-from django.http import Http404
-from django.utils import timezone
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_field
 from rest_framework import mixins, serializers, status
-from rest_framework.decorators import action, api_view
+from rest_framework.decorators import action
 from rest_framework.response import Response
 
-from marketplace import offer_query
 from marketplace.api.base import TeamScopedViewSet
 from marketplace.api.fields import (
     DOLLARS_SCHEMA,
@@ -20,12 +16,10 @@ from marketplace.api.fields import (
     dollars,
     finite_number,
 )
-from marketplace.api.permissions import api_team, read_only_methods
-from marketplace.api.throttling import throttle_scope
-from marketplace.models import CommittedImage, Offer, Rental, SshKey
+from marketplace.api.permissions import api_team
+from marketplace.models import CommittedImage, Rental, SshKey
 from marketplace.selectors import instance_connection, instance_logs, rental_versions
 from marketplace.services.bids import rental_bid_change
-from marketplace.services.pricing import rental_quote
 from marketplace.services.rental_versions import (
     rental_commit,
     rental_new_version,
@@ -55,279 +49,7 @@ from scheduler import services as scheduler
 from scheduler.models import Instance, InstanceState, LaunchMode
 from scheduler.placement import BINPACK, CARD_POLICIES, SliceSize
 
-MAX_PAGE = 256
-MAX_OFFSET = 10_000
 MAX_ID = 2**63 - 1  # a bigint primary key; past it the database would refuse the query
-
-
-class OfferSerializer(serializers.ModelSerializer):
-    """An offer; figures are for all its free units (``num_gpus``)."""
-
-    id = serializers.IntegerField(source="machine_id")
-    machine_id = serializers.IntegerField()
-    gpu_total_ram = serializers.SerializerMethodField()
-    cpu_cores_effective = serializers.SerializerMethodField()
-    cpu_ram = serializers.SerializerMethodField()
-    disk_space = serializers.SerializerMethodField()
-    dph_total = serializers.SerializerMethodField()
-    dph_per_gpu = serializers.SerializerMethodField()
-    storage_cost = serializers.SerializerMethodField()
-    duration = serializers.SerializerMethodField()
-    min_bid = serializers.SerializerMethodField()
-
-    class Meta:
-        model = Offer
-        fields = [
-            "id", "machine_id", "gpu_name", "num_gpus", "total_gpus", "min_gpus", "gpu_ram",
-            "gpu_total_ram", "cpu_cores_effective", "cpu_ram", "disk_space", "disk_enforced",
-            "dph_total", "dph_per_gpu", "storage_cost", "reliability", "duration", "end_date",
-            "geolocation", "driver_version", "cuda_max_good", "verified", "rentable", "score",
-            "sharing", "gpu_frac", "slice_core_percent", "slice_memory_mb",
-            "min_slice_core_percent", "cards", "min_bid",
-        ]  # fmt: skip
-
-    def get_gpu_total_ram(self, offer) -> float:
-        return round(offer.gpu_ram * offer.num_gpus, 2)
-
-    def get_cpu_cores_effective(self, offer) -> float:
-        return round(offer.cpu_cores_per_unit * offer.num_gpus, 2)
-
-    def get_cpu_ram(self, offer) -> float:
-        return round(offer.cpu_ram_per_unit * offer.num_gpus, 2)
-
-    def get_disk_space(self, offer) -> float:
-        return round(offer.disk_per_unit * offer.num_gpus, 1)
-
-    @extend_schema_field(DOLLARS_SCHEMA)
-    def get_dph_total(self, offer) -> str:
-        return dollars(offer.dph_total)
-
-    @extend_schema_field(DOLLARS_SCHEMA)
-    def get_dph_per_gpu(self, offer) -> str:
-        return dollars(offer.price_per_gpu_hour)
-
-    @extend_schema_field(DOLLARS_SCHEMA)
-    def get_storage_cost(self, offer) -> str:
-        return dollars(offer.storage_cost)
-
-    @extend_schema_field({**DOLLARS_SCHEMA, "nullable": True})
-    def get_min_bid(self, offer) -> str | None:
-        """The lowest bid per GPU-hour that rents these GPUs interruptibly (None: the machine
-        takes no bids)."""
-        return dollars(offer.min_bid)
-
-    def get_duration(self, offer) -> float | None:
-        """Days until the machine's end date (None: no end date)."""
-        if offer.end_date is None:
-            return None
-        return round(max((offer.end_date - timezone.now()).total_seconds(), 0) / 86400, 2)
-
-    def to_representation(self, offer: Offer) -> dict:
-        """The declared fields' values, built in one go. Walking DRF's fields for each of a
-        page's 64 offers was most of a search's time; the result is the same (a test holds
-        the two to each other)."""
-        end_date = offer.end_date
-        return {
-            "id": offer.machine_id,
-            "machine_id": offer.machine_id,
-            "gpu_name": offer.gpu_name,
-            "num_gpus": offer.num_gpus,
-            "total_gpus": offer.total_gpus,
-            "min_gpus": offer.min_gpus,
-            "gpu_ram": float(offer.gpu_ram),
-            "gpu_total_ram": self.get_gpu_total_ram(offer),
-            "cpu_cores_effective": self.get_cpu_cores_effective(offer),
-            "cpu_ram": self.get_cpu_ram(offer),
-            "disk_space": self.get_disk_space(offer),
-            "disk_enforced": offer.disk_enforced,
-            "dph_total": self.get_dph_total(offer),
-            "dph_per_gpu": self.get_dph_per_gpu(offer),
-            "storage_cost": self.get_storage_cost(offer),
-            "reliability": float(offer.reliability),
-            "duration": self.get_duration(offer),
-            "end_date": self.fields["end_date"].to_representation(end_date) if end_date else None,
-            "geolocation": offer.geolocation,
-            "driver_version": offer.driver_version,
-            "cuda_max_good": float(offer.cuda_max_good),
-            "verified": offer.verified,
-            "rentable": offer.rentable,
-            "score": float(offer.score),
-            "sharing": offer.sharing,
-            "gpu_frac": float(offer.gpu_frac),
-            "slice_core_percent": offer.slice_core_percent,
-            "slice_memory_mb": offer.slice_memory_mb,
-            "min_slice_core_percent": offer.min_slice_core_percent,
-            "cards": offer.cards,
-            "min_bid": self.get_min_bid(offer),
-        }
-
-
-def search_offers(query: offer_query.OfferQuery, limit: int, offset: int) -> list[Offer]:
-    return list(offer_query.apply(Offer.objects.all(), query)[offset : offset + limit])
-
-
-class OfferPageSerializer(serializers.Serializer):
-    limit = serializers.IntegerField(
-        min_value=1,
-        max_value=MAX_PAGE,
-        default=64,
-        error_messages={
-            "min_value": f"Between 1 and {MAX_PAGE}.",
-            "max_value": f"Between 1 and {MAX_PAGE}.",
-        },
-    )
-    # Deeper pages cost the database a scan past every skipped row; a narrower query finds
-    # the same offers without one.
-    offset = serializers.IntegerField(
-        min_value=0,
-        max_value=MAX_OFFSET,
-        default=0,
-        error_messages={
-            "min_value": "Must not be negative.",
-            "max_value": f"Pages go at most {MAX_OFFSET} offers deep; narrow the query instead.",
-        },
-    )
-
-
-def _page_params(data) -> tuple[int, int]:
-    page = OfferPageSerializer(
-        data={name: data[name] for name in ("limit", "offset") if name in data}
-    )
-    page.is_valid(raise_exception=True)
-    return page.validated_data["limit"], page.validated_data["offset"]
-
-
-def _offer_query(request) -> tuple[offer_query.OfferQuery, str]:
-    """The query of a GET (``q=``) or a POST (JSON filter body, or ``{"q": …}``), and the
-    field a bad one is reported under."""
-    if request.method == "GET":
-        return offer_query.parse(request.query_params.get("q", "")), "q"
-    if "q" in request.data:
-        text = request.data["q"]
-        if not isinstance(text, str):
-            raise serializers.ValidationError({"q": "The query is text, like 'num_gpus>=2'."})
-        return offer_query.parse(text), "q"
-    return offer_query.parse_json(request.data), "filters"
-
-
-class OfferResultsSerializer(serializers.Serializer):
-    offers = OfferSerializer(many=True)
-    next_offset = serializers.IntegerField(
-        allow_null=True, help_text="The offset of the next page; null on the last page."
-    )
-
-
-OFFER_FILTER_BODY = {
-    "type": "object",
-    "description": 'Filters by field, like {"num_gpus": {"gte": 2}, "geolocation": {"in": '
-    '["US", "CA"]}}; or {"q": "num_gpus>=2 -o dph_total"}; "order": [["dph_total", "asc"]].',
-    "properties": {
-        "q": {"type": "string"},
-        "limit": {"type": "integer", "minimum": 1, "maximum": MAX_PAGE, "default": 64},
-        "offset": {"type": "integer", "minimum": 0, "maximum": MAX_OFFSET, "default": 0},
-    },
-    "additionalProperties": True,
-}
-
-
-@read_only_methods("POST")  # a search with a JSON body: read-only keys and viewers may use it
-@throttle_scope("offer_search")
-@extend_schema(
-    methods=["GET"],
-    summary="Search offers",
-    parameters=[
-        OpenApiParameter("q", str, description="e.g. num_gpus>=2 gpu_name=RTX_4090 -o dph_total"),
-        OpenApiParameter("limit", int, description=f"1..{MAX_PAGE} (default 64)"),
-        OpenApiParameter("offset", int, description=f"0..{MAX_OFFSET}"),
-    ],
-    responses=OfferResultsSerializer,
-)
-@extend_schema(
-    methods=["POST"],
-    summary="Search offers with a JSON filter body",
-    request={"application/json": OFFER_FILTER_BODY},
-    responses=OfferResultsSerializer,
-)
-@api_view(["GET", "POST"])
-def offers(request):
-    """GET with ``q=`` (query language) or POST a JSON filter body (``{"num_gpus": {"gte": 2}}``).
-
-    A bad query answers 400 naming the position and token and saying why; nothing about a
-    query can make this a 500.
-    """
-    data = request.data if request.method == "POST" else request.query_params
-    if not isinstance(data, Mapping):
-        raise serializers.ValidationError(
-            {"filters": 'The filter body is a JSON object, like {"num_gpus": {"gte": 2}}.'}
-        )
-    limit, offset = _page_params(data)
-    field = "q" if request.method == "GET" or "q" in data else "filters"
-    try:
-        query, field = _offer_query(request)
-        found = search_offers(query, limit + 1, offset)
-    except offer_query.QueryError as error:
-        raise serializers.ValidationError({field: str(error)}) from error
-    return Response(
-        {
-            "offers": OfferSerializer(found[:limit], many=True).data,
-            "next_offset": offset + limit if len(found) > limit else None,
-        }
-    )
-
-
-class QuoteSerializer(serializers.Serializer):
-    num_gpus = serializers.IntegerField(min_value=1, max_value=64)
-    duration_hours = FiniteFloatField(min_value=MIN_RENTAL_HOURS, max_value=MAX_RENTAL_HOURS)
-    disk_gb = serializers.IntegerField(min_value=1, max_value=100_000, default=10)
-
-
-class QuoteResultSerializer(serializers.Serializer):
-    gpu = DollarsField(help_text="Dollars held for GPU time.")
-    storage = DollarsField(help_text="Dollars held for storage.")
-    total = DollarsField(help_text="Dollars held in all.")
-    disk_enforced = serializers.BooleanField(
-        help_text="Whether the host caps the container's disk at disk_gb."
-    )
-    disk_note = serializers.CharField(help_text="What disk_gb means on this host, in words.")
-
-
-@extend_schema(
-    summary="Price of a rental before confirming",
-    parameters=[QuoteSerializer],
-    responses=QuoteResultSerializer,
-)
-@api_view(["GET"])
-def offer_quote(request, machine_id: int):
-    offer = Offer.objects.select_related("machine").filter(machine_id=machine_id).first()
-    if offer is None:
-        raise Http404
-    params = QuoteSerializer(data=request.query_params)
-    params.is_valid(raise_exception=True)
-    quote = rental_quote(
-        machine=offer.machine,
-        gpu_count=params.validated_data["num_gpus"],
-        disk_gb=params.validated_data["disk_gb"],
-        hours=params.validated_data["duration_hours"],
-    )
-    return Response(
-        {
-            "gpu": dollars(quote.gpu),
-            "storage": dollars(quote.storage),
-            "total": dollars(quote.total),
-            "disk_enforced": offer.machine.disk_enforced,
-            "disk_note": disk_note(offer.machine.disk_enforced),
-        }
-    )
-
-
-def disk_note(enforced: bool) -> str:
-    """What a rental's ``disk_gb`` means on a host, told before renting."""
-    if enforced:
-        return "The container's disk is capped at disk_gb: writes past it fail (no space left)."
-    return (
-        "This host does not enforce disk sizes: disk_gb is charged and recorded, but the "
-        "container can write past it."
-    )
 
 
 RENT_HOURS_RANGE = f"Rent for at least {MIN_RENTAL_HOURS} and at most {MAX_RENTAL_HOURS} hours."
@@ -836,7 +558,7 @@ class SshKeyViewSet(
         )
 
 
-__all__ = ["Rental", "InstanceViewSet", "SshKeyViewSet", "offer_quote", "offers"]
+__all__ = ["Rental", "InstanceViewSet", "SshKeyViewSet"]
 
 
 class CommittedImageSerializer(serializers.ModelSerializer):

@@ -21,8 +21,9 @@ from billing.money import MICRO_PER_DOLLAR
 from billing.selectors import team_balance
 from marketplace import offer_query
 from marketplace.api.fields import dollars
+from marketplace.api.offers import MAX_PAGE, search_offers
 from marketplace.api.permissions import api_team
-from marketplace.api.rentals import MAX_PAGE, RentSerializer, search_offers
+from marketplace.api.rentals import RentSerializer
 from marketplace.models import ApiKey, Offer, SshKey
 from marketplace.selectors import instance_connection, instance_logs
 from marketplace.services.bids import rental_bid_change, winning_bid

@@ -280,7 +280,7 @@ def test_the_offer_representation_is_what_the_declared_fields_give(market):
     """The API builds offers directly for speed; the declared (schema) fields must agree."""
     from rest_framework import serializers
 
-    from marketplace.api.rentals import OfferSerializer
+    from marketplace.api.offers import OfferSerializer
 
     serializer = OfferSerializer()
     for offer in Offer.objects.all():
