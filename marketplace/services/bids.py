@@ -29,12 +29,12 @@ from django.db import transaction
 from django.utils import timezone
 
 from billing import holds
-from billing.money import usage_owed
 from billing.usd import format_usd
 from hosts.models import Machine, MachineStatus
 from hosts.runtime import CommandFailed, HostUnreachable
 from marketplace.models import Rental
 from marketplace.services.metering import BANK_GPU_FIELDS, rental_bank_gpu_owed
+from marketplace.services.pricing import rental_hold_grow
 from scheduler.models import GpuAllocation, Instance, InstanceState
 from scheduler.services import (
     INTERRUPTIBLE_STATES,
@@ -390,14 +390,12 @@ def rental_bid_change(*, rental: Rental, bid: int) -> Rental:
         now = timezone.now()
         extra = bid - rental.price_per_gpu_hour
         if extra > 0:
-            remaining = max(int((rental.ends_at - now).total_seconds()), 0)
-            amount = usage_owed(rate_per_hour=extra * rental.gpu_count, seconds=remaining)
-            if amount:
-                holds.hold_extend(
-                    hold_id=rental.hold_id,
-                    amount=amount,
-                    idempotency_key=f"rental:{rental.instance.uuid}:bid:{now.isoformat()}",
-                )
+            rental_hold_grow(
+                rental,
+                now=now,
+                gpu_rate_per_hour=extra * rental.gpu_count,
+                idempotency_key=f"rental:{rental.instance.uuid}:bid:{now.isoformat()}",
+            )
         holds.hold_lock_with_accounts(hold_id=rental.hold_id)
         rental_bank_gpu_owed(rental, now)
         rental.price_per_gpu_hour = bid

@@ -4,8 +4,10 @@ seconds, at the machine's prices (renting) or the rental's (extending)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from fractions import Fraction
 
+from billing import holds
 from billing.money import usage_owed
 from hosts.models import Machine
 from marketplace.models import Rental
@@ -64,6 +66,26 @@ def quote_at(
             price_per_gb_month=storage_price_per_gb_month, disk_gb=disk_gb, seconds=seconds
         ),
     )
+
+
+def rental_hold_grow(
+    rental: Rental,
+    *,
+    now: datetime,
+    idempotency_key: str,
+    gpu_rate_per_hour: int = 0,
+    disk_gb: int = 0,
+) -> int:
+    """Hold what ``gpu_rate_per_hour`` and ``disk_gb`` more cost from ``now`` to the rental's
+    end, when its terms grow (a higher bid, more GPUs, a bigger disk): 402 when credit is
+    short. Returns the amount held (0: nothing to hold)."""
+    seconds = max(int((rental.ends_at - now).total_seconds()), 0)
+    amount = usage_owed(rate_per_hour=gpu_rate_per_hour, seconds=seconds) + storage_owed(
+        price_per_gb_month=rental.storage_price_per_gb_month, disk_gb=disk_gb, seconds=seconds
+    )
+    if amount:
+        holds.hold_extend(hold_id=rental.hold_id, amount=amount, idempotency_key=idempotency_key)
+    return amount
 
 
 def extension_quote(rental: Rental, seconds: int) -> Quote:

@@ -12,8 +12,6 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
-from billing import holds
-from billing.money import usage_owed
 from hosts.models import Machine
 from hosts.runtime import (
     CommandFailed,
@@ -26,7 +24,7 @@ from marketplace.events import publish_instance_event
 from marketplace.models import CommittedImage, Rental, Team, Volume, VolumeMount, VolumeState
 from marketplace.services.metering import BANK_STORAGE_FIELDS, rental_bank_storage_owed
 from marketplace.services.offers import offer_refresh
-from marketplace.services.pricing import storage_owed
+from marketplace.services.pricing import rental_hold_grow
 from marketplace.services.registries import registry_check
 from marketplace.services.volumes import (
     MountRequest,
@@ -259,14 +257,12 @@ def _gpus_follow(instance: Instance, gpus: int, number: int) -> None:
         room = MachineRoom([machine])
         gpu_ids, _ = room.take(machine.pk, extra, [])  # NoCapacity names what is missing
         allocations_write([(instance, gpu_ids, [], None)])
-        remaining = max(int((rental.ends_at - now).total_seconds()), 0)
-        amount = usage_owed(rate_per_hour=rental.price_per_gpu_hour * extra, seconds=remaining)
-        if amount:
-            holds.hold_extend(
-                hold_id=rental.hold_id,
-                amount=amount,
-                idempotency_key=f"rental:{instance.uuid}:gpus:v{number}",
-            )
+        rental_hold_grow(
+            rental,
+            now=now,
+            gpu_rate_per_hour=rental.price_per_gpu_hour * extra,
+            idempotency_key=f"rental:{instance.uuid}:gpus:v{number}",
+        )
     else:
         held = GpuAllocation.objects.filter(instance=instance, released_at=None)
         give_back = list(held.order_by("-gpu__index").values_list("pk", flat=True)[:-extra])
@@ -283,16 +279,12 @@ def _disk_follow(instance: Instance, disk_gb: int, number: int) -> None:
     now = timezone.now()
     extra = disk_gb - rental.disk_gb
     if extra > 0:
-        remaining = max(int((rental.ends_at - now).total_seconds()), 0)
-        amount = storage_owed(
-            price_per_gb_month=rental.storage_price_per_gb_month, disk_gb=extra, seconds=remaining
+        rental_hold_grow(
+            rental,
+            now=now,
+            disk_gb=extra,
+            idempotency_key=f"rental:{instance.uuid}:disk:v{number}",
         )
-        if amount:
-            holds.hold_extend(
-                hold_id=rental.hold_id,
-                amount=amount,
-                idempotency_key=f"rental:{instance.uuid}:disk:v{number}",
-            )
     _bank_disk(rental, disk_gb, now)
 
 
