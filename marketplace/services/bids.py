@@ -67,6 +67,11 @@ class Bidder:
     rented_at: datetime
 
 
+def interruption_order(bidder: Bidder) -> tuple:
+    """The order bidders lose their GPUs in: the lowest bid first, the newest first."""
+    return (bidder.bid, -bidder.rented_at.timestamp())
+
+
 def running_bids(machine_ids) -> dict[int, list[Bidder]]:
     """Interruptible rentals holding GPUs on these machines (the caller holds their locks),
     per machine in the order they are interrupted: the lowest bid first, the newest first."""
@@ -96,7 +101,7 @@ def running_bids(machine_ids) -> dict[int, list[Bidder]]:
     for bidder in by_instance.values():
         bids[machine_of[bidder.instance_id]].append(bidder)
     for each in bids.values():
-        each.sort(key=lambda b: (b.bid, -b.rented_at.timestamp()))
+        each.sort(key=interruption_order)
     return bids
 
 

@@ -31,6 +31,7 @@ from marketplace.services.bids import (
     ON_DEMAND_REASON,
     Bidder,
     bidders_to_interrupt,
+    interruption_order,
     outbid_reason,
     rentals_interrupt,
     running_bids,
@@ -270,7 +271,7 @@ class _Bidders:
         room.withhold(machine_id, [gpu_id for b in chosen for gpu_id in b.gpu_ids])
         bidders = self.on(machine_id)
         bidders.extend(chosen)
-        bidders.sort(key=lambda b: (b.bid, -b.rented_at.timestamp()))
+        bidders.sort(key=interruption_order)
 
 
 def _accept(
