@@ -27,7 +27,7 @@ os.environ["CONTAINER_EXTRA_LABELS"] = "gpumkt.bench=1"
 
 from bench_common import scratch_database, simulated_machine  # noqa: E402
 
-RUNS = 12
+RUNS = 20
 IMAGE = "gpumkt/busybox:latest"
 
 
@@ -49,7 +49,12 @@ def main() -> None:
         secret = api_key_create(membership=membership, name="bench", access="write").secret
         client = Client(HTTP_AUTHORIZATION=f"Bearer {secret}")
 
-        bare = []
+        body = {"machine_id": machine.pk, "num_gpus": 1, "image": IMAGE, "duration_hours": 1,
+                "entrypoint": "sleep", "args": ["600"]}  # fmt: skip
+        # Bare runs and rents take turns, so both see the same machine: on a shared 2-core
+        # machine the load swings within seconds, and two blocks measured apart compared
+        # the load more than the code.
+        bare, rented = [], []
         for _ in range(RUNS):
             started = time.perf_counter()
             result = ssh.run(
@@ -59,10 +64,6 @@ def main() -> None:
             bare.append((time.perf_counter() - started) * 1000)
             ssh.run(machine, ["docker", "rm", "--force", result.stdout.strip()])
 
-        rented = []
-        body = {"machine_id": machine.pk, "num_gpus": 1, "image": IMAGE, "duration_hours": 1,
-                "entrypoint": "sleep", "args": ["600"]}  # fmt: skip
-        for _ in range(RUNS):
             started = time.perf_counter()
             response = client.post("/api/v1/instances/", body, content_type="application/json")
             elapsed = (time.perf_counter() - started) * 1000
@@ -74,12 +75,15 @@ def main() -> None:
             client.delete(f"/api/v1/instances/{instance_id}/")
 
     b, r = statistics.median(bare), statistics.median(rented)
-    print(f"rent → running, warm image, simulated host, median of {RUNS}:")
-    print(f"  bare docker run over SSH  {b:7.1f} ms")
+    # The verdict is the median of each pair's ratio: a pair ran within a second, under one load.
+    ratio = statistics.median(rent / run for rent, run in zip(rented, bare, strict=True))
+    print(f"rent → running, warm image, simulated host, {RUNS} pairs taking turns:")
+    print(f"  bare docker run over SSH  {b:7.1f} ms (median)")
+    print(f"  rent → running            {r:7.1f} ms (median)   {r / b:.2f}× bare")
     print(
-        f"  rent → running            {r:7.1f} ms   {r / b:.2f}× bare   budget ≤ {BUDGET}×   ratio {(r / b) / BUDGET:.2f}"
+        f"  median ratio of a pair    {ratio:.2f}×   budget ≤ {BUDGET}×   ratio {ratio / BUDGET:.2f}"
     )
-    print("  within budget" if r / b <= BUDGET else "  OVER BUDGET")
+    print("  within budget" if ratio <= BUDGET else "  OVER BUDGET")
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -45,6 +46,15 @@ _NETWORK_CREATE = (
     "if command -v flock >/dev/null; then flock 9; fi; "
     'docker network inspect "$n" >/dev/null 2>&1 || exec "$@"'
 )
+
+# A platform network found (or made) isolated on a machine is trusted by this process's
+# launches there for this long, instead of asked about before every `docker run`: the
+# `docker network inspect` is a second Docker command per launch (measured about 30 ms, an
+# eighth of the run). A network removed meanwhile fails the run at its start (exit 125), and
+# the launch then makes it again and runs once more; one re-made with containers allowed to
+# talk is caught at the next check, at most this long after.
+NETWORK_CHECK_SECONDS = 300.0
+_networks_checked: dict[tuple[int, str, int, str], float] = {}
 
 # What `docker run` exits with (Docker's documented codes): 125 the daemon refused (no such
 # image under --pull=never, a port taken, a name in use); 126 the command cannot be invoked;
@@ -121,10 +131,25 @@ class DockerHost:
         )
         if not pull:
             argv.insert(argv.index("--detach"), "--pull=never")
-        self.network_ensure(spec.network)
+        trusted = self._network_checked_recently(spec.network)
+        if not trusted:
+            self.network_ensure(spec.network)
         if spec.gpu_slice is not None:
             self.mps_daemon_ensure()  # its pipe directory is the slice's mount source
         self.volumes_ensure([name for name, _ in spec.volumes])
+        try:
+            return self._run(argv).stdout.strip()
+        except CommandFailed as error:
+            if not (
+                trusted
+                and error.exit_code == EXIT_DOCKER_ERROR
+                and self.network_ensure(spec.network)
+            ):
+                raise self._why_not_started(spec, error, pulled=pull) from error
+        # The network was gone: it is made again, isolated, and the run tried once more. The
+        # refused run left its container made but never started; a plain `docker rm` removes
+        # that one and never a running container of the name (another launcher's, adopted).
+        self._run(["docker", "rm", _container_ref(spec.name)], check=False)
         try:
             return self._run(argv).stdout.strip()
         except CommandFailed as error:
@@ -163,16 +188,19 @@ class DockerHost:
     def mps_daemon_stop(self) -> None:
         self._run(mps_daemon_stop_argv())
 
-    def network_ensure(self, name: str) -> None:
+    def network_ensure(self, name: str) -> bool:
         """Make the platform network ``name`` unless the machine has it; idempotent, and safe
         for launches racing on one host (they take turns under a lock file on the host).
+        True when it had to be made.
 
         The tenants' network is made with inter-container communication off and refused
         (NetworkNotIsolated) if one of its name exists that lets containers talk.
         """
         if not NETWORK_NAME.fullmatch(name or ""):
             raise InvalidContainerSpec("network", f"'{str(name)[:40]}' is not a platform network")
+        _networks_checked.pop(self._network_key(name), None)
         found = self._network_options(name)
+        made = found is None
         if found is None:
             create = ["docker", "network", "create", "--driver", "bridge",
                       "--label", f"{PLATFORM_LABEL}=1"]  # fmt: skip
@@ -188,6 +216,15 @@ class DockerHost:
                 f"the machine's network {name} lets containers reach each other; the provider "
                 f"must remove it (docker network rm {name}) for the platform to make it again"
             )
+        _networks_checked[self._network_key(name)] = time.monotonic()
+        return made
+
+    def _network_key(self, name: str) -> tuple[int, str, int, str]:
+        return (self.machine.pk, self.machine.address, self.machine.port, name)
+
+    def _network_checked_recently(self, name: str) -> bool:
+        checked = _networks_checked.get(self._network_key(name))
+        return checked is not None and time.monotonic() - checked < NETWORK_CHECK_SECONDS
 
     def _network_options(self, name: str) -> tuple[str, dict[str, str]] | None:
         """(driver, options) of the network ``name``, or None when the machine has none."""
@@ -204,6 +241,7 @@ class DockerHost:
         tenants' network is shared by every rental on the machine and stays."""
         if name == TENANT_NETWORK or not NETWORK_NAME.fullmatch(name or ""):
             raise InvalidContainerSpec("network", f"'{str(name)[:40]}' is not a group network")
+        _networks_checked.pop(self._network_key(name), None)
         self._run(["docker", "network", "rm", name], check=False)
         return self._network_options(name) is None
 

@@ -177,3 +177,31 @@ def test_launches_racing_on_one_host_make_one_network(sim_host_factory, provider
         assert len(listed) == 1, listed
     finally:
         hosts[0].network_remove(group)
+
+
+def test_a_network_removed_behind_the_platforms_back_is_made_again_at_the_next_run(
+    sim_host_factory, provider_team
+):
+    """Launches trust a network they checked a moment ago instead of asking Docker again each
+    time; when it was removed meanwhile (a provider's `docker network prune`), the run is
+    refused before any container is made, and the platform makes it again and runs."""
+    machine = machine_for(sim_host_factory(gpus=1), provider_team)
+    host = DockerHost(machine)
+    group = f"gpumkt-gone-t{machine.pk}-{int(time.time() * 1000) % 10**9}"
+
+    def spec(suffix: str) -> ContainerSpec:
+        return ContainerSpec(
+            name=f"gpumkt-t-{machine.pk}-{suffix}", image=IMAGE, cpus=0.5, memory_mb=64,
+            shm_mb=8, labels=label(), network=group, entrypoint="sleep", args=["600"],
+        )  # fmt: skip
+
+    first = host.run(spec("gone-1"))
+    host.remove(first)
+    subprocess.run(["docker", "network", "rm", group], check=True, capture_output=True)
+    second = host.run(spec("gone-2"))
+    try:
+        assert docker_inspect(second)["State"]["Running"] is True
+        assert group in docker_inspect(second)["NetworkSettings"]["Networks"]
+    finally:
+        host.remove(second)
+        assert host.network_remove(group) is True
