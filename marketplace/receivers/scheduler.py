@@ -19,7 +19,16 @@ logger = logging.getLogger(__name__)
 
 @receiver(instance_state_changed, dispatch_uid="marketplace.rental_follow_instance")
 def on_instance_state_changed(
-    sender, *, instance_id, team_id, machine_id, from_state, to_state, reason, **kwargs
+    sender,
+    *,
+    instance_id,
+    team_id,
+    machine_id,
+    from_state,
+    to_state,
+    reason,
+    capacity_unchanged=False,
+    **kwargs,
 ):
     rental_follow_instance(instance_id=instance_id)
     if to_state == InstanceState.RUNNING:
@@ -34,7 +43,8 @@ def on_instance_state_changed(
         # GPUs came free: an interrupted rental waiting for them may win them back now.
         machine_bids_resolve(machine_id=machine_id)
     # Also on a same-state event: it may be GPUs released once a container was seen stopped.
-    offer_refresh(machine_id=machine_id)
+    if not capacity_unchanged:
+        offer_refresh(machine_id=machine_id)
     publish_instance_event(
         team_id,
         instance_id,

@@ -48,6 +48,9 @@ def container_spec_for(instance: Instance, *, ssh_keys: list[str] | None = None)
     """The container an instance runs: its units' limits, pinned GPUs, published ports. A slice
     gets its fraction of one unit, is pinned to its card and carries the MPS limits."""
     machine = instance.machine
+    if getattr(machine, "present_gpu_count", None) is None:
+        # Counted once here: the unit's CPUs, memory and shared memory below each divide by it.
+        machine.present_gpu_count = machine.gpus.filter(present=True).count()
     n = instance.gpu_count
     gpu_slice = None
     if instance.is_slice:

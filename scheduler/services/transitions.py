@@ -18,6 +18,7 @@ def instance_transition(
     reason: str,
     only_from: set[str] | None = None,
     keep_gpus: bool = False,
+    capacity_unchanged: bool = False,
     **fields,
 ) -> Instance | None:
     """Move an instance to ``to_state`` and record why; publish on commit.
@@ -29,6 +30,10 @@ def instance_transition(
     not confirm the container stopped (its host was unreachable), so renting those GPUs to
     someone else would put two renters on them. ``machine_reconcile`` releases them once it
     has seen the container stopped.
+
+    ``capacity_unchanged`` tells listeners that no GPU, slice or port was taken or given back
+    with this change (a launch started its container on what it held since it was rented),
+    so the machine's offer need not be read again.
     """
     with transaction.atomic():
         instance = Instance.objects.select_for_update().get(pk=instance_id)
@@ -57,6 +62,7 @@ def instance_transition(
             "from_state": from_state,
             "to_state": to_state,
             "reason": reason,
+            "capacity_unchanged": capacity_unchanged,
         }
         transaction.on_commit(
             lambda: instance_state_changed.send_robust(sender=Instance, **payload)
