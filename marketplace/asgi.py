@@ -18,14 +18,16 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
 from marketplace.clusters.auth import GatewayAuthFastPath  # noqa: E402
+from marketplace.fanout import ServerConnection  # noqa: E402
 from marketplace.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
         # The cluster gateway's remembered auth answers skip Django's request handling.
         "http": GatewayAuthFastPath(django_asgi_app),
-        "websocket": AllowedHostsOriginValidator(
-            AuthMiddlewareStack(URLRouter(websocket_urlpatterns))
+        # The team feed writes its frames straight to uvicorn's connection where it can.
+        "websocket": ServerConnection(
+            AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns)))
         ),
     }
 )

@@ -20,7 +20,7 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from marketplace.events import instance_group, user_group
-from marketplace.fanout import TeamFeed, fan_out
+from marketplace.fanout import CONNECTION_KEY, TeamFeed, fan_out
 from marketplace.log_follow import LogFollower, TooManyFollowers
 from marketplace.models import Membership
 from marketplace.tenancy import ACTIVE_TEAM_SESSION_KEY, membership_for, team_objects
@@ -133,6 +133,8 @@ class TeamEventsConsumer(_MemberSocket):
             # before the hello: every event sent after the hello reaches the socket.
             self.feed = await fan_out().join(self.channel_layer, membership.team_id, self)
             await self.send_json({"event": "hello", "data": {"team": membership.team_id}})
+            if self.feed is not None:  # still open
+                self.feed.write_straight(self, self.scope.get(CONNECTION_KEY))
 
     async def _leave(self) -> None:
         feed, self.feed = self.feed, None

@@ -20,9 +20,12 @@ import asyncio
 import contextlib
 import json
 import logging
+import sys
 import weakref
 from collections.abc import Callable
 from typing import Any, Protocol
+
+from websockets.frames import Frame, Opcode
 
 from marketplace.events import team_group
 
@@ -47,7 +50,11 @@ class TeamFeed:
     def __init__(self, layer, team_id: int, on_failure: Callable[[TeamFeed], None]) -> None:
         self.layer, self.team_id, self.group = layer, team_id, team_group(team_id)
         self.on_failure = on_failure
-        self.sockets: dict[FeedSocket, None] = {}  # ordered: sockets get frames in join order
+        # Each socket with its server connection once frames may go straight to it
+        # (``write_straight``), else None; ordered, so sockets get frames in join order.
+        self.sockets: dict[FeedSocket, Any] = {}
+        # Sockets with frames still on their way through the normal send, and how many.
+        self.sending: dict[FeedSocket, int] = {}
         self.subscribed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.channel: str | None = None
         self.task = asyncio.create_task(self._run(), name=f"team feed {team_id}")
@@ -87,9 +94,7 @@ class TeamFeed:
         a new feed."""
         self.on_failure(self)
         for socket in list(self.sockets):
-            task = asyncio.get_running_loop().create_task(_write(socket, CLOSE_FAILED))
-            self.writes.add(task)
-            task.add_done_callback(self.writes.discard)
+            self._send(socket, CLOSE_FAILED)
 
     async def _rejoin(self) -> None:
         while True:
@@ -105,24 +110,98 @@ class TeamFeed:
         except Exception:  # the group expires by itself; nothing reaches a closed feed anyway
             logger.warning("could not leave %s", self.group, exc_info=True)
 
+    def write_straight(self, socket: FeedSocket, connection: Any) -> None:
+        """From now on ``socket``'s frames may be written straight onto ``connection`` (the
+        server's, see ``write_frame``). Called once the socket's own first frame (its hello)
+        has gone out, so no feed frame overtakes it."""
+        if socket in self.sockets:
+            self.sockets[socket] = connection
+
     def deliver(self, message: dict[str, Any]) -> None:
         """Encode once; write the same frame to every socket of the team in this process.
 
-        Each write is its own task so that one slow browser (its send waiting for the socket
-        to drain) holds up nobody else; the frame itself is written before the task first
-        waits, so each socket still gets events in order."""
+        A server's text frame is unmasked, so it is the same bytes for every socket that did
+        not negotiate compression: those get them straight onto their connection
+        (``write_frame``), with no task and no per-socket encoding. The others (compressed,
+        not served by uvicorn's ``websockets`` protocol, behind on reading, or with an
+        earlier frame still on its way) take the normal ASGI send."""
         if message.get("type") != "team.event":
             return
         text = json.dumps({"event": message["event"], "data": message["data"]})
         frame = {"type": "websocket.send", "text": text}
-        create_task = asyncio.get_running_loop().create_task
-        for socket in list(self.sockets):
-            task = create_task(_write(socket, frame))
-            self.writes.add(task)
-            task.add_done_callback(self.writes.discard)
+        encoded = Frame(Opcode.TEXT, text.encode()).serialize(mask=False)
+        for socket, connection in list(self.sockets.items()):
+            if connection is None or socket in self.sending or not write_frame(connection, encoded):
+                self._send(socket, frame)
+
+    def _send(self, socket: FeedSocket, frame: dict[str, Any]) -> None:
+        """The normal send, in its own task so that one slow browser (its send waiting for
+        the socket to drain) holds up nobody else; the frame itself is written before the
+        task first waits, so each socket still gets events in order."""
+        self.sending[socket] = self.sending.get(socket, 0) + 1
+        task = asyncio.get_running_loop().create_task(_write(socket, frame))
+        self.writes.add(task)
+        task.add_done_callback(lambda task: self._sent(task, socket))
+
+    def _sent(self, task: asyncio.Task, socket: FeedSocket) -> None:
+        self.writes.discard(task)
+        left = self.sending.pop(socket, 1) - 1
+        if left:
+            self.sending[socket] = left
 
     def stop(self) -> None:
         self.task.cancel()
+
+
+# A connection with more than this waiting to go out (a browser not reading) gets its frames
+# through the normal send, which waits for it to drain, instead of growing its buffer further.
+MAX_BUFFERED = 64 * 1024
+
+# The scope key under which ``ServerConnection`` leaves the socket's server connection.
+CONNECTION_KEY = "gpumkt.server_connection"
+
+
+class ServerConnection:
+    """ASGI middleware: remembers in the scope the object whose ``send`` the server gave the
+    socket (uvicorn's connection), for ``write_frame``. Changes nothing else."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        connection = getattr(send, "__self__", None)
+        return await self.app({**scope, CONNECTION_KEY: connection}, receive, send)
+
+
+def write_frame(connection: Any, encoded: bytes) -> bool:
+    """Write an encoded, unmasked, uncompressed frame straight to a socket's transport, as
+    the protocol's own ``send`` would (``write_frame_sync``: the frame onto the transport)
+    minus its per-message work; False (nothing written) when the socket must take the normal
+    send instead.
+
+    This reaches past ASGI into uvicorn's connection (websockets' legacy protocol: ``state``,
+    ``extensions``, ``transfer_data_task``, ``transport``), so it writes only when that is
+    plainly the same as ``send``: an open connection of that protocol that negotiated no
+    extension (compression would make the bytes differ per socket) and whose buffer is not
+    backed up (``send`` would wait for it to drain). uvicorn sends no fragmented messages,
+    so a frame never lands inside another message."""
+    # uvicorn's default WebSocket protocol (``--ws websockets``) is websockets' legacy one;
+    # looked up rather than imported (importing it warns that it is deprecated): a process
+    # that has not loaded it has no such connection.
+    legacy = sys.modules.get("websockets.legacy.protocol")
+    if legacy is None or not isinstance(connection, legacy.WebSocketCommonProtocol):
+        return False
+    if connection.state is not legacy.State.OPEN or connection.extensions or connection.is_client:
+        return False
+    if connection.transfer_data_task.done():  # closing without a handshake: let send raise
+        return False
+    transport = connection.transport
+    if transport is None or transport.is_closing():
+        return False
+    if transport.get_write_buffer_size() > MAX_BUFFERED:
+        return False
+    transport.write(encoded)
+    return True
 
 
 async def _write(socket: FeedSocket, frame: dict[str, Any]) -> None:

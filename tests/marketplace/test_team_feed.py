@@ -13,10 +13,11 @@ import time
 import pytest
 import redis
 from channels_redis.core import RedisChannelLayer
+from websockets.frames import Frame, Opcode
 
 from deploy.cluster import Redis
 from marketplace.events import team_group
-from marketplace.fanout import FanOut
+from marketplace.fanout import CONNECTION_KEY, FanOut, ServerConnection, write_frame
 
 pytestmark = pytest.mark.asyncio
 
@@ -84,3 +85,92 @@ async def test_one_subscription_per_team_and_sockets_closed_when_redis_goes(priv
     assert acme[0].sent[-1] != closed
     assert hub.feeds == {}  # the next socket of either team starts a new subscription
     groups.close()
+
+
+class AppSocket:
+    """The team feed's side of one socket: the ASGI send uvicorn gave it."""
+
+    def __init__(self, send) -> None:
+        self.base_send = send
+
+
+async def feed_server(layer, hub: FanOut, connections: list):
+    """uvicorn (its default ``websockets`` protocol, compression on offer) serving sockets that
+    each join team 1's feed and, once their hello is out, let its frames go straight to their
+    server connection, as the team feed's consumer does."""
+    import uvicorn
+
+    async def app(scope, receive, send) -> None:
+        assert (await receive())["type"] == "websocket.connect"
+        await send({"type": "websocket.accept"})
+        socket, connection = AppSocket(send), scope[CONNECTION_KEY]
+        connections.append(connection)
+        feed = await hub.join(layer, 1, socket)
+        await send({"type": "websocket.send", "text": '{"event": "hello", "data": {}}'})
+        feed.write_straight(socket, connection)
+        try:
+            while (await receive())["type"] != "websocket.disconnect":
+                pass
+        finally:
+            hub.leave(feed, socket)
+
+    config = uvicorn.Config(
+        ServerConnection(app), host="127.0.0.1", port=0, ws="websockets", lifespan="off",
+        log_level="warning",
+    )  # fmt: skip
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve())
+    await until(lambda: server.started)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    return server, task, f"ws://127.0.0.1:{port}/ws/events/"
+
+
+# uvicorn's default WebSocket protocol is built on websockets' legacy (deprecated) one.
+@pytest.mark.filterwarnings(
+    "ignore::DeprecationWarning:uvicorn.protocols.websockets.websockets_impl"
+)
+@pytest.mark.filterwarnings("ignore:websockets.legacy is deprecated")
+@pytest.mark.filterwarnings("ignore:remove second argument of ws_handler")
+async def test_browsers_get_the_same_json_text_frames_written_straight_or_sent(private_redis):
+    """A browser that negotiated no compression gets the feed's frames written straight onto
+    its connection; one that negotiated permessage-deflate gets them through uvicorn's send.
+    Both read the same text frames with the same JSON, in order; a socket that closed is
+    skipped without disturbing the others."""
+    from websockets.asyncio.client import connect
+
+    layer = RedisChannelLayer(hosts=[private_redis.url], prefix=PREFIX)
+    hub, connections = FanOut(), []
+    server, task, url = await feed_server(layer, hub, connections)
+    try:
+        plain = await connect(url, compression=None)
+        deflate = await connect(url)  # a browser offers compression; uvicorn accepts it
+        leaving = await connect(url, compression=None)
+        for browser in (plain, deflate, leaving):
+            assert json.loads(await browser.recv())["event"] == "hello"
+        assert [bool(connection.extensions) for connection in connections] == [
+            False,
+            True,
+            False,
+        ]
+        await leaving.close()
+
+        for n in (1, 2, 3):
+            await layer.group_send(team_group(1), team_event(n))
+        expected = [{"event": "instance.state", "data": {"n": n}} for n in (1, 2, 3)]
+        for browser in (plain, deflate):
+            frames = [await asyncio.wait_for(browser.recv(), 10) for _ in expected]
+            assert all(isinstance(frame, str) for frame in frames)  # text frames
+            assert [json.loads(frame) for frame in frames] == expected
+
+        # The straight write is taken only where it is the same as uvicorn's send.
+        frame = Frame(Opcode.TEXT, b'{"event": "x", "data": {}}').serialize(mask=False)
+        assert write_frame(connections[0], frame)
+        assert json.loads(await asyncio.wait_for(plain.recv(), 10)) == {"event": "x", "data": {}}
+        assert not write_frame(connections[1], frame)  # compressed: bytes differ per socket
+        assert not write_frame(connections[2], frame)  # closed
+        assert not write_frame(object(), frame)  # not uvicorn's websockets protocol
+        await plain.close()
+        await deflate.close()
+    finally:
+        server.should_exit = True
+        await task
