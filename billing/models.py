@@ -160,6 +160,8 @@ class Transfer(ImmutableModel):
     description = models.CharField(max_length=300, blank=True)
     amount = models.BigIntegerField()
     fee = models.BigIntegerField(default=0, help_text="Platform fee within amount (charges).")
+    # Not indexed: no query looks transfers up by their hold (a hold's captures are its
+    # cumulative columns), and holds are never deleted; one index less on the sweep's insert.
     hold = models.ForeignKey(
         "billing.Hold",
         on_delete=models.PROTECT,
@@ -167,6 +169,7 @@ class Transfer(ImmutableModel):
         blank=True,
         related_name="transfers",
         db_constraint=False,
+        db_index=False,
     )
     usage_kind = models.CharField(max_length=16, choices=ChargeUsage.choices, blank=True)
     storage_amount = models.BigIntegerField(
@@ -199,7 +202,9 @@ class Transfer(ImmutableModel):
                 name="billing_transfer_storage_range",
             ),
         ]
-        indexes = [models.Index(fields=["reference"], name="billing_transfer_reference")]
+        # No index on ``reference``: it is only searched by substring (the ledger's filter,
+        # the admin's search), which a b-tree cannot serve, and invoices group a team's
+        # entries (read through the team index) by it.
 
     def __str__(self) -> str:
         return f"{self.get_kind_display()} {self.reference} ({self.idempotency_key})"

@@ -226,6 +226,15 @@ def settle_batch_sql(
         # compiling them cost 0.3-3 s a batch (more than running them); they are simple row
         # arithmetic, which the interpreter does fast enough. For this transaction only.
         cursor.execute("SET LOCAL jit = off")
+        # This transaction's commit need not wait for its WAL to reach the disk: the sweep is
+        # idempotent. What it writes is computed from the rentals' clocks and each hold's
+        # cumulative captures, and the transfers, entries, balances and the holds' new totals
+        # commit together; if a crash loses the commit, all of it is lost together and the
+        # next sweep captures the same usage again as the difference of cumulative totals
+        # (nothing lost, nothing twice). PostgreSQL replays WAL in order, so a later commit
+        # that waits (a rent, a settlement) makes this one durable first. The risk is only a
+        # balance pushed to a console that a crash then rolls back until the next sweep.
+        cursor.execute("SET LOCAL synchronous_commit = off")
         cursor.execute(_PLAN_TABLE)
         # ON COMMIT empties it, but a caller's outer transaction (a test's) may not commit.
         cursor.execute("DELETE FROM billing_sweep_plan")
