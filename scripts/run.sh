@@ -102,7 +102,9 @@ fi
 pids+=($!)
 .venv/bin/celery -A marketplace beat -l info --schedule var/celerybeat-schedule > var/log/beat.log 2>&1 &
 pids+=($!)
-.venv/bin/uvicorn marketplace.asgi:application --host 127.0.0.1 --port "$PORT" > var/log/web.log 2>&1 &
+# As the production unit: no per-message deflate, so the team feed writes one frame for all
+# sockets (marketplace/fanout.py).
+.venv/bin/uvicorn marketplace.asgi:application --host 127.0.0.1 --port "$PORT" --ws-per-message-deflate false > var/log/web.log 2>&1 &
 web=$!
 pids+=($web)
 
