@@ -10,8 +10,12 @@ import psycopg
 
 
 @contextlib.contextmanager
-def scratch_database() -> Iterator[str]:
-    """Create the database named in DATABASE_URL, set Django up on it, drop it at the end."""
+def scratch_database(*, keep: bool = False) -> Iterator[bool]:
+    """Create the database named in DATABASE_URL, set Django up on it, drop it at the end.
+
+    With ``keep`` an existing database of that name is used as it is (migrated) and none is
+    dropped at the end, so a bench that seeds for minutes can measure the same data again;
+    yields whether the database already existed."""
     import dj_database_url
 
     config = dj_database_url.parse(os.environ["DATABASE_URL"])
@@ -21,8 +25,12 @@ def scratch_database() -> Iterator[str]:
         password=config["PASSWORD"], dbname="postgres", autocommit=True,
     )  # fmt: skip
     with admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin.execute(f'CREATE DATABASE "{name}"')
+        existed = bool(
+            admin.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone()
+        )
+        if not (keep and existed):
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            admin.execute(f'CREATE DATABASE "{name}"')
     try:
         import django
 
@@ -30,16 +38,17 @@ def scratch_database() -> Iterator[str]:
         from django.core.management import call_command
 
         call_command("migrate", verbosity=0)
-        yield name
+        yield keep and existed
     finally:
         from django.db import connections
 
         connections.close_all()
-        with psycopg.connect(
-            host=config["HOST"], port=config["PORT"] or 5432, user=config["USER"],
-            password=config["PASSWORD"], dbname="postgres", autocommit=True,
-        ) as admin:  # fmt: skip
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        if not keep:
+            with psycopg.connect(
+                host=config["HOST"], port=config["PORT"] or 5432, user=config["USER"],
+                password=config["PASSWORD"], dbname="postgres", autocommit=True,
+            ) as admin:  # fmt: skip
+                admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @contextlib.contextmanager

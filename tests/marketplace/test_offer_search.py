@@ -289,6 +289,54 @@ def test_the_offer_representation_is_what_the_declared_fields_give(market):
         assert list(serializer.to_representation(offer)) == list(by_fields)
 
 
+def test_a_page_of_search_rows_is_what_the_serializer_gives(market):
+    """The API's search reads rows, not model instances; each must come out as the offer
+    serializer writes the same offer."""
+    from django.utils import timezone
+
+    from marketplace import offer_query
+    from marketplace.api.offers import OfferSerializer, offer_json, search_offer_rows
+
+    serializer = OfferSerializer()
+    now = timezone.now()
+    rows = search_offer_rows(offer_query.parse("rentable=any -o dph_total"), 64, 0)
+    by_machine = {offer.machine_id: offer for offer in Offer.objects.all()}
+    assert sorted(row["machine_id"] for row in rows) == sorted(by_machine)
+    for row in rows:
+        expected = serializer.to_representation(by_machine[row["machine_id"]])
+        got = offer_json(row, now)
+        duration, expected_duration = got.pop("duration"), expected.pop("duration")
+        assert (duration is None) == (expected_duration is None)
+        assert duration is None or abs(duration - expected_duration) < 0.01
+        assert got == expected
+
+
+def test_the_api_writes_an_offer_in_this_exact_shape(api, market):
+    """Pins the JSON of one offer, field by field and in order: clients parse it (money as
+    decimal strings, figures for all free units, nulls where there is nothing)."""
+    quad = market["quad"]
+    response = api.get("/api/v1/offers/", {"q": "num_gpus=4", "limit": 1})
+    assert response.status_code == 200
+    body = response.json()
+    assert list(body) == ["offers", "next_offset"] and body["next_offset"] is None
+    (offer,) = body["offers"]
+    assert 2.99 <= offer["duration"] <= 3.0  # days until the end date
+    expected = {
+        "id": quad.machine_id, "machine_id": quad.machine_id, "gpu_name": "RTX 4090",
+        "num_gpus": 4, "total_gpus": 4, "min_gpus": 1, "gpu_ram": 23.99, "gpu_total_ram": 95.96,
+        "cpu_cores_effective": 32.0, "cpu_ram": 128.0, "disk_space": 2000.0,
+        "disk_enforced": False, "dph_total": "3.200000", "dph_per_gpu": "0.800000",
+        "storage_cost": "0.100000", "reliability": 0.99, "duration": offer["duration"],
+        "end_date": quad.end_date.isoformat().replace("+00:00", "Z"), "geolocation": "US",
+        "driver_version": "550.54.14", "cuda_max_good": 12.4, "verified": False,
+        "rentable": True, "score": 29.3886, "sharing": False, "gpu_frac": 0.0,
+        "slice_core_percent": 0, "slice_memory_mb": 0, "min_slice_core_percent": 0,
+        "cards": [], "min_bid": None,
+    }  # fmt: skip
+    assert offer == expected
+    assert list(offer) == list(expected)
+
+
 def test_console_page_far_past_the_market_is_clamped_not_a_500(console, provider):
     """A page whose offset overflows the database's OFFSET is shown as the last page allowed."""
     from marketplace.views.rentals import MAX_OFFER_PAGE
