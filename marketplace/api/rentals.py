@@ -318,10 +318,11 @@ class InstanceSerializer(serializers.ModelSerializer):
         return dollars(rental.price_per_gpu_hour * rental.gpu_count)
 
     def get_gpus(self, instance) -> list[str]:
-        return scheduler.instance_gpu_uuids(instance)
+        rented = getattr(instance, "rented_gpu_uuids", None)  # a rent's answer: as written
+        return rented if rented is not None else scheduler.instance_gpu_uuids(instance)
 
     def get_connection(self, instance) -> dict:
-        return instance_connection(instance)
+        return instance_connection(instance, ports=getattr(instance, "rented_ports", None))
 
 
 class ExtendSerializer(serializers.Serializer):
