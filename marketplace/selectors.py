@@ -10,14 +10,23 @@ from scheduler.models import Instance, InstanceState, LaunchMode
 from scheduler.services import JUPYTER_CONTAINER_PORT, SSH_CONTAINER_PORT
 
 
-def published_ports(instance: Instance) -> list[dict[str, object]]:
+def published_ports(
+    instance: Instance, ports: list[tuple[int, int, str]] | None = None
+) -> list[dict[str, object]]:
     """The instance's live host ports, by container port: the one listing the console's
-    Connect table, the API's ``connection.ports`` and the SSH and Jupyter lines all read."""
+    Connect table, the API's ``connection.ports`` and the SSH and Jupyter lines all read.
+    ``ports``: the (container port, host port, protocol) a rent just wrote, by container port,
+    instead of reading them back."""
     host = instance.machine.address
+    if ports is None:
+        ports = [
+            (p.container_port, p.host_port, p.protocol)
+            for p in instance.port_allocations.filter(released_at=None).order_by("container_port")
+        ]
     return [
-        {"container_port": p.container_port, "host_port": p.host_port, "protocol": p.protocol,
-         "address": f"{host}:{p.host_port}"}
-        for p in instance.port_allocations.filter(released_at=None).order_by("container_port")
+        {"container_port": container_port, "host_port": host_port, "protocol": protocol,
+         "address": f"{host}:{host_port}"}
+        for container_port, host_port, protocol in ports
     ]  # fmt: skip
 
 
@@ -25,10 +34,13 @@ def _host_port(ports: list[dict[str, object]], container_port: int) -> object | 
     return next((p["host_port"] for p in ports if p["container_port"] == container_port), None)
 
 
-def instance_connection(instance: Instance) -> dict[str, object]:
-    """Ready-to-copy connection details: SSH line, Jupyter URL, published ports."""
+def instance_connection(
+    instance: Instance, ports: list[tuple[int, int, str]] | None = None
+) -> dict[str, object]:
+    """Ready-to-copy connection details: SSH line, Jupyter URL, published ports (``ports``:
+    as ``published_ports`` takes them)."""
     host = instance.machine.address
-    ports = published_ports(instance)
+    ports = published_ports(instance, ports)
     details: dict[str, object] = {"host": host, "ports": ports, "ssh": None, "jupyter": None}
     # Only a running instance gets a line to use: its launch checked that the image has the
     # mode's sshd or jupyter (a launching one may yet fail for want of it).

@@ -22,6 +22,7 @@ from billing import holds
 from billing.errors import InsufficientCredit
 from billing.pg_bulk import insert_models
 from hosts.models import Machine, MachineStatus, MaintenanceWindow
+from hosts.runtime.registries import registry_of
 from hosts.selectors import maintenance_overlapping
 from marketplace.events import publish_team_events
 from marketplace.fleet import machine_reference
@@ -51,7 +52,7 @@ from marketplace.services.rental_terms import RentalRequest as RentalRequest
 from marketplace.services.rental_terms import container_ports, request_check, terms_check
 from marketplace.services.rental_versions import committed_image_check
 from marketplace.services.volumes import mounts_check, mounts_lock_ready, mounts_write
-from scheduler.models import Instance, InstanceEvent, InstanceState, LaunchMode
+from scheduler.models import Instance, InstanceEvent, InstanceState, LaunchMode, PortAllocation
 from scheduler.placement import slice_fraction
 from scheduler.services import (
     MachineRoom,
@@ -60,6 +61,9 @@ from scheduler.services import (
 )
 from scheduler.services.allocations import SliceTaken
 from scheduler.work import work_enqueue_on_commit
+
+# What ``allocations_write`` writes every port allocation as (the model's default).
+PORT_PROTOCOL = PortAllocation._meta.get_field("protocol").default
 
 
 class OfferUnavailable(Exception):
@@ -106,7 +110,8 @@ def rentals_create(orders: list[RentalOrder]) -> list[Rental | Exception]:
         room = MachineRoom(list(machines.values()))
         now = timezone.now()
         windows = _maintenance_windows(machine_ids, now)
-        credit = holds.credit_available_locked({orders[i][0].pk for i in pending})
+        hold_accounts = holds.hold_accounts_lock({orders[i][0].pk for i in pending})
+        credit = hold_accounts.credit_available()
         bidders = _Bidders(machine_ids)
         accepted: list[_Accepted] = []
         for i in pending:
@@ -135,9 +140,8 @@ def rentals_create(orders: list[RentalOrder]) -> list[Rental | Exception]:
                 rentals_interrupt(
                     [b.instance_id for b in a.terms.interrupts], reason=reason, now=now
                 )
-        for i, rental in zip(
-            [a.index for a in accepted], _rentals_write(accepted, credentials, now), strict=True
-        ):
+        written = _rentals_write(accepted, credentials, hold_accounts, now)
+        for i, rental in zip([a.index for a in accepted], written, strict=True):
             outcomes[i] = rental
     return outcomes  # type: ignore[return-value]  (every order has its outcome now)
 
@@ -151,6 +155,7 @@ class _Terms:
     price_per_gpu_hour: int  # the machine's (a slice's: the card's times its fraction), or the bid
     slice_: SliceTaken | None = None
     interrupts: list[Bidder] = ()  # interruptible rentals whose GPUs this one takes
+    gpu_uuids: list[str] = ()  # its GPUs' (a slice's: its card's), in index order
 
 
 @dataclass(frozen=True)
@@ -199,10 +204,16 @@ def _mounts_still_ready(pending: list[int], mounts: dict[int, list], outcomes: l
 def _check_orders(orders: list[RentalOrder], outcomes: list) -> dict[int, dict[str, str]]:
     """What each order asks to run, checked (the outcome of one that fails is its error), and
     its registry login sealed. Identical specs are checked once."""
-    allow_private = dict(
-        Machine.objects.filter(pk__in={request.machine_id for _, request in orders}).values_list(
-            "pk", "allow_private_registries"
-        )
+    # Whether a machine allows private registries matters only for an image from a registry
+    # other than Docker Hub (``registry_refusal``): asked only for those (a rent of a Hub image
+    # spends no statement on it).
+    elsewhere = {
+        request.machine_id for _, request in orders if registry_of(request.image) != "docker.io"
+    }
+    allow_private = (
+        dict(Machine.objects.filter(pk__in=elsewhere).values_list("pk", "allow_private_registries"))
+        if elsewhere
+        else {}
     )
     checked: dict[tuple, ValidationError | None] = {}
     credentials: dict[int, dict[str, str]] = {}
@@ -320,6 +331,7 @@ def _accept(
         quote=quote,
         price_per_gpu_hour=rate,
         interrupts=interrupts,
+        gpu_uuids=room.gpu_uuids(machine.pk, gpu_ids),
     )
 
 
@@ -357,11 +369,15 @@ def _accept_slice(
         quote=quote,
         price_per_gpu_hour=rate,
         slice_=slice_,
+        gpu_uuids=room.gpu_uuids(machine.pk, [slice_.gpu_id]),
     )
 
 
 def _rentals_write(
-    accepted: list[_Accepted], credentials: dict[int, dict[str, str]], now: datetime
+    accepted: list[_Accepted],
+    credentials: dict[int, dict[str, str]],
+    hold_accounts: holds.HoldAccounts,
+    now: datetime,
 ) -> list[Rental]:
     """Instances, allocations, holds, rentals and events of the accepted orders, a statement
     or two each; launches queued and consoles told on commit."""
@@ -372,12 +388,21 @@ def _rentals_write(
     for a, instance in zip(accepted, instances, strict=True):
         if a.mounts:
             mounts_write(instance, a.mounts)
+    # No savepoint: an error here ends ``rentals_create``'s transaction (or its savepoint)
+    # whole, as one from the holds does.
     allocations_write(
         [
             (instance, a.terms.gpu_ids, a.terms.ports, a.terms.slice_)
             for a, instance in zip(accepted, instances, strict=True)
-        ]
+        ],
+        savepoint=False,
     )
+    for a, instance in zip(accepted, instances, strict=True):
+        # What the response shows of the allocations, as written (no read back).
+        instance.rented_gpu_uuids = list(a.terms.gpu_uuids)
+        instance.rented_ports = [
+            (container, host, PORT_PROTOCOL) for container, host in sorted(a.terms.ports)
+        ]
     hold_rows = holds.holds_create_many(
         [
             holds.HoldRequest(
@@ -390,7 +415,9 @@ def _rentals_write(
                 machine_reference=machine_reference(a.machine.pk),
             )
             for a, instance in zip(accepted, instances, strict=True)
-        ]
+        ],
+        # Locked before the terms were checked; interrupting rentals posts nothing to them.
+        locked=hold_accounts,
     )
     rentals = [
         Rental(

@@ -120,9 +120,11 @@ class MachineRoom:
             Gpu.objects.filter(machine_id__in=ids, present=True)
             .annotate(taken=Exists(taken))
             .order_by("machine_id", "index")
-            .values_list("machine_id", "pk", "taken", "memory_mib")
+            .values_list("machine_id", "pk", "taken", "memory_mib", "uuid")
         )
-        for machine_id, gpu_id, is_taken, memory_mib in gpus:
+        self.gpu_uuid: dict[int, str] = {}  # a rent answers with its GPUs' uuids, not reading back
+        for machine_id, gpu_id, is_taken, memory_mib, uuid in gpus:
+            self.gpu_uuid[gpu_id] = uuid
             largest = self.largest_card_memory_mb[machine_id]
             self.largest_card_memory_mb[machine_id] = max(largest, memory_mib)
             self.present[machine_id] += 1
@@ -193,6 +195,11 @@ class MachineRoom:
         free = self.free_gpu_ids[machine_id]
         free[:] = [gpu_id for gpu_id in free if gpu_id not in lent]
 
+    def gpu_uuids(self, machine_id: int, gpu_ids: list[int]) -> list[str]:
+        """The uuids of GPUs of the machine, in index order (as ``instance_gpu_uuids``)."""
+        wanted = set(gpu_ids)
+        return [self.gpu_uuid[g] for g in self._gpu_order[machine_id] if g in wanted]
+
     def card_memory_mb(self, gpu_id: int) -> int:
         return self._card_of[gpu_id].memory_mb
 
@@ -218,11 +225,17 @@ class MachineRoom:
 
 def allocations_write(
     rows: list[tuple[Instance, list[int], list[tuple[int, int]], SliceTaken | None]],
+    *,
+    savepoint: bool = True,
 ) -> None:
     """Write the GPU, slice and port allocations ``MachineRoom`` handed out: (instance, GPU
-    ids, [(container port, host port)], slice or None) per rental, in three statements."""
+    ids, [(container port, host port)], slice or None) per rental, in three statements.
+
+    A constraint violation is a clean 409 (NoCapacity): in a savepoint of its own, or, with
+    ``savepoint=False``, for a caller whose transaction ends on any error from here (renting:
+    two statements fewer per rent)."""
     try:
-        with transaction.atomic():  # savepoint: a constraint violation is a clean 409
+        with transaction.atomic(savepoint=savepoint):
             GpuAllocation.objects.bulk_create(
                 [
                     GpuAllocation(instance=instance, gpu_id=gpu_id)
