@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from django.dispatch import Signal
 
-# kwargs: instance_id, team_id, machine_id, from_state, to_state, reason, capacity_unchanged
-# (True when no GPU, slice or port changed hands with it)
+# kwargs: instance_id, team_id, machine_id, from_state, to_state, reason, launched_as_asked
+# (True when a launch started the container it was asked for: nothing changed hands)
 instance_state_changed = Signal()
 
 # kwargs: instance_id, team_id, progress (0-100), message

@@ -27,11 +27,11 @@ def on_instance_state_changed(
     from_state,
     to_state,
     reason,
-    capacity_unchanged=False,
+    launched_as_asked=False,
     **kwargs,
 ):
     rental_follow_instance(instance_id=instance_id)
-    if to_state == InstanceState.RUNNING:
+    if to_state == InstanceState.RUNNING and not launched_as_asked:
         # A failed version may have given way to the one before it (its GPUs, disk, volumes).
         try:
             rental_follow_version(instance_id=instance_id)
@@ -43,7 +43,7 @@ def on_instance_state_changed(
         # GPUs came free: an interrupted rental waiting for them may win them back now.
         machine_bids_resolve(machine_id=machine_id)
     # Also on a same-state event: it may be GPUs released once a container was seen stopped.
-    if not capacity_unchanged:
+    if not launched_as_asked:
         offer_refresh(machine_id=machine_id)
     publish_instance_event(
         team_id,

@@ -104,7 +104,7 @@ def rental_follow_instance(*, instance_id: int) -> Rental | None:
         # The hold and its accounts are locked before the clock is read: a metering sweep
         # that is capturing this hold finishes first, so it never counts time past ``now``,
         # and capture-then-release takes no lock while holding another (see billing).
-        holds.hold_lock_with_accounts(hold_id=rental.hold_id)
+        hold = holds.hold_lock_with_accounts(hold_id=rental.hold_id)
         now = timezone.now()
         state, state_since = Instance.objects.values_list("state", "state_changed_at").get(
             pk=instance_id
@@ -112,7 +112,7 @@ def rental_follow_instance(*, instance_id: int) -> Rental | None:
         online = _machine_in_service(rental.machine_id)
         _clocks_follow(rental, state=state, state_since=state_since, online=online, now=now)
         rental.save()
-        rental_meter(rental=rental, now=now)
+        rental_meter(rental=rental, now=now, hold=hold)
         if state in ENDED_STATES:
             holds.hold_release(hold_id=rental.hold_id)
             rental.settled_at = now

@@ -13,7 +13,7 @@ from __future__ import annotations
 import queue
 import threading
 from datetime import datetime
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import psycopg
 from django.db import connection
@@ -25,6 +25,9 @@ from billing import metering as billing_metering
 from billing.money import SECONDS_PER_HOUR, usage_owed
 from marketplace.models import Rental
 from marketplace.services.pricing import SECONDS_PER_MONTH, Quote, storage_owed
+
+if TYPE_CHECKING:
+    from billing.models import Hold
 
 
 def rental_owed(rental: Rental, now: datetime) -> Quote:
@@ -73,11 +76,22 @@ BANK_GPU_FIELDS = ["gpu_owed_banked", "gpu_unit_seconds", "gpu_seconds", "gpu_cl
 BANK_STORAGE_FIELDS = ["storage_owed_banked", "storage_seconds", "storage_clock_since"]
 
 
-def rental_meter(*, rental: Rental, now: datetime | None = None) -> int:
-    """Capture what is owed so far beyond what was captured (0 on a repeated run)."""
+def rental_meter(*, rental: Rental, now: datetime | None = None, hold: Hold | None = None) -> int:
+    """Capture what is owed so far beyond what was captured (0 on a repeated run).
+
+    ``hold``, the rental's hold as locked earlier in this transaction, lets a rental that owes
+    nothing new (a state change a moment after the last capture) skip the captures, which
+    would each lock and read the hold again to find the same.
+    """
     if rental.settled_at is not None:
         return 0
     owed = rental_owed(rental, now or timezone.now())
+    if (
+        hold is not None
+        and 0 <= owed.gpu <= hold.captured_gpu
+        and (0 <= owed.storage <= hold.captured_storage)
+    ):
+        return 0
     captured = holds.hold_capture_usage(hold_id=rental.hold_id, kind="gpu", owed_total=owed.gpu)
     captured += holds.hold_capture_usage(
         hold_id=rental.hold_id, kind="storage", owed_total=owed.storage

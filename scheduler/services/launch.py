@@ -122,7 +122,7 @@ def _launch_leased(
         to_state=InstanceState.RUNNING,
         reason="Container started" if not existing else "Container found running",
         only_from={InstanceState.LAUNCHING},
-        capacity_unchanged=True,  # on the GPUs and ports it was rented with
+        launched_as_asked=True,
         container_id=container_id,
         progress=100,
     )

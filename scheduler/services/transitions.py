@@ -18,7 +18,7 @@ def instance_transition(
     reason: str,
     only_from: set[str] | None = None,
     keep_gpus: bool = False,
-    capacity_unchanged: bool = False,
+    launched_as_asked: bool = False,
     **fields,
 ) -> Instance | None:
     """Move an instance to ``to_state`` and record why; publish on commit.
@@ -31,9 +31,10 @@ def instance_transition(
     someone else would put two renters on them. ``machine_reconcile`` releases them once it
     has seen the container stopped.
 
-    ``capacity_unchanged`` tells listeners that no GPU, slice or port was taken or given back
-    with this change (a launch started its container on what it held since it was rented),
-    so the machine's offer need not be read again.
+    ``launched_as_asked`` tells listeners that a launch started the very container it was
+    asked for, on what the instance already held: no GPU, slice or port changed hands (the
+    machine's offer is as it was) and the rental already follows this version (unlike a
+    failed version's fallback, which moves to ``running`` too).
     """
     with transaction.atomic():
         instance = Instance.objects.select_for_update().get(pk=instance_id)
@@ -47,7 +48,8 @@ def instance_transition(
         instance.state_changed_at = timezone.now()
         for name, value in fields.items():
             setattr(instance, name, value)
-        instance.save()
+        # The row is locked: writing only what changed is the same as writing it all.
+        instance.save(update_fields=["state", "status_message", "state_changed_at", *fields])
         InstanceEvent.objects.create(
             instance=instance, from_state=from_state, to_state=to_state, reason=reason[:500]
         )
@@ -62,7 +64,7 @@ def instance_transition(
             "from_state": from_state,
             "to_state": to_state,
             "reason": reason,
-            "capacity_unchanged": capacity_unchanged,
+            "launched_as_asked": launched_as_asked,
         }
         transaction.on_commit(
             lambda: instance_state_changed.send_robust(sender=Instance, **payload)
