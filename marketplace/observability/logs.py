@@ -68,6 +68,10 @@ def configure_logging(logging_settings: dict) -> None:
     """Set up structlog, then the standard library from ``settings.LOGGING``."""
     structlog.configure(
         processors=[
+            # A line below the logger's level is dropped before any work on it: django-
+            # structlog's DEBUG "request_started" went through every processor below on
+            # every request, to be discarded by the standard library at the end.
+            structlog.stdlib.filter_by_level,
             *SHARED_PROCESSORS,
             structlog.stdlib.PositionalArgumentsFormatter(),
             structlog.processors.StackInfoRenderer(),
