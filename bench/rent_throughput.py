@@ -11,6 +11,10 @@ machine's last GPU first (409) is counted, not failed. The launch tasks the rent
 in Redis (no worker runs).
 
 Afterwards: no GPU has two live allocations, and billing's ledger check finds nothing wrong.
+It also prints the CPU each rent request cost the web processes, PostgreSQL (the bench database's
+backends), Redis and the clients (from /proc): on a machine shared with other work the rate
+follows the load, the CPU per request does not, and two cores give at most 2,000 ms of it a
+second.
 
 Budget (DESIGN.md): ≥ 200 committed rentals/s, 0 double allocations.
 
@@ -124,6 +128,56 @@ def client(port: int, key: str, machines: list[int], stop: threading.Event, tall
     connection.close()
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of one process (0 once it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def with_children(pid: int) -> list[int]:
+    pids = [pid]
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            children = (task / "children").read_text().split()
+        except OSError:
+            continue
+        for child in children:
+            pids += with_children(int(child))
+    return pids
+
+
+def cpu_now(cluster) -> dict[str, float]:
+    """CPU seconds so far of the web processes, this database's backends, Redis, and us."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pid FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+        backends = {f"postgres:{pid}": cpu_seconds(pid) for (pid,) in cursor.fetchall()}
+    own = os.times()
+    return {
+        "web": sum(cpu_seconds(p) for web in cluster.webs for p in with_children(web.popen.pid)),
+        "redis": cpu_seconds(REDIS.popen.pid),
+        "clients": own.user + own.system,
+        **backends,
+    }
+
+
+def cpu_per_request(before: dict[str, float], after: dict[str, float], requests: int) -> str:
+    spent = {key: after[key] - before.get(key, 0.0) for key in after}
+    postgres = sum(v for key, v in spent.items() if key.startswith("postgres:"))
+    parts = {"web": spent["web"], "PostgreSQL": postgres, "Redis": spent["redis"]}
+    parts["clients"] = spent["clients"]
+    each = {name: seconds * 1000 / max(requests, 1) for name, seconds in parts.items()}
+    listed = ", ".join(f"{name} {ms:.1f}" for name, ms in each.items())
+    return f"CPU per rent request (ms): {listed}; {sum(each.values()):.1f} in all"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=float, default=5.0)
@@ -149,6 +203,7 @@ def run(args) -> None:
             for n in range(args.clients)
         ]
         print(f"renting for {args.seconds:g} s …", flush=True)
+        cpu_before = cpu_now(cluster)
         started = time.monotonic()
         for thread in threads:
             thread.start()
@@ -157,6 +212,7 @@ def run(args) -> None:
         for thread in threads:
             thread.join(timeout=60)
         elapsed = time.monotonic() - started
+        cpu_after = cpu_now(cluster)
     rented = sum(t["rented"] for t in tallies)
     refused = sum(t["refused"] for t in tallies)
     failed = sum(t["failed"] for t in tallies)
@@ -177,6 +233,7 @@ def run(args) -> None:
         f"{rate:.0f} rentals/s; double allocations {doubled}; ledger "
         f"{'; '.join(problems) or 'consistent'} (load average {load:.2f})"
     )
+    print(cpu_per_request(cpu_before, cpu_after, rented + refused + failed))
     for error in [e for t in tallies for e in t.get("errors", [])][:5]:
         print("  failed:", error)
     print(f"budget ≥ {BUDGET:.0f} rentals/s, 0 double allocations: {rate / BUDGET:.2f}× the budget")

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import os
 
-from django.core.asgi import get_asgi_application
-
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "marketplace.settings")
-django_asgi_app = get_asgi_application()
+
+from marketplace.asgi_handler import one_hop_asgi_application  # noqa: E402
+
+# Django's handler, with each request's middleware and view run in one thread hop.
+django_asgi_app = one_hop_asgi_application()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402

