@@ -17,17 +17,15 @@ The rules are those of ``holds.hold_capture_usage`` and the Python twin in
   (exact, rounded half up), so its rounding never accumulates;
 * a hold that owes nothing new is not locked and nothing is written for it;
 * locks in the ledger's order: the batch's holds by primary key (statement 1), then their
-  accounts by primary key (statement 3c). What needs no account's lock — the transfers and
-  the holds' new totals (statement 2), the legs and their running sums (statement 3b) — is
-  done before the accounts are locked, so the accounts (which every batch shares: the
-  platform's revenue account above all) stay locked only while the entries and balances are
-  written (statement 4) and the batch commits, and two batches on two connections overlap
-  the rest;
+  accounts by primary key (statement 3b). What needs only the holds' locks — the transfers
+  and the holds' new totals (statement 2) — is written before the accounts are locked, so
+  the accounts (which every batch shares: the platform's revenue account above all) stay
+  locked only while the entries and balances are written (statement 4), and two batches
+  on two connections overlap the rest;
 * each capture's legs as ``holds.capture_legs``, zero legs dropped as ``postings_write`` does;
-  each entry's ``balance_after`` is the account's balance (read under its lock) plus the
-  running sum of its legs in posting order (holds by primary key), and entries are inserted
-  in that order, so an account's entries read by id show its balance step by step, as the
-  Python path writes them.
+  each entry's ``balance_after`` is the account's balance plus the running sum of its legs in
+  posting order (holds by primary key), and entries are inserted in that order, so an
+  account's entries read by id show its balance step by step, as the Python path writes them.
 
 The ledger's database guards still apply: the entry trigger checks every transfer of the
 INSERT sums to zero and references existing transfers and accounts, CHECK constraints keep
@@ -108,14 +106,16 @@ WHERE NOT EXISTS (
 ON CONFLICT DO NOTHING
 """
 
-# Statement 3c: lock the accounts the legs post to, in primary-key order.
-_LOCK_ACCOUNTS = """
-SELECT count(*) FROM (
-    SELECT id FROM billing_account
-    WHERE id = ANY(ARRAY(SELECT DISTINCT account_id FROM billing_sweep_legs))
-    ORDER BY id FOR UPDATE
-) AS locked
+# The batch's accounts, as statements 3b and 4 read them.
+_ACCOUNTS = """
+SELECT id, team_id, kind, balance FROM billing_account
+WHERE (kind = %(held)s AND team_id IN (SELECT team_id FROM billing_sweep_plan))
+   OR (kind = %(earnings)s AND team_id IN (SELECT provider_team_id FROM billing_sweep_plan))
+   OR (kind = %(revenue)s AND team_id IS NULL)
 """
+
+# Statement 3b: lock them in primary-key order.
+_LOCK_ACCOUNTS = f"SELECT count(*) FROM ({_ACCOUNTS} ORDER BY id FOR UPDATE) AS locked"  # noqa: S608
 
 # Statement 2: the captures' transfers and the holds' new totals, before any account is
 # locked (the holds are), so that a parallel batch's entries can be written meanwhile.
@@ -143,20 +143,13 @@ WHERE billing_hold.id = p.hold_id
   AND billing_hold.id = ANY(ARRAY(SELECT hold_id FROM billing_sweep_plan))
 """
 
-# The batch's legs, as ``holds.capture_legs`` posts them, each with the running sum of its
-# account's legs in posting order (a temporary table, like the plan).
-_LEGS_TABLE = """
-CREATE TEMP TABLE IF NOT EXISTS billing_sweep_legs (
-    transfer_id bigint NOT NULL, leg int NOT NULL, account_id bigint NOT NULL,
-    team_id bigint, kind text NOT NULL, amount bigint NOT NULL, running bigint NOT NULL
-) ON COMMIT DELETE ROWS
-"""
-
-# Statement 3b, before the accounts are locked: the legs and their running sums, which do not
-# depend on the balances (an account's id, team and kind never change), so that the accounts
-# stay locked only while the entries and balances are written.
-_PLAN_LEGS = """
-WITH held AS MATERIALIZED (
+# Statement 4 (after the accounts are locked): entries and balances.
+_WRITE_ENTRIES = f"""
+WITH p AS MATERIALIZED (
+    SELECT plan.*, plan.gpu_delta + plan.storage_delta AS delta FROM billing_sweep_plan plan
+),
+acc AS MATERIALIZED ({_ACCOUNTS}),
+held AS MATERIALIZED (
     SELECT id, team_id FROM billing_account
     WHERE kind = %(held)s AND team_id IN (SELECT team_id FROM billing_sweep_plan)
 ),
@@ -164,59 +157,42 @@ earned AS MATERIALIZED (
     SELECT id, team_id FROM billing_account
     WHERE kind = %(earnings)s AND team_id IN (SELECT provider_team_id FROM billing_sweep_plan)
 ),
-revenue AS MATERIALIZED (
-    SELECT id FROM billing_account WHERE kind = %(revenue)s AND team_id IS NULL
-),
-legs AS (
-    SELECT p.transfer_id, l.leg, l.account_id, l.team_id, l.kind, l.amount
-    FROM billing_sweep_plan p
+legs AS MATERIALIZED (
+    SELECT p.transfer_id, l.leg, l.account_id, l.amount
+    FROM p
     JOIN held ON held.team_id = p.team_id
     JOIN earned ON earned.team_id = p.provider_team_id
-    CROSS JOIN revenue
-    CROSS JOIN LATERAL (SELECT p.gpu_delta + p.storage_delta AS delta) d
     CROSS JOIN LATERAL (VALUES
-        (1, held.id, p.team_id, %(held)s, -d.delta),
+        (1, held.id, -p.delta),
         -- capture_legs: when the fee is the whole charge, the gross goes to the provider's
         -- earnings and the fee comes back out of it (the provider's ledger shows the charge).
-        (2, earned.id, p.provider_team_id, %(earnings)s,
-         CASE WHEN p.fee = d.delta THEN d.delta ELSE d.delta - p.fee END),
-        (3, earned.id, p.provider_team_id, %(earnings)s,
-         CASE WHEN p.fee = d.delta THEN -p.fee ELSE 0 END),
-        (4, revenue.id, NULL::bigint, %(revenue)s, p.fee)
-    ) AS l(leg, account_id, team_id, kind, amount)
+        (2, earned.id, CASE WHEN p.fee = p.delta THEN p.delta ELSE p.delta - p.fee END),
+        (3, earned.id, CASE WHEN p.fee = p.delta THEN -p.fee ELSE 0 END),
+        (4, (SELECT id FROM billing_account WHERE kind = %(revenue)s AND team_id IS NULL),
+         p.fee)
+    ) AS l(leg, account_id, amount)
     WHERE l.amount <> 0
-)
-INSERT INTO billing_sweep_legs
-SELECT transfer_id, leg, account_id, team_id, kind, amount,
-       sum(amount) OVER (PARTITION BY account_id ORDER BY transfer_id, leg)
-FROM legs
-"""
-
-# Statement 4 (after the accounts are locked): entries (each with its account's balance plus
-# its running sum), in posting order, and balances. (Inserting them account by account, for
-# the locality of the (account, id) and (team, created_at) indexes, measured no faster.)
-_WRITE_ENTRIES = """
-WITH entries AS (
+),
+entries AS (
     INSERT INTO billing_entry (transfer_id, account_id, team_id, account_kind, amount,
                                balance_after, created_at)
-    SELECT l.transfer_id, l.account_id, l.team_id, l.kind, l.amount, a.balance + l.running,
+    SELECT l.transfer_id, l.account_id, a.team_id, a.kind, l.amount,
+           a.balance + sum(l.amount) OVER (PARTITION BY l.account_id
+                                           ORDER BY l.transfer_id, l.leg),
            %(now)s
-    FROM billing_sweep_legs l JOIN billing_account a ON a.id = l.account_id
+    FROM legs l JOIN acc a ON a.id = l.account_id
     ORDER BY l.transfer_id, l.leg
+),
+balances AS (
+    UPDATE billing_account SET balance = billing_account.balance + s.total
+    FROM (SELECT account_id, sum(amount) AS total FROM legs GROUP BY account_id) AS s
+    WHERE billing_account.id = s.account_id
 )
-UPDATE billing_account SET balance = billing_account.balance + s.total
-FROM (SELECT account_id, sum(amount) AS total FROM billing_sweep_legs GROUP BY account_id) AS s
-WHERE billing_account.id = s.account_id
-"""
-
-# What the batch captured, and the teams whose balances changed.
-_CAPTURED = """
-SELECT coalesce(sum(gpu_delta + storage_delta), 0)::bigint,
-       (SELECT array_agg(DISTINCT t) FROM (SELECT team_id FROM billing_sweep_plan
-                                           UNION SELECT provider_team_id FROM billing_sweep_plan)
-                                          AS teams(t))
-FROM billing_sweep_plan
-"""
+SELECT coalesce(sum(delta), 0)::bigint,
+       (SELECT array_agg(DISTINCT t) FROM (SELECT team_id FROM p
+                                           UNION SELECT provider_team_id FROM p) AS teams(t))
+FROM p
+"""  # noqa: S608  (the text is this module's constants; every value is a parameter)
 
 _transfer_sequence: str | None = None
 
@@ -285,11 +261,7 @@ def settle_batch_sql(
             },
         )
         cursor.execute(_ENSURE_ACCOUNTS, names)
-        cursor.execute(_LEGS_TABLE)
-        cursor.execute("DELETE FROM billing_sweep_legs")
-        cursor.execute(_PLAN_LEGS, names)
-        cursor.execute(_CAPTURED)
-        total, team_ids = cursor.fetchone()
         cursor.execute(_LOCK_ACCOUNTS, names)
-        cursor.execute(_WRITE_ENTRIES, {"now": now})
+        cursor.execute(_WRITE_ENTRIES, {**names, "now": now})
+        total, team_ids = cursor.fetchone()
     return total, list(team_ids or [])
