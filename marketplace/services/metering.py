@@ -210,6 +210,11 @@ WHERE settled_at IS NULL AND id > %(after)s AND (%(upto)s::bigint IS NULL OR id 
 # at load ~4 (2026-11-25) two measured no faster than one (5.7-6.6 s against 5.3-6.1 s), but
 # on a quiet machine (2026-11-26, load 0.7) two are clearly faster: 2.4-2.7 s against
 # 3.2-3.5 s on one; a production database normally has cores to spare, so two by default.
+# Alternating runs later that morning at load 2.6-6 (others' benches running; dd2a72b's
+# statements): one connection 3.5-3.9 s (load 2.6-2.9) and 6.0-9.4 s (5.1-5.9), two 3.0-5.1 s
+# (1.6-2.9) and 2.9-5.8 s (3.3-5.6), each with 3.3-4.6 s of database CPU a sweep, so the
+# noise is as large as the difference there. Three (with a variant of the statements since
+# dropped) were no faster than two at load 2.6 (3.3-3.6 s against 2.3-3.5 s).
 
 
 def _batch_bounds(batch_size: int) -> list[tuple[int, int | None]]:
