@@ -12,7 +12,7 @@ what the ``metering_sweep`` task runs — ``rentals_resync`` (finds rentals a lo
 left out of step: none here, but the query runs over every open rental) and then
 ``marketplace.services.metering.metering_sweep``, which has the database compute what each
 open rental owes from its clocks and capture the difference from each hold, in batches on
-``SWEEP_CONNECTIONS`` connections (``BENCH_SWEEP_CONNECTIONS`` overrides) — several times:
+``METERING_SWEEP_CONNECTIONS`` connections (``BENCH_SWEEP_CONNECTIONS`` overrides) — several times:
 
 1. at "now", the first capture of every rental;
 2. at the same instant again, which must capture nothing;
@@ -23,8 +23,10 @@ open rental owes from its clocks and capture the difference from each hold, in b
 It also times ``billing.metering.holds_settle_usage`` alone (the ledger part), checks the
 ledger, prints each figure (wall time, and the CPU seconds of Python and of the database
 backend), the spread of the capturing sweeps and the worst one's ratio to the budget, and
-drops the database. ``BENCH_CONTRACTS`` changes the size; ``BENCH_PROFILE=1`` prints a
-cProfile of sweep 3.
+drops the database (``BENCH_KEEP=1`` keeps it, to study the sweep's statements on it
+afterwards). ``BENCH_BATCH_SIZE`` sweeps in other batch sizes than the task's 5,000 (2,500
+and 10,000 were tried, see the README); ``BENCH_CONTRACTS`` changes the size; ``BENCH_PROFILE=1`` prints a cProfile of
+sweep 3.
 """
 
 from __future__ import annotations
@@ -54,7 +56,6 @@ PROVIDER_TEAMS = max(1, CONTRACTS // 500)
 MACHINES = max(1, CONTRACTS // 125)
 STEADY_SWEEPS = int(os.environ.get("BENCH_SWEEPS", "4"))
 BUDGET_S = 2.5  # issue 17 (was 10 s)
-CONNECTIONS = [1]  # the sweep's connections, set in main()
 
 
 def populate(rng: random.Random, now) -> None:
@@ -178,31 +179,42 @@ def ledger_checks() -> list[str]:
 
 
 class Meter:
-    """Wall time, and the CPU time of this process and of its database backend (read from
-    /proc when the database runs on this machine): on a shared machine the CPU seconds show
-    the work, the wall time also shows the waiting."""
+    """Wall time, and the CPU time of this process and of the database backends serving this
+    database (read from /proc when the database runs on this machine; a sweep on several
+    connections has a backend per connection, pooled, so they outlive the sweep): on a shared
+    machine the CPU seconds show the work, the wall time also shows the waiting."""
 
-    def __init__(self) -> None:
+    def backend_pids(self) -> list[int]:
         from django.db import connection
 
         with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_backend_pid()")
-            self.stat = Path(f"/proc/{cursor.fetchone()[0]}/stat")
+            cursor.execute(
+                "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+                " AND backend_type = 'client backend'"
+            )
+            return [row[0] for row in cursor.fetchall()]
 
-    def backend_cpu(self) -> float | None:
-        try:
-            fields = self.stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            return None
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    def backend_cpu(self, pids: list[int]) -> dict[int, float] | None:
+        cpu = {}
+        for pid in pids:
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                return None
+            cpu[pid] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return cpu
 
     def run(self, action):
-        cpu, backend, started = time.process_time(), self.backend_cpu(), time.perf_counter()
+        before = self.backend_cpu(self.backend_pids())
+        cpu, started = time.process_time(), time.perf_counter()
         result = action()
         wall = time.perf_counter() - started
         cpu = time.process_time() - cpu
-        after = self.backend_cpu()
-        backend = None if backend is None or after is None else after - backend
+        after = self.backend_cpu(self.backend_pids())
+        backend = None
+        if before is not None and after is not None:
+            # A backend that started during the action started from nothing.
+            backend = sum(seconds - before.get(pid, 0.0) for pid, seconds in after.items())
         return wall, cpu, backend, result
 
 
@@ -212,8 +224,6 @@ def report(label: str, figures) -> float:
     wall, cpu, backend, captured = figures
     scaled = wall * 100_000 / CONTRACTS
     server = f" + database {backend:.2f} s" if backend is not None else ""
-    if backend is not None and CONNECTIONS[0] > 1:
-        server += " on the bench's connection"
 
     print(
         f"{label}: {wall:.2f} s ({CONTRACTS / wall:,.0f} rentals/s; CPU: Python {cpu:.2f} s"
@@ -228,23 +238,24 @@ def main() -> None:
         sys.exit(
             f"Refusing to use database {name!r}: the bench's database name must contain 'bench'."
         )
-    with scratch_database():
+    keep = bool(os.environ.get("BENCH_KEEP"))
+    if keep:  # a fresh database all the same, but left behind at the end
+        drop_database(os.environ["DATABASE_URL"])
+    with scratch_database(keep=keep):
+        from django.conf import settings
         from django.utils import timezone
 
         from billing.metering import SETTLE_BATCH_SIZE, HoldUsage, holds_settle_usage
         from billing.signals import balance_changed
         from marketplace.models import Rental
-        from marketplace.services import metering as rental_metering
         from marketplace.services.clocks import rentals_resync
         from marketplace.services.metering import metering_sweep as sweep_only
         from marketplace.services.metering import rental_owed
 
-        # BENCH_SWEEP_CONNECTIONS=1 settles on the bench's own connection alone, so the
-        # database CPU printed is all of it (with more, it is that connection's share).
-        rental_metering.SWEEP_CONNECTIONS = int(
-            os.environ.get("BENCH_SWEEP_CONNECTIONS", rental_metering.SWEEP_CONNECTIONS)
+        # The database CPU printed is that of every backend of the bench's database.
+        settings.METERING_SWEEP_CONNECTIONS = int(
+            os.environ.get("BENCH_SWEEP_CONNECTIONS", settings.METERING_SWEEP_CONNECTIONS)
         )
-        CONNECTIONS[0] = rental_metering.SWEEP_CONNECTIONS
 
         resync_seconds = []
 
@@ -253,13 +264,15 @@ def main() -> None:
             out_of_step = rentals_resync()
             resync_seconds.append(time.perf_counter() - started)
             assert out_of_step == 0, f"{out_of_step} rentals out of step after populate"
+            if os.environ.get("BENCH_BATCH_SIZE"):  # to try other sizes than the task's
+                return sweep_only(now=now, batch_size=int(os.environ["BENCH_BATCH_SIZE"]))
             return sweep_only(now=now)
 
         # Measure the sweep, not console pushes: no receivers (nobody is watching).
         balance_changed.receivers.clear()
         print(f"database {name}: {CONTRACTS:,} open rentals with holds, {RENTER_TEAMS:,} renter"
               f" teams, {PROVIDER_TEAMS:,} providers, {MACHINES:,} machines;"
-              f" batches of {SETTLE_BATCH_SIZE:,} on {rental_metering.SWEEP_CONNECTIONS}"
+              f" batches of {SETTLE_BATCH_SIZE:,} on {settings.METERING_SWEEP_CONNECTIONS}"
               " connection(s)")  # fmt: skip
         now = timezone.now()
         started = time.perf_counter()
@@ -309,7 +322,19 @@ def main() -> None:
               f" ({'within' if worst <= BUDGET_S else 'OVER'} budget)")  # fmt: skip
         if again != 0 or wrong:
             sys.exit(1)
-    print(f"dropped scratch database {name}")
+    print(f"{'kept' if keep else 'dropped'} scratch database {name}")
+
+
+def drop_database(url: str) -> None:
+    import dj_database_url
+    import psycopg
+
+    config = dj_database_url.parse(url)
+    with psycopg.connect(
+        host=config["HOST"], port=config["PORT"] or 5432, user=config["USER"],
+        password=config["PASSWORD"], dbname="postgres", autocommit=True,
+    ) as admin:  # fmt: skip
+        admin.execute(f'DROP DATABASE IF EXISTS "{config["NAME"]}" WITH (FORCE)')
 
 
 if __name__ == "__main__":

@@ -439,6 +439,10 @@ BILLING_TOPUP_MIN = int(os.environ.get("BILLING_TOPUP_MIN_USD", "5")) * 1_000_00
 BILLING_TOPUP_MAX = int(os.environ.get("BILLING_TOPUP_MAX_USD", "10000")) * 1_000_000
 # The DEBUG test-credit button grants this much (micro-dollars) per click.
 BILLING_TEST_CREDIT_AMOUNT = 100 * 1_000_000
+# Connections the metering sweep settles its batches on (PostgreSQL; each a thread with its
+# own connection from the worker's pool, closed when the sweep ends). See
+# marketplace/services/metering.py for the measurements behind the default.
+METERING_SWEEP_CONNECTIONS = int(os.environ.get("METERING_SWEEP_CONNECTIONS", "2"))
 # Oldest Stripe-Signature timestamp the webhook accepts, in seconds (Stripe's default).
 STRIPE_WEBHOOK_TOLERANCE = int(os.environ.get("STRIPE_WEBHOOK_TOLERANCE", "300"))
 

@@ -16,6 +16,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, NamedTuple
 
 import psycopg
+from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 from psycopg.types.datetime import TimestamptzLoader
@@ -202,12 +203,18 @@ WHERE settled_at IS NULL AND id > %(after)s AND (%(upto)s::bigint IS NULL OR id 
 """  # noqa: S608  (no input in the text: constants and parameters only)
 
 
-# Connections a sweep settles its batches on (PostgreSQL, outside a transaction): a batch
-# keeps the shared accounts locked only while it writes its entries, so a second connection
-# can plan and write its next batch's transfers meanwhile. One by default: on the shared
-# 2-core machine two measured no faster (bench/metering.py, load 3.7-4.4: 5.3-6.1 s on one,
-# 5.7-6.6 s on two); worth measuring again where the database has cores to spare.
-SWEEP_CONNECTIONS = 1
+# How many connections a sweep settles its batches on (PostgreSQL, outside a transaction) is
+# ``settings.METERING_SWEEP_CONNECTIONS``: a batch keeps the shared accounts locked only while
+# it writes its entries, so a second connection can plan and write its next batch's
+# transfers meanwhile. On the 2-core development machine (bench/metering.py, 100,000 rentals):
+# at load ~4 (2026-11-25) two measured no faster than one (5.7-6.6 s against 5.3-6.1 s), but
+# on a quiet machine (2026-11-26, load 0.7) two are clearly faster: 2.4-2.7 s against
+# 3.2-3.5 s on one; a production database normally has cores to spare, so two by default.
+# Alternating runs later that morning at load 2.6-6 (others' benches running; dd2a72b's
+# statements): one connection 3.5-3.9 s (load 2.6-2.9) and 6.0-9.4 s (5.1-5.9), two 3.0-5.1 s
+# (1.6-2.9) and 2.9-5.8 s (3.3-5.6), each with 3.3-4.6 s of database CPU a sweep, so the
+# noise is as large as the difference there. Three (with a variant of the statements since
+# dropped) were no faster than two at load 2.6 (3.3-3.6 s against 2.3-3.5 s).
 
 
 def _batch_bounds(batch_size: int) -> list[tuple[int, int | None]]:
@@ -233,7 +240,8 @@ def _metering_sweep_sql(batch_size: int, now: datetime) -> int:
             _OWED_SQL, {"now": now, "after": after, "upto": upto}
         )
 
-    if connection.in_atomic_block or SWEEP_CONNECTIONS < 2 or len(batches) < 2:
+    connections = settings.METERING_SWEEP_CONNECTIONS
+    if connection.in_atomic_block or connections < 2 or len(batches) < 2:
         # Inside a caller's transaction (a test's) another connection would not see its rows,
         # and the sweep belongs to that transaction: one connection.
         return sum(settle(after, upto) for after, upto in batches)
@@ -256,7 +264,7 @@ def _metering_sweep_sql(batch_size: int, now: datetime) -> int:
         finally:
             connection.close()  # this thread's own connection
 
-    threads = [threading.Thread(target=work) for _ in range(SWEEP_CONNECTIONS)]
+    threads = [threading.Thread(target=work) for _ in range(min(connections, len(batches)))]
     for thread in threads:
         thread.start()
     for thread in threads:

@@ -10,7 +10,6 @@ import pytest
 from billing.holds import hold_release
 from billing.models import Hold, Transfer, TransferKind
 from marketplace.models import Rental
-from marketplace.services import metering as rental_metering
 from marketplace.services.metering import metering_sweep, rental_meter, rental_owed
 from tests.billing.ledger_checks import assert_ledger_consistent, ledger_counts
 
@@ -166,11 +165,14 @@ def test_a_sweep_with_nothing_new_to_capture_writes_nothing_and_leaves_holds_alo
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_sweep_outside_a_transaction_settles_its_batches_on_two_connections(rent, monkeypatch):
-    """As the worker runs it (no transaction around it), with two connections: on PostgreSQL
-    the batches are settled on both at once; every rental is captured once, the books
-    balance."""
-    monkeypatch.setattr(rental_metering, "SWEEP_CONNECTIONS", 2)
+@pytest.mark.parametrize("connections", [1, 2, 3])
+def test_a_sweep_outside_a_transaction_settles_its_batches_on_its_connections(
+    rent, settings, connections
+):
+    """As the worker runs it (no transaction around it), on one or more connections: on
+    PostgreSQL the batches are settled on all of them at once; every rental is captured once,
+    the books balance."""
+    settings.METERING_SWEEP_CONNECTIONS = connections
     now = rent.now
     rentals = [
         rent(gpu_clock_since=now - timedelta(minutes=n + 1), storage_clock_since=now)
