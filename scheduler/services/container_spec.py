@@ -73,10 +73,11 @@ def container_spec_for(instance: Instance, *, ssh_keys: list[str] | None = None)
         env["JUPYTER_TOKEN"] = instance.jupyter_token
         if not args and not entrypoint:
             entrypoint, args = "sh", ["-c", JUPYTER_BOOTSTRAP]
-    ports = [
-        (p.container_port, p.host_port, p.protocol)
-        for p in instance.port_allocations.filter(released_at=None).order_by("container_port")
-    ]
+    ports = list(
+        instance.port_allocations.filter(released_at=None)
+        .order_by("container_port")
+        .values_list("container_port", "host_port", "protocol")
+    )
     labels = {
         "gpumkt.instance": str(instance.uuid),
         "gpumkt.team": str(instance.team_id),
