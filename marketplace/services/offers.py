@@ -87,6 +87,8 @@ def _present_gpus(machine_ids: list[int]) -> list[tuple]:
     the instance to its rental) took about 1 ms of CPU, ten times what running it takes, and
     a rent refreshes its machine's offer on its way to the answer. Valid on PostgreSQL and
     SQLite alike."""
+    if not machine_ids:
+        return []
     sql = _PRESENT_GPUS_SQL.format(
         machines=", ".join(["%s"] * len(machine_ids)),
         states=", ".join(["%s"] * len(INTERRUPTIBLE_STATES)),
