@@ -114,14 +114,23 @@ _publisher_lock = threading.Lock()
 
 
 def _publisher() -> _Publisher:
-    """The process's publisher, made at its first event; made again in a forked child (a
-    Celery pool process), where the parent's thread does not exist."""
+    """The process's publisher, made at its first event."""
     global _publisher_now
     with _publisher_lock:
-        if _publisher_now is None or _publisher_now.pid != os.getpid():
+        if _publisher_now is None:
             _publisher_now = _Publisher()
             atexit.register(_publisher_now.flush, FLUSH_AT_EXIT_SECONDS)
         return _publisher_now
+
+
+def _forget_publisher() -> None:
+    """In a forked child (a Celery pool process) the parent's thread does not exist: the
+    child makes its own publisher at its first event."""
+    global _publisher_now, _publisher_lock
+    _publisher_now, _publisher_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_publisher)
 
 
 # How long a process that ends waits for its last events to leave.
