@@ -75,8 +75,21 @@ def hold_lock_with_accounts(*, hold_id: int) -> Hold:
     the two could deadlock. Later locks of the same rows in the transaction do not wait.
     """
     hold = _lock_hold(hold_id)
-    lock_accounts(capture_account_keys([hold]) | {(hold.team_id, AccountKind.AVAILABLE)})
+    hold_settle_accounts_lock(hold)
     return hold
+
+
+def hold_lock(*, hold_id: int) -> Hold:
+    """Lock a hold alone: enough for a transaction that may only capture on it (a capture
+    locks its accounts in one round of its own). One that may capture and then release
+    locks the accounts with ``hold_settle_accounts_lock`` before either."""
+    return _lock_hold(hold_id)
+
+
+def hold_settle_accounts_lock(hold: Hold) -> None:
+    """Lock every account capturing on ``hold`` and releasing it touch, in one round (see
+    ``hold_lock_with_accounts``); the hold is locked already."""
+    lock_accounts(capture_account_keys([hold]) | {(hold.team_id, AccountKind.AVAILABLE)})
 
 
 @transaction.atomic

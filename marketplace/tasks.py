@@ -59,7 +59,12 @@ def _rental_context(instance_id: int, team_id: int | None):
 
 @shared_task(name="marketplace.tasks.rental_launch", bind=True)
 def rental_launch(self, instance_id: int) -> str:
-    instance = Instance.objects.filter(pk=instance_id).first()
+    # What the launch needs before its lease; the launch reads the instance again under it.
+    instance = (
+        Instance.objects.filter(pk=instance_id)
+        .only("team_id", "machine_id", "registry_credential")
+        .first()
+    )
     if instance is None:
         return "gone"
     with _rental_context(instance_id, instance.team_id):
@@ -73,7 +78,7 @@ def rental_launch(self, instance_id: int) -> str:
         logger.info("launching instance %s on machine %s", instance_id, instance.machine_id)
         outcome = scheduler.instance_launch(
             instance_id=instance_id,
-            ssh_keys=ssh_keys.team_ssh_public_keys(instance.team_id),
+            ssh_keys=lambda: ssh_keys.team_ssh_public_keys(instance.team_id),
             registry_credentials=credentials,
         )
         logger.info("launch of instance %s: %s", instance_id, outcome.state)

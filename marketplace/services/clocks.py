@@ -58,6 +58,10 @@ def _storage_clock_stop(rental: Rental, now: datetime) -> None:
     rental.storage_clock_since = None
 
 
+# What ``_clocks_follow`` changes.
+CLOCK_FIELDS = ["gpu_seconds", "gpu_clock_since", "storage_seconds", "storage_clock_since"]
+
+
 def _clocks_follow(
     rental: Rental, *, state: str, state_since: datetime, online: bool, now: datetime
 ) -> None:
@@ -101,19 +105,25 @@ def rental_follow_instance(*, instance_id: int) -> Rental | None:
         )
         if rental is None or rental.settled_at is not None:
             return rental
-        # The hold and its accounts are locked before the clock is read: a metering sweep
-        # that is capturing this hold finishes first, so it never counts time past ``now``,
-        # and capture-then-release takes no lock while holding another (see billing).
-        hold = holds.hold_lock_with_accounts(hold_id=rental.hold_id)
+        # The hold is locked before the clock is read: a metering sweep that is capturing
+        # this hold finishes first, so it never counts time past ``now``.
+        hold = holds.hold_lock(hold_id=rental.hold_id)
         now = timezone.now()
-        state, state_since = Instance.objects.values_list("state", "state_changed_at").get(
-            pk=instance_id
-        )
-        online = _machine_in_service(rental.machine_id)
+        # The instance and its machine (the rental's: an instance never moves) as they are.
+        state, state_since, machine_status = Instance.objects.values_list(
+            "state", "state_changed_at", "machine__status"
+        ).get(pk=instance_id)
+        ended = state in ENDED_STATES
+        if ended:
+            # It captures and then releases: every account either touches is locked first, in
+            # one round, so it never holds one while waiting for another (see billing). A
+            # rental going on at most captures, which locks its accounts in one round itself.
+            holds.hold_settle_accounts_lock(hold)
+        online = in_service(machine_status)
         _clocks_follow(rental, state=state, state_since=state_since, online=online, now=now)
-        rental.save()
+        rental.save(update_fields=CLOCK_FIELDS)
         rental_meter(rental=rental, now=now, hold=hold)
-        if state in ENDED_STATES:
+        if ended:
             holds.hold_release(hold_id=rental.hold_id)
             rental.settled_at = now
             if state in GRACE_STATES:

@@ -7,15 +7,16 @@ import re
 from collections import defaultdict
 from collections.abc import Iterable
 
-from django.db.models import Exists, OuterRef, Subquery
+from django.db import connection
 from django.utils import timezone
 
 from billing.money import MICRO_PER_DOLLAR
 from hosts.models import Gpu, Machine, MachineStatus
-from marketplace.models import Offer
+from marketplace.models import Offer, Rental
 from marketplace.services.bids import min_bid
+from scheduler.models import GpuAllocation, Instance
 from scheduler.placement import Card
-from scheduler.services import INTERRUPTIBLE_STATES, live_gpu_allocations, machine_cards
+from scheduler.services import INTERRUPTIBLE_STATES, machine_cards
 
 
 def short_gpu_name(name: str) -> str:
@@ -52,18 +53,7 @@ def offers_refresh(
     # GPUs an interruptible rental holds are still offered: an on-demand rental takes them,
     # and a bid above theirs does (``min_bid``).
     bids: dict[int, dict[int, int]] = defaultdict(dict)  # machine → GPU → the bid holding it
-    # The present GPUs, whether each is rented whole and at which bid if interruptibly, in one
-    # statement (a rent refreshes its machine's offer in the same request).
-    live = live_gpu_allocations().filter(gpu_id=OuterRef("pk"))
-    held_by_bid = live.filter(
-        instance__rental__interruptible=True, instance__state__in=INTERRUPTIBLE_STATES
-    ).values("instance__rental__price_per_gpu_hour")[:1]
-    rows = (
-        Gpu.objects.filter(machine_id__in=ids, present=True)
-        .annotate(taken=Exists(live), bid=Subquery(held_by_bid))
-        .values_list("machine_id", "index", "pk", "name", "memory_mib", "taken", "bid")
-    )
-    for machine_id, index, pk, name, memory_mib, is_taken, bid in rows:
+    for machine_id, index, pk, name, memory_mib, is_taken, bid in _present_gpus(ids):
         gpus[machine_id].append((index, pk, name, memory_mib))
         if bid is not None:
             bids[machine_id][pk] = bid
@@ -87,6 +77,43 @@ def offers_refresh(
         unique_fields=["machine"],
         update_fields=list(OFFER_FIELDS),
     )
+
+
+def _present_gpus(machine_ids: list[int]) -> list[tuple]:
+    """The machines' present GPUs, whether each is rented whole and at which bid if
+    interruptibly, in one statement: (machine id, index, pk, name, memory MiB, taken, bid).
+
+    Written out rather than built by the ORM: building it (an EXISTS and a subquery through
+    the instance to its rental) took about 1 ms of CPU, ten times what running it takes, and
+    a rent refreshes its machine's offer on its way to the answer. Valid on PostgreSQL and
+    SQLite alike."""
+    if not machine_ids:
+        return []
+    sql = _PRESENT_GPUS_SQL.format(
+        machines=", ".join(["%s"] * len(machine_ids)),
+        states=", ".join(["%s"] * len(INTERRUPTIBLE_STATES)),
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [*sorted(state.value for state in INTERRUPTIBLE_STATES), *machine_ids])
+        return cursor.fetchall()
+
+
+# ``live_gpu_allocations`` (released_at IS NULL), and for ``bid`` those of an interruptible
+# rental in INTERRUPTIBLE_STATES, as offers were refreshed with through the ORM.
+_PRESENT_GPUS_SQL = f"""
+SELECT g.machine_id, g."index", g.id, g.name, g.memory_mib,
+       EXISTS (SELECT 1 FROM {GpuAllocation._meta.db_table} a
+               WHERE a.gpu_id = g.id AND a.released_at IS NULL) AS taken,
+       (SELECT r.price_per_gpu_hour
+          FROM {GpuAllocation._meta.db_table} a
+          JOIN {Instance._meta.db_table} i ON i.id = a.instance_id
+          JOIN {Rental._meta.db_table} r ON r.instance_id = i.id
+         WHERE a.gpu_id = g.id AND a.released_at IS NULL AND r.interruptible
+           AND i.state IN ({{states}})
+         LIMIT 1) AS bid
+  FROM {Gpu._meta.db_table} g
+ WHERE g.machine_id IN ({{machines}}) AND g.present
+"""  # noqa: S608  (table names from the models; values are parameters)
 
 
 OFFER_FIELDS = (

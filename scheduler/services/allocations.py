@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import Exists, OuterRef, Q, QuerySet, Sum
 from django.utils import timezone
 
@@ -111,19 +111,12 @@ class MachineRoom:
         self.cards = machine_cards(machines)
         self._card_of = {card.gpu_id: card for cards in self.cards.values() for card in cards}
         sliced = {gpu_id for gpu_id, card in self._card_of.items() if not card.whole_free}
-        taken = live_gpu_allocations().filter(gpu=OuterRef("pk"))
         self.present: dict[int, int] = defaultdict(int)
         self._gpu_order: dict[int, list[int]] = defaultdict(list)
         self.free_gpu_ids: dict[int, list[int]] = defaultdict(list)
         self.largest_card_memory_mb: dict[int, int] = defaultdict(int)
-        gpus = (
-            Gpu.objects.filter(machine_id__in=ids, present=True)
-            .annotate(taken=Exists(taken))
-            .order_by("machine_id", "index")
-            .values_list("machine_id", "pk", "taken", "memory_mib", "uuid")
-        )
         self.gpu_uuid: dict[int, str] = {}  # a rent answers with its GPUs' uuids, not reading back
-        for machine_id, gpu_id, is_taken, memory_mib, uuid in gpus:
+        for machine_id, gpu_id, is_taken, memory_mib, uuid in _present_gpus(ids):
             self.gpu_uuid[gpu_id] = uuid
             largest = self.largest_card_memory_mb[machine_id]
             self.largest_card_memory_mb[machine_id] = max(largest, memory_mib)
@@ -221,6 +214,31 @@ class MachineRoom:
                 returned.add(slice_.gpu_id)
         free[:] = sorted({*free, *returned}, key=index.__getitem__)
         self.used_ports[machine_id].difference_update(host_port for _, host_port in ports)
+
+
+def _present_gpus(machine_ids: list[int]) -> list[tuple]:
+    """The machines' present GPUs in index order, and whether a whole-GPU rental holds each
+    (``live_gpu_allocations``): (machine id, pk, taken, memory MiB, uuid).
+
+    Written out rather than built by the ORM, which took about 0.6 ms of CPU to build it on
+    every rent, several times what running it takes. Valid on PostgreSQL and SQLite alike."""
+    if not machine_ids:  # every order was refused before its machine was locked
+        return []
+    sql = _PRESENT_GPUS_SQL.format(machines=", ".join(["%s"] * len(machine_ids)))
+    with connection.cursor() as cursor:
+        cursor.execute(sql, machine_ids)
+        return cursor.fetchall()
+
+
+_PRESENT_GPUS_SQL = f"""
+SELECT g.machine_id, g.id,
+       EXISTS (SELECT 1 FROM {GpuAllocation._meta.db_table} a
+               WHERE a.gpu_id = g.id AND a.released_at IS NULL) AS taken,
+       g.memory_mib, g.uuid
+  FROM {Gpu._meta.db_table} g
+ WHERE g.machine_id IN ({{machines}}) AND g.present
+ ORDER BY g.machine_id, g."index"
+"""  # noqa: S608  (table names from the models; values are parameters)
 
 
 def allocations_write(

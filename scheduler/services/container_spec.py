@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from django.conf import settings
+from django.db import connection
 
+from hosts.models import Gpu
 from hosts.runtime import ContainerSpec, DockerHost, GpuSliceSpec
-from scheduler.models import Instance, LaunchMode
+from scheduler.models import GpuAllocation, Instance, LaunchMode
 from scheduler.placement import slice_fraction
 from scheduler.services.allocations import instance_gpu_uuids, live_gpu_slices
 from scheduler.services.errors import LaunchModeUnavailable
@@ -48,9 +50,13 @@ def container_spec_for(instance: Instance, *, ssh_keys: list[str] | None = None)
     """The container an instance runs: its units' limits, pinned GPUs, published ports. A slice
     gets its fraction of one unit, is pinned to its card and carries the MPS limits."""
     machine = instance.machine
+    gpu_uuids = None
     if getattr(machine, "present_gpu_count", None) is None:
         # Counted once here: the unit's CPUs, memory and shared memory below each divide by it.
-        machine.present_gpu_count = machine.gpus.filter(present=True).count()
+        if instance.is_slice:
+            machine.present_gpu_count = machine.gpus.filter(present=True).count()
+        else:
+            machine.present_gpu_count, gpu_uuids = _present_count_and_uuids(instance)
     n = instance.gpu_count
     gpu_slice = None
     if instance.is_slice:
@@ -73,10 +79,11 @@ def container_spec_for(instance: Instance, *, ssh_keys: list[str] | None = None)
         env["JUPYTER_TOKEN"] = instance.jupyter_token
         if not args and not entrypoint:
             entrypoint, args = "sh", ["-c", JUPYTER_BOOTSTRAP]
-    ports = [
-        (p.container_port, p.host_port, p.protocol)
-        for p in instance.port_allocations.filter(released_at=None).order_by("container_port")
-    ]
+    ports = list(
+        instance.port_allocations.filter(released_at=None)
+        .order_by("container_port")
+        .values_list("container_port", "host_port", "protocol")
+    )
     labels = {
         "gpumkt.instance": str(instance.uuid),
         "gpumkt.team": str(instance.team_id),
@@ -91,7 +98,7 @@ def container_spec_for(instance: Instance, *, ssh_keys: list[str] | None = None)
         cpus=max(round(float(machine.unit_cpus * n), 2), 0.01),
         memory_mb=max(int(machine.unit_memory_mb * n), 6),
         shm_mb=max(int(machine.unit_shm_mb * n), 1),
-        gpu_uuids=instance_gpu_uuids(instance),
+        gpu_uuids=instance_gpu_uuids(instance) if gpu_uuids is None else gpu_uuids,
         gpu_slice=gpu_slice,
         entrypoint=entrypoint,
         args=args,
@@ -101,6 +108,25 @@ def container_spec_for(instance: Instance, *, ssh_keys: list[str] | None = None)
         disk_gb=instance.disk_gb,
         disk_enforced=machine.disk_enforced,
     )
+
+
+def _present_count_and_uuids(instance: Instance) -> tuple[int, list[str]]:
+    """How many GPUs the instance's machine has present, and the uuids of the whole GPUs the
+    instance holds in index order (``instance_gpu_uuids``), in one statement instead of two."""
+    with connection.cursor() as cursor:
+        cursor.execute(_PRESENT_AND_HELD_SQL, [instance.pk, instance.machine_id])
+        rows = cursor.fetchall()
+    return sum(1 for present, _, _ in rows if present), [uuid for _, held, uuid in rows if held]
+
+
+_PRESENT_AND_HELD_SQL = f"""
+SELECT g.present, a.id IS NOT NULL AS held, g.uuid
+  FROM {Gpu._meta.db_table} g
+  LEFT JOIN {GpuAllocation._meta.db_table} a
+    ON a.gpu_id = g.id AND a.released_at IS NULL AND a.instance_id = %s
+ WHERE g.machine_id = %s AND (g.present OR a.id IS NOT NULL)
+ ORDER BY g."index"
+"""  # noqa: S608  (table names from the models; values are parameters)
 
 
 def check_launch_mode(host: DockerHost, instance: Instance, container_id: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from hosts.runtime import (
     EXIT_DOCKER_ERROR,
@@ -15,7 +16,13 @@ from hosts.runtime import (
     check_registry,
     image_repository,
 )
-from scheduler.models import GPU_HOLDING_STATES, Instance, InstanceState, PrivateRepository
+from scheduler.models import (
+    GPU_HOLDING_STATES,
+    Instance,
+    InstanceState,
+    LaunchMode,
+    PrivateRepository,
+)
 from scheduler.services.allocations import instance_holds_gpus
 from scheduler.services.container_spec import check_launch_mode, container_spec_for
 from scheduler.services.containers import existing_container, remove_quietly
@@ -35,10 +42,11 @@ MAX_LAUNCH_ATTEMPTS = 10
 def instance_launch(
     *,
     instance_id: int,
-    ssh_keys: list[str] | None = None,
+    ssh_keys: Callable[[], list[str]] | None = None,
     registry_credentials: tuple[str, str] | None = None,
 ) -> WorkOutcome:
-    """Start the instance's container on its machine; idempotent.
+    """Start the instance's container on its machine; idempotent. ``ssh_keys`` gives the
+    team's public keys, asked for only by an SSH launch (the one that puts them in).
 
     Only the worker holding the lease touches the host; another gets "busy". The container
     name is derived from the instance, so a later attempt (a worker killed mid-way, its lease
@@ -79,7 +87,7 @@ def _launch_failed(instance_id: int, reason: str, *, host: DockerHost | None = N
 def _launch_leased(
     instance_id: int,
     token: str,
-    ssh_keys: list[str] | None,
+    ssh_keys: Callable[[], list[str]] | None,
     registry_credentials: tuple[str, str] | None,
 ) -> WorkOutcome:
     instance = Instance.objects.select_related("machine").get(pk=instance_id)
@@ -91,7 +99,8 @@ def _launch_leased(
     host = DockerHost(instance.machine)
     try:
         gpus_vacate(host, instance)  # GPUs taken from an interrupted rental: its container stops
-        spec = container_spec_for(instance, ssh_keys=ssh_keys)
+        keys = ssh_keys() if ssh_keys and instance.launch_mode == LaunchMode.SSH else None
+        spec = container_spec_for(instance, ssh_keys=keys)
         existing = "" if first_attempt else existing_container(host, instance.container_name)
         if existing:
             host.start(existing)  # a no-op when it is already running
