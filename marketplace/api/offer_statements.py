@@ -53,12 +53,10 @@ def search_rows(query: offer_query.OfferQuery, columns: tuple[str, ...], limit: 
     # On other databases than PostgreSQL (SQLite embedded) a lookup may rewrite its value
     # while compiling (iexact escapes it for LIKE) and rows need the backend's converters:
     # there the ORM composes every search.
-    if shape is None or connection.vendor != "postgresql":
+    statement = _statement(shape, columns) if shape and connection.vendor == "postgresql" else None
+    if statement is None:
         found = offer_query.apply(Offer.objects.all(), query).values(*columns)
         return list(found[offset : offset + limit])
-    statement = _statement(shape, columns)
-    if statement is None:  # nothing can match
-        return []
     values = _values(query)
     params = [values[p.position] if isinstance(p, Slot) else p for p in statement.params]
     with connection.cursor() as cursor:
@@ -108,18 +106,23 @@ def _values(query: offer_query.OfferQuery) -> list:
 
 @functools.lru_cache(maxsize=256)
 def _statement(shape: tuple, columns: tuple[str, ...]) -> Statement | None:
-    """The ORM's statement for a shape (None: nothing can match), without its page."""
+    """The ORM's statement for a shape, without its page; None where the ORM must compose
+    each search: the statement would not hold every value as a parameter of its own (a
+    lookup rewrote one while compiling), or the ORM found that nothing can match."""
+    places = itertools.count()
     try:
-        sql, params = _template(shape).values(*columns).query.sql_with_params()
+        sql, params = _template(shape, places).values(*columns).query.sql_with_params()
     except EmptyResultSet:
+        return None
+    held = sorted(param.position for param in params if isinstance(param, Slot))
+    if held != list(range(next(places))):
         return None
     return Statement(sql=f"{sql} LIMIT %s OFFSET %s", params=tuple(params))
 
 
-def _template(shape: tuple):
-    """The search's queryset with a ``Slot`` for each of its values."""
+def _template(shape: tuple, places):
+    """The search's queryset with a ``Slot`` for each of its values, numbered by ``places``."""
     filters, order = shape
-    places = itertools.count()
     conditions = {}
     for name, *condition in filters:
         if condition == [None]:
