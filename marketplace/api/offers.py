@@ -12,7 +12,9 @@ from rest_framework import serializers
 from rest_framework.decorators import api_view
 from rest_framework.response import Response
 
+from billing.usd import MICRO_PER_DOLLAR
 from marketplace import offer_query
+from marketplace.api import offer_statements
 from marketplace.api.fields import DOLLARS_SCHEMA, DollarsField, FiniteFloatField, dollars
 from marketplace.api.permissions import read_only_methods
 from marketplace.api.throttling import throttle_scope
@@ -122,9 +124,9 @@ def offer_json(offer: Mapping, now) -> dict:
         "cpu_ram": round(offer["cpu_ram_per_unit"] * units, 2),
         "disk_space": round(offer["disk_per_unit"] * units, 1),
         "disk_enforced": offer["disk_enforced"],
-        "dph_total": dollars(offer["dph_total"]),
-        "dph_per_gpu": dollars(offer["price_per_gpu_hour"]),
-        "storage_cost": dollars(offer["storage_cost"]),
+        "dph_total": _dollars(offer["dph_total"]),
+        "dph_per_gpu": _dollars(offer["price_per_gpu_hour"]),
+        "storage_cost": _dollars(offer["storage_cost"]),
         "reliability": float(offer["reliability"]),
         "duration": days_until(end_date, now),
         "end_date": _END_DATE.to_representation(end_date) if end_date else None,
@@ -140,8 +142,18 @@ def offer_json(offer: Mapping, now) -> dict:
         "slice_memory_mb": offer["slice_memory_mb"],
         "min_slice_core_percent": offer["min_slice_core_percent"],
         "cards": offer["cards"],
-        "min_bid": dollars(offer["min_bid"]),
+        "min_bid": _dollars(offer["min_bid"]),
     }
+
+
+def _dollars(micro: int | None) -> str | None:
+    """``dollars`` for a column's micro-dollars, the same text: four of them an offer, 256 a
+    page, and most are not negative (the sign needs the general form)."""
+    if micro is None:
+        return None
+    if micro >= 0:
+        return f"{micro // MICRO_PER_DOLLAR}.{micro % MICRO_PER_DOLLAR:06d}"
+    return dollars(micro)
 
 
 def days_until(end_date, now) -> float | None:
@@ -156,9 +168,9 @@ def search_offers(query: offer_query.OfferQuery, limit: int, offset: int) -> lis
 
 
 def search_offer_rows(query: offer_query.OfferQuery, limit: int, offset: int) -> list[dict]:
-    """``search_offers``, as rows of ``OFFER_COLUMNS`` for ``offer_json``."""
-    found = offer_query.apply(Offer.objects.all(), query).values(*OFFER_COLUMNS)
-    return list(found[offset : offset + limit])
+    """``search_offers``, as rows of ``OFFER_COLUMNS`` for ``offer_json`` (the statement
+    compiled once per shape of search: ``offer_statements``)."""
+    return offer_statements.search_rows(query, OFFER_COLUMNS, limit, offset)
 
 
 class OfferPageSerializer(serializers.Serializer):

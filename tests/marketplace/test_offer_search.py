@@ -135,6 +135,57 @@ def test_any_drops_the_default_rentable_filter(api, market):
     assert names(search(api, "rentable=false")) == ["unlisted"]
 
 
+def test_a_search_like_an_earlier_one_answers_with_its_own_values(api, market, provider):
+    """Each process compiles a shape of search once (its fields, operators, list lengths,
+    true/false values and order) and runs it with each search's own values: a like search
+    with other numbers, words or lists, another page, or the same search after offers
+    changed, each answers for itself."""
+    assert names(search(api, "num_gpus>=2 -o dph_total")) == ["pair", "quad", "a100", "eight"]
+    assert names(search(api, "num_gpus>=4 -o dph_total")) == ["quad", "eight"]
+    assert names(search(api, "num_gpus>=2 -o dph_total", limit=1, offset=1)) == ["quad"]
+    assert sorted(names(search(api, "geolocation in [US,CA]"))) == ["cheap", "pair", "quad"]
+    assert sorted(names(search(api, "geolocation in [EU,AS]"))) == ["a100", "eight", "shaky"]
+    assert sorted(names(search(api, "geolocation in [AS]"))) == ["shaky"]
+    assert names(search(api, "gpu_name=A100_80GB dph_total<4")) == ["a100"]
+    assert names(search(api, "gpu_name=RTX_4090 dph_total<0.25")) == ["cheap"]
+    assert names(search(api, "rentable=false")) == ["unlisted"]
+    assert "unlisted" not in names(search(api, "rentable=true"))
+    # Numbers past a column's range match nothing, or everything, as they say.
+    assert names(search(api, "num_gpus>=100000")) == []
+    assert len(names(search(api, "num_gpus<100000 machine_id!=1000000000000"))) == 6
+    Offer.objects.filter(pk=market["eight"].pk).update(dph_total=100_000)
+    offer_on(provider, "late", gpus=2, price=0.4)
+    Offer.objects.filter(pk=market["a100"].pk).update(rentable=False)
+    assert names(search(api, "num_gpus>=2 -o dph_total")) == ["eight", "late", "pair", "quad"]
+
+
+@pytest.mark.parametrize(
+    "q",
+    [
+        "",
+        "rentable=any -o dph_total",
+        "num_gpus>=2 gpu_name=RTX_4090 reliability>0.98 dph_total<4 geolocation in [US,CA,EU]",
+        "geolocation notin [US,CA] verified=false -o reliability-",
+        "num_gpus!=2 min_bid!=0.5 -o gpu_total_ram-,disk_space",
+        "cpu_cores_effective>=8 cpu_ram<=1000 storage_cost<=0.1 sharing=false -o score",
+        "duration>=7 -o duration-",
+        "machine_id!=1000000000000 num_gpus<100000 -o machine_id",
+    ],
+)
+def test_a_search_reads_the_rows_the_orm_composes(market, q):
+    """The API runs each search's statement itself with the search's values; its rows must
+    be those the ORM's own query gives, converted alike (cards, dates, bids)."""
+    from marketplace import offer_query
+    from marketplace.api.offers import OFFER_COLUMNS, search_offer_rows
+
+    cards = [{"index": 0, "name": "NVIDIA GeForce RTX 4090", "free_core_percent": 50}]
+    Offer.objects.filter(pk=market["quad"].pk).update(cards=cards, min_bid=400_000)
+    query = offer_query.parse(q)
+    composed = offer_query.apply(Offer.objects.all(), query).values(*OFFER_COLUMNS)
+    assert search_offer_rows(query, 64, 0) == list(composed[:64])
+    assert search_offer_rows(query, 2, 1) == list(composed[1:3])
+
+
 def test_pages_follow_next_offset_to_the_end(api, market):
     seen, offset = [], 0
     while offset is not None:
