@@ -1,0 +1,71 @@
+"""Events leave through one publisher per process (marketplace/events.py), in the order they
+were handed over; a forked child (a Celery pool process) publishes through its own."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+import pytest
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.db import transaction
+
+from marketplace.events import publish_access_lost, publish_team_event, team_group, user_group
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+# Group names only: no team or user rows are needed to listen on them.
+TEAM_ID, USER_ID = 910_001, 910_002
+
+
+def listening_channel() -> str:
+    layer = get_channel_layer()
+    channel = async_to_sync(layer.new_channel)()
+    async_to_sync(layer.group_add)(team_group(TEAM_ID), channel)
+    async_to_sync(layer.group_add)(user_group(USER_ID), channel)
+    return channel
+
+
+def received(channel: str, count: int) -> list[dict]:
+    layer = get_channel_layer()
+
+    async def take() -> list[dict]:
+        return [await asyncio.wait_for(layer.receive(channel), 10) for _ in range(count)]
+
+    return async_to_sync(take)()
+
+
+def test_events_arrive_in_the_order_they_were_published_and_a_rollback_sends_none():
+    channel = listening_channel()
+    for n in range(30):
+        publish_team_event(TEAM_ID, "probe", {"n": n})
+    with pytest.raises(RuntimeError), transaction.atomic():
+        publish_team_event(TEAM_ID, "probe", {"n": "rolled back"})
+        raise RuntimeError
+    publish_team_event(TEAM_ID, "probe", {"n": 30})
+
+    assert [message["data"]["n"] for message in received(channel, 31)] == list(range(31))
+
+
+def test_a_forked_process_publishes_through_its_own_publisher():
+    channel = listening_channel()
+    publish_team_event(TEAM_ID, "probe", {"n": "parent"})  # the parent's publisher is running
+    child = os.fork()
+    if child == 0:  # the child: its parent's publisher thread does not exist here
+        try:
+            publish_access_lost(USER_ID, TEAM_ID)  # returns once sent
+        finally:
+            os._exit(0)
+    deadline = time.monotonic() + 20
+    while (done := os.waitpid(child, os.WNOHANG)) == (0, 0) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if done == (0, 0):
+        os.kill(child, 9)
+        os.waitpid(child, 0)
+        pytest.fail("the forked child never got its event out")
+
+    first, second = received(channel, 2)
+    assert first["data"] == {"n": "parent"}
+    assert second == {"type": "access.lost", "team_id": TEAM_ID}
