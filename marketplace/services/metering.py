@@ -205,16 +205,10 @@ WHERE settled_at IS NULL AND id > %(after)s AND (%(upto)s::bigint IS NULL OR id 
 
 # How many connections a sweep settles its batches on (PostgreSQL, outside a transaction) is
 # ``settings.METERING_SWEEP_CONNECTIONS``: a batch keeps the shared accounts locked only while
-# it writes its entries, so a second connection can plan and write its next batch's
-# transfers meanwhile. On the 2-core development machine (bench/metering.py, 100,000 rentals):
-# at load ~4 (2026-11-25) two measured no faster than one (5.7-6.6 s against 5.3-6.1 s), but
-# on a quiet machine (2026-11-26, load 0.7) two are clearly faster: 2.4-2.7 s against
-# 3.2-3.5 s on one; a production database normally has cores to spare, so two by default.
-# Alternating runs later that morning at load 2.6-6 (others' benches running; dd2a72b's
-# statements): one connection 3.5-3.9 s (load 2.6-2.9) and 6.0-9.4 s (5.1-5.9), two 3.0-5.1 s
-# (1.6-2.9) and 2.9-5.8 s (3.3-5.6), each with 3.3-4.6 s of database CPU a sweep, so the
-# noise is as large as the difference there. Three (with a variant of the statements since
-# dropped) were no faster than two at load 2.6 (3.3-3.6 s against 2.3-3.5 s).
+# it writes its entries, so a second connection can plan and write its next batch's transfers
+# meanwhile. Two by default: on a quiet 2-core machine (bench/metering.py, 100,000 rentals)
+# two swept in 2.4-2.9 s against 3.2-3.5 s on one; three were no faster than two, and under
+# heavy load the noise hides the difference (README, "Raised budgets").
 
 
 def _batch_bounds(batch_size: int) -> list[tuple[int, int | None]]:
