@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import psycopg
 
@@ -183,3 +184,13 @@ def web_processes(redis, *, overrides: dict[str, str] | None = None) -> Iterator
         yield cluster
     finally:
         cluster.stop()
+
+
+def process_cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of a process on this machine, from /proc (None once it is
+    gone): for the database backends and web processes a bench drives."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

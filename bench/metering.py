@@ -48,7 +48,7 @@ os.environ.setdefault(
     "DATABASE_URL", "postgres://gpumkt:gpumkt@127.0.0.1:5432/gpumkt_bench_metering"
 )
 
-from bench_common import scratch_database  # noqa: E402
+from bench_common import process_cpu_seconds, scratch_database  # noqa: E402
 
 CONTRACTS = int(os.environ.get("BENCH_CONTRACTS", "100000"))
 RENTER_TEAMS = max(1, CONTRACTS // 50)
@@ -197,11 +197,10 @@ class Meter:
     def backend_cpu(self, pids: list[int]) -> dict[int, float] | None:
         cpu = {}
         for pid in pids:
-            try:
-                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
+            seconds = process_cpu_seconds(pid)
+            if seconds is None:
                 return None
-            cpu[pid] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+            cpu[pid] = seconds
         return cpu
 
     def run(self, action):

@@ -39,6 +39,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from bench_common import (  # noqa: E402
     private_redis,
+    process_cpu_seconds,
     scratch_database,
     web_bench_environment,
     web_processes,
@@ -130,11 +131,7 @@ def client(port: int, key: str, machines: list[int], stop: threading.Event, tall
 
 def cpu_seconds(pid: int) -> float:
     """User + system CPU of one process (0 once it is gone)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return process_cpu_seconds(pid) or 0.0
 
 
 def with_children(pid: int) -> list[int]:
