@@ -55,6 +55,26 @@ def instance_upstreams(instance_ids: Iterable[int], container_port: int) -> dict
     return {instance_id: f"{address}:{port}" for instance_id, address, port in rows}
 
 
+def replica_upstreams(instance_ids: Iterable[int], service_port: int) -> dict[int, str]:
+    """Where each replica serves a cluster whose service port is ``service_port``: that port
+    where the replica publishes it; else the one port it does publish. A replica placed before
+    the port moved publishes the old port and serves there until the roll replaces it, so the
+    URL never has no replica while the first new one starts."""
+    rows = PortAllocation.objects.filter(
+        instance_id__in=list(instance_ids), released_at=None
+    ).values_list("instance_id", "container_port", "machine__address", "host_port")
+    published: dict[int, dict[int, str]] = {}
+    for instance_id, container_port, address, port in rows:
+        published.setdefault(instance_id, {})[container_port] = f"{address}:{port}"
+    out = {}
+    for instance_id, ports in published.items():
+        if service_port in ports:
+            out[instance_id] = ports[service_port]
+        elif len(ports) == 1:
+            [out[instance_id]] = ports.values()
+    return out
+
+
 def answers(upstream: str, path: str = "/", timeout: float = 1.0) -> bool:
     """Whether an HTTP server at ``upstream`` answers at all (any status): a replica is added
     to the rotation only once it does."""

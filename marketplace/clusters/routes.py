@@ -69,7 +69,7 @@ def current_routes() -> tuple[list[gateway.ClusterRoute], list[_Running]]:
     out, running = [], []
     for cluster_id, deployment_id, port, state in clusters:
         replicas = by_deployment.get(deployment_id, [])
-        upstreams = gateway.instance_upstreams([r[0] for r in replicas], port) if replicas else {}
+        upstreams = gateway.replica_upstreams([r[0] for r in replicas], port) if replicas else {}
         for instance_id, replica_id, ready_at in replicas:
             if instance_id in upstreams:
                 running.append(

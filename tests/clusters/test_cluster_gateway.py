@@ -13,6 +13,7 @@ from django.test import Client
 
 from billing.models import Hold
 from billing.selectors import team_balance
+from marketplace.clusters import routes
 from marketplace.models import ApiKey, Cluster, Rental
 from marketplace.services.accounts import api_key_create, api_key_revoke, membership_remove
 from marketplace.services.pricing import quote_at
@@ -175,6 +176,33 @@ def test_a_cluster_url_balances_over_its_replicas_and_answers_only_its_team(
     )
     routes_settle(gateway.admin, created["id"], 3)
     assert {call(gateway.listen, path, key)[0] for _ in range(10)} == {200}
+
+
+def test_a_port_the_new_replicas_do_not_answer_on_leaves_the_old_ones_serving(
+    funded_team, machines, gateway
+):
+    """Moving the URL's port rolls the replicas; until a new one answers on the new port, the
+    old ones go on serving on the port they publish. Here the app never listens on 8082, so
+    the roll waits and the URL keeps answering from the old replicas."""
+    client = key_client(funded_team)
+    created = create(client)
+    path = path_of(created["url"])
+    before = routes_settle(gateway.admin, created["id"], 3)
+    key = bearer(key_secret(funded_team))
+    cluster = Cluster.objects.get(pk=created["id"])
+    old = set(cluster.deployment.replicas.values_list("instance_id", flat=True))
+
+    moved = client.put(f"/api/v1/clusters/{created['id']}/endpoint/", {"port": 8082}, format="json")
+    assert moved.status_code == 200, moved.content
+    for _ in range(5):  # as the worker's retries would
+        routes.routes_push()
+        time.sleep(0.2)
+    assert routed(gateway.admin, created["id"]) == before
+    assert {call(gateway.listen, path, key)[0] for _ in range(20)} == {200}
+    # The roll waits on its one new replica, which does not answer; no old one was stopped.
+    running = cluster.deployment.replicas.filter(state="running")
+    assert set(running.values_list("instance_id", flat=True)) > old
+    assert running.count() == 4 and running.filter(ready_at=None).count() == 1
 
 
 def test_a_killed_replica_is_replaced_while_requests_flow(funded_team, machines, gateway):
