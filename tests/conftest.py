@@ -37,6 +37,35 @@ def django_db_setup(django_db_setup, django_db_blocker):
         for connection in connections.all():
             if hasattr(connection, "close_pool"):
                 connection.close_pool()
+        _other_sessions_end(connections["default"])
+
+
+def _other_sessions_end(connection) -> None:
+    """End whatever session is still on this process's test database once its own pool is
+    closed (a thread's connection that outlived its thread): PostgreSQL refuses to drop a
+    database anyone is on. Logged, so the one that stayed can be found."""
+    if connection.vendor != "postgresql":
+        return
+    import psycopg
+
+    params = connection.settings_dict
+    with psycopg.connect(
+        dbname="postgres",
+        host=params["HOST"] or None,
+        port=params["PORT"] or None,
+        user=params["USER"] or None,
+        password=params["PASSWORD"] or None,
+        autocommit=True,
+    ) as admin:
+        others = admin.execute(
+            "SELECT pid, application_name, state, left(query, 200) FROM pg_stat_activity"
+            " WHERE datname = %s",
+            [params["NAME"]],
+        ).fetchall()
+        for pid, *_ in others:
+            admin.execute("SELECT pg_terminate_backend(%s)", [pid])
+    if others:
+        logging.getLogger(__name__).warning("ended sessions left on the test database: %s", others)
 
 
 # Sessions on the test database that are running a statement or hold a transaction open:
