@@ -189,6 +189,10 @@ def test_a_stop_asked_for_during_a_pull_waits_for_the_launcher_and_no_container_
         launcher = threading.Thread(target=launch)
         launcher.start()
         assert pulling.wait(timeout=60), "the launch never reached the registry"
+        # Docker's "Pulling fs layer" line comes as the layer is asked for; once the launcher
+        # has reported it, no other line comes until the registry answers. Asked for earlier,
+        # the stop can meet the launcher letting go at that report, and take the lease at once.
+        _until(lambda: _status(instance).startswith("Pulling image: 0/"))
         response = client.post(f"/api/v1/instances/{instance.pk}/stop/")
         assert response.status_code == 202 and response.json()["state"] == "stopping"
         assert scheduler.instance_stop(instance_id=instance.pk).state == "busy"
@@ -204,6 +208,17 @@ def test_a_stop_asked_for_during_a_pull_waits_for_the_launcher_and_no_container_
     assert instance.state == "stopped" and instance.container_id == ""
     assert containers_named(instance.container_name) == []
     assert live_gpus(instance) == 0
+
+
+def _status(instance: Instance) -> str:
+    return Instance.objects.values_list("status_message", flat=True).get(pk=instance.pk)
+
+
+def _until(done, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not done():
+        assert time.monotonic() < deadline, "never happened"
+        time.sleep(0.02)
 
 
 class _no_broker_sends:
