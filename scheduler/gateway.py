@@ -47,14 +47,6 @@ class ClusterRoute:
     running: bool = True  # a stopped cluster keeps its URL: authenticated, then 503
 
 
-def instance_upstreams(instance_ids: Iterable[int], container_port: int) -> dict[int, str]:
-    """``address:host_port`` where each instance publishes ``container_port``, by instance."""
-    rows = PortAllocation.objects.filter(
-        instance_id__in=list(instance_ids), container_port=container_port, released_at=None
-    ).values_list("instance_id", "machine__address", "host_port")
-    return {instance_id: f"{address}:{port}" for instance_id, address, port in rows}
-
-
 def replica_upstreams(instance_ids: Iterable[int], service_port: int) -> dict[int, str]:
     """Where each replica serves a cluster whose service port is ``service_port``: that port
     where the replica publishes it; else the one port it does publish. A replica placed before

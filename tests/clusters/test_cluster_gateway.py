@@ -19,7 +19,7 @@ from marketplace.services.accounts import api_key_create, api_key_revoke, member
 from marketplace.services.pricing import quote_at
 from marketplace.tasks import clusters_tick
 from scheduler import services as scheduler
-from scheduler.gateway import instance_upstreams
+from scheduler.models import PortAllocation
 from tests.billing.ledger_checks import assert_ledger_consistent
 from tests.clusters.support import (
     CLUSTER,
@@ -78,8 +78,16 @@ def moved_to_8081(admin: str, cluster_id: int, first_instances: list[int]) -> bo
     return (
         len(instance_ids) == 3
         and not set(instance_ids) & set(first_instances)
-        and routed(admin, cluster_id) == set(instance_upstreams(instance_ids, 8081).values())
+        and routed(admin, cluster_id) == published_at(instance_ids, 8081)
     )
+
+
+def published_at(instance_ids: list[int], container_port: int) -> set[str]:
+    """``address:host_port`` of each instance that publishes ``container_port``."""
+    rows = PortAllocation.objects.filter(
+        instance_id__in=instance_ids, container_port=container_port, released_at=None
+    ).values_list("machine__address", "host_port")
+    return {f"{address}:{port}" for address, port in rows}
 
 
 def test_a_cluster_url_balances_over_its_replicas_and_answers_only_its_team(
