@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
+from tests.conftest import sim_container_label
+
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -47,6 +49,8 @@ def live_server_url(django_db_setup, django_db_blocker):
         "DATABASE_URL": f"{base}/{database}",
         "ALLOWED_HOSTS": "127.0.0.1,localhost",
         "CELERY_TASK_ALWAYS_EAGER": "0",
+        # Its containers carry the test label too, so each test's clean-up removes them.
+        "CONTAINER_EXTRA_LABELS": sim_container_label(),
         "PGAPPNAME": "test-live-server",  # names its sessions in pg_stat_activity
     }
     log = open(_log_dir() / f"uvicorn-{port}.log", "wb")  # noqa: SIM115
@@ -120,6 +124,8 @@ def celery_worker(live_server_url, django_db_blocker):
         **os.environ,
         "DATABASE_URL": f"{base}/{database}",
         "CELERY_TASK_ALWAYS_EAGER": "0",
+        # Its containers carry the test label too, so each test's clean-up removes them.
+        "CONTAINER_EXTRA_LABELS": sim_container_label(),
         "PGAPPNAME": "test-celery-worker",  # names its sessions in pg_stat_activity
     }
     log = open(_log_dir() / "celery-worker.log", "ab")  # noqa: SIM115
