@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import time
 from collections import Counter
+from dataclasses import dataclass
 
 import pytest
 from django.test import Client
@@ -69,6 +70,27 @@ def create(client, **overrides) -> dict:
 
 def path_of(url: str) -> str:
     return "/" + url.split("/", 3)[3]
+
+
+@dataclass
+class Serving:
+    """A cluster made through the API whose replicas are all routed by the gateway."""
+
+    path: str
+    routed: set[str]
+    key: dict
+    cluster: Cluster
+
+
+def serving(client, team, gateway, **overrides) -> Serving:
+    created = create(client, **overrides)
+    routed_now = routes_settle(gateway.admin, created["id"], created["replicas"])
+    return Serving(
+        path=path_of(created["url"]),
+        routed=routed_now,
+        key=bearer(key_secret(team)),
+        cluster=Cluster.objects.get(pk=created["id"]),
+    )
 
 
 def moved_to_8081(admin: str, cluster_id: int, first_instances: list[int]) -> bool:
@@ -193,22 +215,18 @@ def test_a_port_the_new_replicas_do_not_answer_on_leaves_the_old_ones_serving(
     old ones go on serving on the port they publish. Here the app never listens on 8082, so
     the roll waits and the URL keeps answering from the old replicas."""
     client = key_client(funded_team)
-    created = create(client)
-    path = path_of(created["url"])
-    before = routes_settle(gateway.admin, created["id"], 3)
-    key = bearer(key_secret(funded_team))
-    cluster = Cluster.objects.get(pk=created["id"])
-    old = set(cluster.deployment.replicas.values_list("instance_id", flat=True))
+    it = serving(client, funded_team, gateway)
+    old = set(it.cluster.deployment.replicas.values_list("instance_id", flat=True))
 
-    moved = client.put(f"/api/v1/clusters/{created['id']}/endpoint/", {"port": 8082}, format="json")
+    moved = client.put(f"/api/v1/clusters/{it.cluster.pk}/endpoint/", {"port": 8082}, format="json")
     assert moved.status_code == 200, moved.content
     for _ in range(5):  # as the worker's retries would
         routes.routes_push()
         time.sleep(0.2)
-    assert routed(gateway.admin, created["id"]) == before
-    assert {call(gateway.listen, path, key)[0] for _ in range(20)} == {200}
+    assert routed(gateway.admin, it.cluster.pk) == it.routed
+    assert {call(gateway.listen, it.path, it.key)[0] for _ in range(20)} == {200}
     # The roll waits on its one new replica, which does not answer; no old one was stopped.
-    running = cluster.deployment.replicas.filter(state="running")
+    running = it.cluster.deployment.replicas.filter(state="running")
     assert set(running.values_list("instance_id", flat=True)) > old
     assert running.count() == 4 and running.filter(ready_at=None).count() == 1
 
@@ -219,25 +237,21 @@ def test_a_killed_replica_is_replaced_while_requests_flow(funded_team, machines,
     the replica out, the monitor sees it die and a new one is placed and added once it
     answers. Measured bound: 0 failed requests (asserted ≤ 1%, a slow machine's margin)."""
     client = key_client(funded_team)
-    created = create(client)
-    path = path_of(created["url"])
-    before = routes_settle(gateway.admin, created["id"], 3)
-    key = bearer(key_secret(funded_team))
-    cluster = Cluster.objects.get(pk=created["id"])
-    victim = cluster.deployment.replicas.select_related("instance").first()
+    it = serving(client, funded_team, gateway)
+    victim = it.cluster.deployment.replicas.select_related("instance").first()
 
-    with Load(gateway.listen, path, key, rate=20) as load:
+    with Load(gateway.listen, it.path, it.key, rate=20) as load:
         time.sleep(1)
         subprocess.run(
             ["docker", "kill", victim.instance.container_id], check=True, capture_output=True
         )
         time.sleep(1)  # requests meet the dead replica before the monitor looks
         scheduler.machine_reconcile(machine_id=victim.instance.machine_id)  # as its beat does
-        after = routes_settle(gateway.admin, created["id"], 3)
+        after = routes_settle(gateway.admin, it.cluster.pk, 3)
         time.sleep(2)
     victim.refresh_from_db()
     assert victim.state == "failed" and victim.exit_code == 137
-    assert len(after) == 3 and after != before  # the new replica took the dead one's place
+    assert len(after) == 3 and after != it.routed  # the new replica took the dead one's place
     names = Counter(body for status, body in load.results if status == 200)
     print(f"kill under load: {len(load.failed)} of {len(load.results)} requests failed")
     assert len(load.results) >= 60
