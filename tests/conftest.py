@@ -202,6 +202,33 @@ def docker_engine():
     return ensure_image()
 
 
+# Each simulated host publishes containers' ports on a range of its own, handed out in turn
+# to all the namespace's workers (one worker made 51 hosts in a run: fixed slices per worker
+# overlapped, and a container of one worker held a port another worker's test expected free).
+# Below Linux's ephemeral range (32768+), where outgoing connections take their local ports
+# and would collide with docker's binds.
+SIM_PORTS_PER_HOST = 20
+SIM_HOSTS_PER_NAMESPACE = 120
+
+
+def _sim_port_range_start(namespace: int) -> int:
+    import fcntl
+    import tempfile
+
+    counter = Path(tempfile.gettempdir()) / f"gpumkt-test-sim-ports-ns{namespace}"
+    with open(counter, "a+") as file:
+        fcntl.flock(file, fcntl.LOCK_EX)  # released when the file closes
+        file.seek(0)
+        taken = int(file.read() or 0)
+        file.seek(0)
+        file.truncate()
+        file.write(str(taken + 1))
+    slot = taken % SIM_HOSTS_PER_NAMESPACE  # an earlier run's hosts are gone by now
+    return (
+        10000 + namespace * SIM_PORTS_PER_HOST * SIM_HOSTS_PER_NAMESPACE + slot * SIM_PORTS_PER_HOST
+    )
+
+
 @pytest.fixture(scope="session")
 def sim_root(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("simhosts")
@@ -232,15 +259,13 @@ def sim_host_factory(docker_engine, sim_root):
             docker_host = simulation.ensure_quota_dockerd()
             simulation.ensure_image(docker_host=docker_host)
         n = len(made)
-        # Published ports stay below Linux's ephemeral range (32768+), where outgoing
-        # connections take their local ports and would collide with docker's binds.
-        ports = 10000 + namespace * 1000 + worker * 300 + n * 20
+        ports = _sim_port_range_start(namespace)
         spec = SimHostSpec(
             name=f"ns{namespace}-w{worker}-h{n}",
             address=f"127.{1 + namespace}.{20 + worker}.{10 + n}",
             port=23000 + namespace * 1000 + worker * 100 + n,
             gpus=default_gpus(gpus, name=gpu_name, memory_mib=memory_mib),
-            port_range=(ports, ports + 19),
+            port_range=(ports, ports + SIM_PORTS_PER_HOST - 1),
             mps=mps,
             docker_host=docker_host,
         )
