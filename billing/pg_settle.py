@@ -24,8 +24,12 @@ The rules are those of ``holds.hold_capture_usage`` and the Python twin in
   on two connections overlap the rest;
 * each capture's legs as ``holds.capture_legs``, zero legs dropped as ``postings_write`` does;
   each entry's ``balance_after`` is the account's balance plus the running sum of its legs in
-  posting order (holds by primary key), and entries are inserted in that order, so an
-  account's entries read by id show its balance step by step, as the Python path writes them.
+  posting order (holds by primary key), and entries are inserted account by account in that
+  order, so an account's entries read by id show its balance step by step, as the Python path
+  writes them. Account by account rather than capture by capture: the window that computes
+  ``balance_after`` already yields that order (no second sort), and each account's new index
+  entries then go in together instead of one at a time all over the index; the sweep took
+  about a tenth less time so (README, "Raised budgets").
 
 The ledger's database guards still apply: the entry trigger checks every transfer of the
 INSERT sums to zero and references existing transfers and accounts, CHECK constraints keep
@@ -181,7 +185,7 @@ entries AS (
                                            ORDER BY l.transfer_id, l.leg),
            %(now)s
     FROM legs l JOIN acc a ON a.id = l.account_id
-    ORDER BY l.transfer_id, l.leg
+    ORDER BY l.account_id, l.transfer_id, l.leg
 ),
 balances AS (
     UPDATE billing_account SET balance = billing_account.balance + s.total
