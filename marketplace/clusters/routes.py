@@ -181,10 +181,15 @@ def _replica_changed(replica: Replica) -> None:
         routes_changed()
 
 
-def _gated(deployment) -> bool:
+def _readiness(deployment) -> str:
     """A roll behind a cluster's URL waits for each new replica to answer there."""
-    return Cluster.objects.filter(deployment=deployment, service_port__isnull=False).exists()
+    port = (
+        Cluster.objects.filter(deployment=deployment, service_port__isnull=False)
+        .values_list("service_port", flat=True)
+        .first()
+    )
+    return f"answer on port {port} at the cluster's URL" if port else ""
 
 
 reconciler.replica_service_hooks.append(_replica_changed)
-rolling.readiness_gated.append(_gated)
+rolling.readiness_gates.append(_readiness)

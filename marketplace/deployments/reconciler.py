@@ -120,6 +120,7 @@ class _Pass:
     changed: bool = False
     current: str = ""
     rolling: bool = False
+    readiness: str = ""  # what a new replica must do to replace an old one (rolling.readiness)
     placing: Placing | None = None
     reason: str = ""
 
@@ -176,9 +177,8 @@ def _observe_and_want(deployment: Deployment, reads: _Reads) -> _Pass:
     old = rolling.old_replicas(deployment, live, this.current)
     this.rolling = bool(old)
     if old:
-        plan = rolling.plan_roll(
-            live, old, wanted_live(deployment), gated=rolling.gated(deployment)
-        )
+        this.readiness = rolling.readiness(deployment)
+        plan = rolling.plan_roll(live, old, wanted_live(deployment), gated=bool(this.readiness))
         changed |= _apply(deployment, plan)
     else:
         changed |= _scale(deployment, live)
@@ -212,6 +212,10 @@ def _finish(this: _Pass) -> bool:
         rolled, this.reason = _roll_in_place(deployment, this.current, this.reason)
         this.changed |= rolled
         ended_now |= rolled
+        if not this.reason and this.readiness:
+            live = _live(deployment)
+            old = rolling.old_replicas(deployment, live, this.current)
+            this.reason = rolling.readiness_wait(live, old, this.readiness)
     if ended_now:
         this.changed |= _destroy_ended_rentals(deployment)
     if this.reason != deployment.queue_reason:

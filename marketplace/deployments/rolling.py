@@ -6,8 +6,10 @@ replica runs nothing yet, so it is always of the current spec). While any placed
 an old spec, a pass:
 
 - stops old replicas only as replicas of the new spec are RUNNING (behind a cluster's URL: and
-  answering there, `readiness_gated`): as many old ones stay as
-  the running new ones leave wanted (old ones that are not running yet go first);
+  answering there, `readiness_gates`): as many old ones stay as
+  the running new ones leave wanted (old ones that are not running yet go first); while a new
+  replica runs but does not answer yet, the deployment's queue reason says so
+  (``readiness_wait``);
 - queues replacements for any replica that was lost, so the set never shrinks below wanted;
 - queues at most one extra (surge) replica of the new spec, and only while no other new
   replica is on its way (queued or launching);
@@ -36,13 +38,14 @@ REPLACED_IN_PLACE = "Replaced in place: no room for a replica of the new spec be
 SCALED_DOWN = "Scaled down"
 
 
-# Whether a deployment's rolls wait for new replicas to be ready, not only running (the
-# clusters package says so for a cluster with a URL; the rest roll on running).
-readiness_gated: list[Callable[[Deployment], bool]] = []
+# What a new replica of a deployment must do, besides running, before it takes an old one's
+# place, in words ("answer on port 8080 at the cluster's URL"), or "" when running is enough.
+# The clusters package gates a cluster with a URL; the rest roll on running.
+readiness_gates: list[Callable[[Deployment], str]] = []
 
 
-def gated(deployment: Deployment) -> bool:
-    return any(check(deployment) for check in readiness_gated)
+def readiness(deployment: Deployment) -> str:
+    return next((gate for check in readiness_gates if (gate := check(deployment))), "")
 
 
 @dataclass
@@ -108,6 +111,19 @@ def plan_roll(
     if old_left and not plan.queue and not on_the_way and total <= wanted:
         plan.queue = 1
     return plan
+
+
+def readiness_wait(live: list[Replica], old: list[Replica], readiness: str) -> str:
+    """Why a gated roll waits, when it waits on a new replica that runs but is not ready (a
+    wrong port, an app still starting): the deployment's queue reason. "" otherwise."""
+    unready = [r for r in live if r not in old and r.state == R.RUNNING and r.ready_at is None]
+    if not readiness or not unready:
+        return ""
+    names = ", ".join(str(r.pk) for r in unready)
+    return (
+        f"rolling update waits for replica{'s' if len(unready) > 1 else ''} {names} to "
+        f"{readiness}; the old replicas keep serving meanwhile"
+    )
 
 
 def in_place_victim(live: list[Replica], old: list[Replica], wanted: int) -> Replica | None:

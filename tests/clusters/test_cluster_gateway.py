@@ -229,6 +229,13 @@ def test_a_port_the_new_replicas_do_not_answer_on_leaves_the_old_ones_serving(
     running = it.cluster.deployment.replicas.filter(state="running")
     assert set(running.values_list("instance_id", flat=True)) > old
     assert running.count() == 4 and running.filter(ready_at=None).count() == 1
+    # The cluster says what its roll waits for, and where to look.
+    unready = running.get(ready_at=None)
+    reason = client.get(f"/api/v1/clusters/{it.cluster.pk}/").json()["queue_reason"]
+    assert reason == (
+        f"rolling update waits for replica {unready.pk} to answer on port 8082 at the"
+        " cluster's URL; the old replicas keep serving meanwhile"
+    )
 
 
 def test_a_killed_replica_is_replaced_while_requests_flow(funded_team, machines, gateway):
