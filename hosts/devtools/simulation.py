@@ -315,10 +315,17 @@ def ensure_quota_dockerd(log_path: Path | None = None, timeout: float = 60.0) ->
     # clears the "stale" default bridge network it finds there and deletes the host's docker0
     # with it (measured: a second start removed docker0). Its networks are made again on use.
     shutil.rmtree(data / "network", ignore_errors=True)
-    pid = _read_pid(QUOTA_DOCKER_PIDFILE)
-    if pid is not None and not Path(f"/proc/{pid}").exists():
-        QUOTA_DOCKER_PIDFILE.unlink(missing_ok=True)  # left by a dockerd that died
-    log = open(log_path or os.devnull, "ab")  # noqa: SIM115 - handed to the daemon
+    # Pid files left by a dockerd (and its containerd) that died: the machine outlives them,
+    # and once their pids are reused by other programs, a daemon that finds one refuses to
+    # start, or waits on a containerd that is not there.
+    for pidfile, program in (
+        (QUOTA_DOCKER_PIDFILE, "dockerd"),
+        (QUOTA_DOCKER_EXEC_ROOT / "containerd" / "containerd.pid", "containerd"),
+    ):
+        if not _runs(_read_pid(pidfile), program):
+            pidfile.unlink(missing_ok=True)
+    log_path = log_path or QUOTA_DOCKER_DIR / "dockerd.log"
+    log = open(log_path, "ab")  # noqa: SIM115 - handed to the daemon
     subprocess.Popen(
         ["dockerd", "--host", QUOTA_DOCKER_SOCKET, "--data-root", str(data),
          "--exec-root", str(QUOTA_DOCKER_EXEC_ROOT), "--pidfile", str(QUOTA_DOCKER_PIDFILE),
@@ -331,7 +338,11 @@ def ensure_quota_dockerd(log_path: Path | None = None, timeout: float = 60.0) ->
         if _docker_ready(QUOTA_DOCKER_SOCKET):
             return QUOTA_DOCKER_SOCKET
         time.sleep(0.3)
-    raise RuntimeError(f"the enforced-disk dockerd did not answer within {timeout:.0f}s")
+    tail = log_path.read_text(errors="replace").splitlines()[-15:]
+    raise RuntimeError(
+        f"the enforced-disk dockerd did not answer within {timeout:.0f}s; the end of its log"
+        f" ({log_path}):\n" + "\n".join(tail)
+    )
 
 
 def _ensure_bridge(name: str, address: str) -> None:
@@ -483,6 +494,16 @@ def _keygen(path: Path) -> None:
     subprocess.run(
         ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "", "-f", str(path)], check=True
     )
+
+
+def _runs(pid: int | None, program: str) -> bool:
+    """Whether process ``pid`` is alive and is ``program`` (not another that took its pid)."""
+    if pid is None:
+        return False
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip() == program
+    except OSError:
+        return False
 
 
 def _read_pid(path: Path) -> int | None:
