@@ -317,6 +317,11 @@ CLUSTER_SCALE_DOWN_WINDOW = int(os.environ.get("CLUSTER_SCALE_DOWN_WINDOW", "60"
 CONTAINER_EXTRA_LABELS = dict(
     item.split("=", 1) for item in env_list("CONTAINER_EXTRA_LABELS") if "=" in item
 )
+# Rents a web process receives together are placed in one transaction (group commit,
+# marketplace/group_commit.py). Under load a batch's leader waits up to this many milliseconds
+# for the callers the last batch answered to come back with their next orders; 0: never waits
+# (batches then hold only what queued while the last one ran).
+RENT_GATHER_MS = float(os.environ.get("RENT_GATHER_MS", "10"))
 # An expired rental's data is kept this long (free of charge), then deleted.
 DATA_GRACE_HOURS = int(os.environ.get("DATA_GRACE_HOURS", "48"))
 

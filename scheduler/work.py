@@ -15,6 +15,7 @@ a launch is still making is never left running on GPUs that a stop has given bac
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import secrets
 import threading
@@ -159,8 +160,10 @@ def work_enqueue(instance_id: int, state: str, *, countdown: float | None = None
 
 
 def work_enqueue_on_commit(instance_id: int, state: str) -> None:
-    """Queue the work once the transaction that made it due has committed."""
-    transaction.on_commit(lambda: work_enqueue(instance_id, state))
+    """Queue the work once the transaction that made it due has committed, in the context of
+    the caller (whose log context the task carries)."""
+    context = contextvars.copy_context()
+    transaction.on_commit(lambda: context.run(work_enqueue, instance_id, state))
 
 
 def work_sweep() -> int:

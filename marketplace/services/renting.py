@@ -9,14 +9,18 @@ the same path (``rentals_create``), so they cannot drift apart.
 
 from __future__ import annotations
 
+import contextvars
+import functools
 import secrets
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
+from prometheus_client import Histogram
 
 from billing import holds
 from billing.errors import InsufficientCredit
@@ -26,6 +30,7 @@ from hosts.runtime.registries import registry_of
 from hosts.selectors import maintenance_overlapping
 from marketplace.events import publish_team_events
 from marketplace.fleet import machine_reference
+from marketplace.group_commit import GroupCommit
 from marketplace.models import Rental, Team
 from marketplace.models.rentals import rental_reference
 from marketplace.services.bids import (
@@ -78,21 +83,23 @@ def rental_create(*, team: Team, request: RentalRequest) -> Rental:
     its GPUs were taken meanwhile, InsufficientCredit (402) when credit is short, and
     ValidationError (400, naming the field) for terms the rental breaks.
     """
-    [outcome] = rentals_create([(team, request)])
-    if isinstance(outcome, Exception):
-        raise outcome
-    return outcome
+    return _renting_together.submit((team, request))
 
 
 RentalOrder = tuple[Team, RentalRequest]
 
 
-def rentals_create(orders: list[RentalOrder]) -> list[Rental | Exception]:
+def rentals_create(
+    orders: list[RentalOrder], contexts: list[contextvars.Context] | None = None
+) -> list[Rental | Exception]:
     """Rent for many orders at once, each as ``rental_create`` would, in one transaction and a
     few statements whatever their number (the platform placing a deployment's replicas rents
     hundreds). Returns, in order, each order's rental or the error that refused it (the
     exceptions ``rental_create`` raises); a refused order writes nothing, the others are
     rented. Orders on one machine are served in order from what is free on it.
+
+    ``contexts``, one for each order: the context its launch is queued in (the request that
+    placed it, whose log context the launch task carries).
     """
     outcomes: list[Rental | Exception | None] = [None] * len(orders)
     credentials = _check_orders(orders, outcomes)  # before any lock: a name lookup may be slow
@@ -140,7 +147,7 @@ def rentals_create(orders: list[RentalOrder]) -> list[Rental | Exception]:
                 rentals_interrupt(
                     [b.instance_id for b in a.terms.interrupts], reason=reason, now=now
                 )
-        written = _rentals_write(accepted, credentials, hold_accounts, now)
+        written = _rentals_write(accepted, credentials, hold_accounts, now, contexts)
         for i, rental in zip([a.index for a in accepted], written, strict=True):
             outcomes[i] = rental
     return outcomes  # type: ignore[return-value]  (every order has its outcome now)
@@ -378,6 +385,7 @@ def _rentals_write(
     credentials: dict[int, dict[str, str]],
     hold_accounts: holds.HoldAccounts,
     now: datetime,
+    contexts: list[contextvars.Context] | None,
 ) -> list[Rental]:
     """Instances, allocations, holds, rentals and events of the accepted orders, a statement
     or two each; launches queued and consoles told on commit."""
@@ -452,8 +460,9 @@ def _rentals_write(
     _tell_consoles(instances)
     rented = {a.machine.pk: a.machine for a in accepted}
     offers_refresh(rented, machines=list(rented.values()))
-    for instance in instances:
-        work_enqueue_on_commit(instance.pk, InstanceState.LAUNCHING)
+    for a, instance in zip(accepted, instances, strict=True):
+        enqueue = functools.partial(work_enqueue_on_commit, instance.pk, InstanceState.LAUNCHING)
+        contexts[a.index].run(enqueue) if contexts else enqueue()
     return rentals
 
 
@@ -546,3 +555,15 @@ def rental_extend(*, rental: Rental, hours: float) -> Rental:
         rental.ends_at = new_end
         rental.save(update_fields=["ends_at"])
     return rental
+
+
+# Rents arriving together at this process (concurrent requests) are placed in one transaction.
+_renting_together = GroupCommit(
+    rentals_create,
+    gather=lambda: settings.RENT_GATHER_MS / 1000,
+    sizes=Histogram(
+        "gpumkt_rent_batch_orders",
+        "Rent orders placed by one transaction (concurrent rents at a web process go together).",
+        buckets=(1, 2, 4, 8, 16, 32),
+    ),
+)
