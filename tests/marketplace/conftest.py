@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -155,3 +156,11 @@ def containers_named(name: str) -> list[str]:
     return subprocess.run(
         ["docker", "ps", "-aq", "--filter", f"name=^/{name}$"], capture_output=True, text=True
     ).stdout.split()
+
+
+def until(done, timeout: float = 30) -> None:
+    """Wait until ``done()`` is true (polling); the test fails after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not done():
+        assert time.monotonic() < deadline, "never happened"
+        time.sleep(0.01)

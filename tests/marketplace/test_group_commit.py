@@ -19,17 +19,11 @@ from django.db import connection, transaction
 
 from marketplace.group_commit import GroupCommit
 from marketplace.models import Team
+from tests.marketplace.conftest import until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 caller = contextvars.ContextVar("caller", default="nobody")
-
-
-def wait_for(condition, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
 
 
 class Scenario:
@@ -62,11 +56,11 @@ class Scenario:
     def run(self, first: str, others: list[str]) -> None:
         threads = [threading.Thread(target=self.call, args=(first,))]
         threads[0].start()
-        wait_for(lambda: self.batches == [[first]])
+        until(lambda: self.batches == [[first]])
         for order in others:
             threads.append(threading.Thread(target=self.call, args=(order,)))
             threads[-1].start()
-        wait_for(lambda: self.group.waiting == len(others))
+        until(lambda: self.group.waiting == len(others))
         self.gate.set()
         for thread in threads:
             thread.join(timeout=30)

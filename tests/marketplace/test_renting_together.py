@@ -16,8 +16,7 @@ from marketplace.services.renting import _renting_together
 from scheduler.models import GpuAllocation
 from tests.conftest import key_client
 from tests.factories import TeamFactory, UserFactory, add_member
-from tests.marketplace.conftest import fund, machine_for
-from tests.marketplace.test_group_commit import wait_for
+from tests.marketplace.conftest import fund, machine_for, until
 from tests.observability.conftest import METRICS_TOKEN, Scraped
 from tests.observability.test_logs import QUICK_STOP, ConsoleCapture
 
@@ -102,13 +101,13 @@ def test_renters_arriving_together_share_a_transaction_and_keep_their_own_terms(
     with ConsoleCapture() as capture:
         threads = [threading.Thread(target=rent_as, args=("early", renters[0][1]))]
         threads[0].start()
-        wait_for(blocked_on_a_lock)
+        until(blocked_on_a_lock)
         for name, client_ in [("second", renters[1][1]), ("third", renters[2][1])]:
             threads.append(threading.Thread(target=rent_as, args=(name, client_)))
         threads.append(threading.Thread(target=rent_as, args=("broke", broke_client)))
         for thread in threads[1:]:
             thread.start()
-        wait_for(lambda: _renting_together.waiting == 3)
+        until(lambda: _renting_together.waiting == 3)
         release.set()
         for thread in [holder, *threads]:
             thread.join(timeout=60)

@@ -31,7 +31,7 @@ from scheduler import services as scheduler
 from scheduler import work
 from scheduler.models import GpuAllocation, Instance
 from tests.conftest import key_client, sim_container_label
-from tests.marketplace.conftest import containers_named, docker_inspect, machine_for
+from tests.marketplace.conftest import containers_named, docker_inspect, machine_for, until
 from tests.marketplace.registry import Registry
 
 pytestmark = [pytest.mark.system, pytest.mark.django_db(transaction=True)]
@@ -192,7 +192,7 @@ def test_a_stop_asked_for_during_a_pull_waits_for_the_launcher_and_no_container_
         # Docker's "Pulling fs layer" line comes as the layer is asked for; once the launcher
         # has reported it, no other line comes until the registry answers. Asked for earlier,
         # the stop can meet the launcher letting go at that report, and take the lease at once.
-        _until(lambda: _status(instance).startswith("Pulling image: 0/"))
+        until(lambda: _status(instance).startswith("Pulling image: 0/"))
         response = client.post(f"/api/v1/instances/{instance.pk}/stop/")
         assert response.status_code == 202 and response.json()["state"] == "stopping"
         assert scheduler.instance_stop(instance_id=instance.pk).state == "busy"
@@ -212,13 +212,6 @@ def test_a_stop_asked_for_during_a_pull_waits_for_the_launcher_and_no_container_
 
 def _status(instance: Instance) -> str:
     return Instance.objects.values_list("status_message", flat=True).get(pk=instance.pk)
-
-
-def _until(done, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while not done():
-        assert time.monotonic() < deadline, "never happened"
-        time.sleep(0.02)
 
 
 class _no_broker_sends:
