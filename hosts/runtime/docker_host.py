@@ -101,6 +101,10 @@ class ContainerState:
         return self.state == "paused"
 
 
+# A container's full id, as `docker run -d` prints it and the instance records it.
+_FULL_ID = re.compile(r"^[0-9a-f]{64}$")
+
+
 def _container_ref(ref: str) -> str:
     if not CONTAINER_REF.fullmatch(ref or ""):
         raise InvalidContainerSpec("container", f"'{str(ref)[:40]}' is not a container id or name")
@@ -278,6 +282,21 @@ class DockerHost:
     def remove(self, container: str) -> None:
         self._run(["docker", "rm", "--force", "--volumes", _container_ref(container)])
 
+    def container_id(self, ref: str) -> str:
+        """The full id of the container ``ref`` (an id or a name), or "" when Docker answers
+        that it has none. Raises CommandFailed (or HostUnreachable) when Docker does not
+        answer: a failed ``docker inspect`` cannot tell "no such container" from "the daemon
+        is down" but by its wording, while ``docker ps`` answers an empty list with exit 0."""
+        ref = _container_ref(ref)
+        if _FULL_ID.fullmatch(ref):
+            wanted = f"id={ref}"
+        else:
+            wanted = "name=^/" + ref.replace(".", "\\.") + "$"  # an exact name, not a part
+        result = self._run(
+            ["docker", "ps", "--all", "--no-trunc", "--filter", wanted, "--format", "{{.ID}}"]
+        )
+        return result.stdout.split()[0] if result.stdout.split() else ""
+
     def inspect(self, container: str) -> dict:
         result = self._run(["docker", "container", "inspect", _container_ref(container)])
         return json.loads(result.stdout)[0]
@@ -312,15 +331,21 @@ class DockerHost:
             ["docker", "exec", _container_ref(container), *argv], timeout=timeout, check=False
         )
 
-    def list_platform_containers(self) -> list[ContainerState]:
-        """All of the platform's containers on this machine, in one command."""
+    def list_platform_containers(
+        self, labels: dict[str, str] | None = None
+    ) -> list[ContainerState]:
+        """All of the platform's containers on this machine, in one command; with ``labels``,
+        only those that carry them too (the installation's own, where several share a host)."""
         fmt = '{{.ID}}\t{{.Names}}\t{{.State}}\t{{.Status}}\t{{.Label "gpumkt.instance"}}'
-        result = self._run([
+        argv = [
             "docker", "ps", "--all", "--no-trunc",
             "--filter", f"label={PLATFORM_LABEL}=1",
             "--filter", f"label={MACHINE_LABEL}={self.machine.pk}",
             "--format", fmt,
-        ])  # fmt: skip
+        ]  # fmt: skip
+        for key, value in sorted((labels or {}).items()):
+            argv[-2:-2] = ["--filter", f"label={key}={value}"]
+        result = self._run(argv)
         states = []
         for line in result.stdout.splitlines():
             parts = line.split("\t")

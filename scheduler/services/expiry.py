@@ -8,7 +8,7 @@ from django.utils import timezone
 
 from hosts.runtime import CommandFailed, DockerHost, HostKeyMismatch, HostUnreachable
 from scheduler.models import Instance, InstanceState
-from scheduler.services.containers import container_gone_or_stopped
+from scheduler.services.containers import container_gone_or_stopped, instance_container_ref
 from scheduler.services.start import start_under_way
 from scheduler.services.transitions import instance_transition
 
@@ -36,7 +36,7 @@ def _container_stopped(host: DockerHost, instance: Instance) -> tuple[bool, str]
     if instance.state not in LIVE_STATES and not starting:
         return True, ""  # stopped already, its GPUs given back then
     try:
-        container_gone_or_stopped(host, instance, remove=False)
+        container_gone_or_stopped(host, instance_container_ref(instance), remove=False)
     except CommandFailed as error:
         return False, f"docker stop failed: {error.stderr.strip()[:200]}"
     except (HostUnreachable, HostKeyMismatch) as error:
@@ -82,6 +82,6 @@ def instance_expire(*, instance_id: int) -> Instance | None:
         instance_id=instance_id,
         to_state=InstanceState.EXPIRED,
         reason=reason,
-        keep_gpus=not stopped,
+        container_stopped=stopped,
         only_from={instance.state},
     )

@@ -15,7 +15,7 @@ from django.utils import timezone
 from hosts.runtime import CommandFailed, DockerHost
 from scheduler.models import GpuAllocation, Instance, InstanceState
 from scheduler.services.allocations import gpu_allocation_release, live_gpu_allocations
-from scheduler.services.containers import container_gone_or_stopped
+from scheduler.services.containers import container_gone_or_stopped, instance_container_ref
 from scheduler.services.errors import InvalidTransition
 from scheduler.services.transitions import instance_transition, state_of
 
@@ -78,7 +78,7 @@ def gpus_vacate(host: DockerHost, instance: Instance) -> None:
     for interrupted in interrupted_on_gpus(instance):
         for attempt in range(VACATE_ATTEMPTS):
             try:
-                container_gone_or_stopped(host, interrupted, remove=False)
+                container_gone_or_stopped(host, instance_container_ref(interrupted), remove=False)
                 break
             except CommandFailed:
                 # Its launch may be creating the container right now: `docker stop` found no

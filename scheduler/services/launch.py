@@ -25,7 +25,7 @@ from scheduler.models import (
 )
 from scheduler.services.allocations import instance_holds_gpus
 from scheduler.services.container_spec import check_launch_mode, container_spec_for
-from scheduler.services.containers import existing_container, remove_quietly
+from scheduler.services.containers import container_removed, existing_container
 from scheduler.services.errors import LaunchInterrupted
 from scheduler.services.interruption import gpus_vacate
 from scheduler.services.leased_work import WorkOutcome, leased, waiting_for_host
@@ -62,12 +62,18 @@ def instance_launch(
 def instance_launch_fail(*, instance_id: int, reason: str) -> WorkOutcome:
     """End a launch that cannot go on, for a reason found before any host was asked (its
     GPUs are freed and its rental settles, as for any failed launch)."""
-    return _launch_failed(instance_id, reason)
+    return _launch_failed(instance_id, reason, container_stopped=True)
 
 
-def _launch_failed(instance_id: int, reason: str, *, host: DockerHost | None = None) -> WorkOutcome:
+def _launch_failed(
+    instance_id: int, reason: str, *, container_stopped: bool, host: DockerHost | None = None
+) -> WorkOutcome:
     """The launch cannot go on. A new version whose host answered (``host``) gives way to
-    the version before it, which runs again; any other launch fails and its rental ends."""
+    the version before it, which runs again; any other launch fails and its rental ends.
+
+    Its GPUs are given back only when no container of it can run (``container_stopped``):
+    a host that stopped answering mid-launch may have started it, and reconcile releases
+    them once Docker lists it stopped."""
     logger.warning("launch of instance %s failed: %s", instance_id, reason)
     if host is not None:
         instance = Instance.objects.get(pk=instance_id)
@@ -80,6 +86,7 @@ def _launch_failed(instance_id: int, reason: str, *, host: DockerHost | None = N
         to_state=InstanceState.FAILED,
         reason=reason,
         only_from={InstanceState.LAUNCHING},
+        container_stopped=container_stopped,
     )
     return WorkOutcome(instance_id, moved.state if moved else state_of(instance_id))
 
@@ -117,15 +124,18 @@ def _launch_leased(
             return _launch_failed(
                 instance_id,
                 f"Launch failed: the host did not answer in {instance.attempts} tries ({error})",
+                container_stopped=False,
             )
         return waiting_for_host(instance, "Launching", error)
     except HostKeyMismatch as error:
-        return _launch_failed(instance_id, f"Launch refused: {error}")
+        return _launch_failed(instance_id, f"Launch refused: {error}", container_stopped=False)
     except (CommandFailed, ValueError) as error:
         # `docker run` can fail after creating the container (a port taken, say): remove it,
         # so nothing is left behind the failed rental.
-        remove_quietly(host, instance.container_name)
-        return _launch_failed(instance_id, f"Launch failed: {error}", host=host)
+        removed = container_removed(host, instance.container_name)
+        return _launch_failed(
+            instance_id, f"Launch failed: {error}", container_stopped=removed, host=host
+        )
     moved = instance_transition(
         instance_id=instance_id,
         to_state=InstanceState.RUNNING,
@@ -146,7 +156,7 @@ def _launch_leased(
         if current not in GPU_HOLDING_STATES or not instance_holds_gpus(
             Instance.objects.get(pk=instance_id)
         ):
-            remove_quietly(host, container_id, stop_only=current != InstanceState.DESTROYED)
+            container_removed(host, container_id, stop_only=current != InstanceState.DESTROYED)
         return WorkOutcome(instance_id, current, container_id)
     return WorkOutcome(instance_id, moved.state, container_id)
 

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import logging
 import re
+import uuid
 
 from django.db.models import OuterRef, Q, QuerySet
 
 from hosts.models import Machine, MachineStatus
-from hosts.runtime import CommandFailed, DockerHost
+from hosts.runtime import CommandFailed, DockerHost, HostUnreachable
+from hosts.runtime.docker_host import ContainerState
 from scheduler.models import GPU_HOLDING_STATES, Instance, InstanceState
 from scheduler.services.allocations import (
     holding_gpus,
@@ -16,6 +18,7 @@ from scheduler.services.allocations import (
     live_gpu_allocations,
     live_gpu_slices,
 )
+from scheduler.services.container_spec import extra_container_labels
 from scheduler.services.expiry import LIVE_STATES
 from scheduler.services.start import start_under_way
 from scheduler.services.transitions import instance_transition
@@ -36,8 +39,9 @@ def machine_reconcile(*, machine_id: int) -> int:
     """
     machine = Machine.objects.get(pk=machine_id)
     host = DockerHost(machine)
-    containers = {c.name: c for c in host.list_platform_containers()}
-    changed = 0
+    listed = host.list_platform_containers(labels=extra_container_labels())
+    containers = {c.name: c for c in listed}
+    changed = _remove_leftovers(host, listed)
     watched = Instance.objects.filter(machine=machine, state__in=FOLLOWED_STATES)
     for instance in watched:
         changed += _follow_container(instance, containers.get(instance.container_name))
@@ -46,8 +50,9 @@ def machine_reconcile(*, machine_id: int) -> int:
     ]
     ended = (
         Instance.objects.filter(machine=machine)
-        # Destroying is its own worker's to finish; the live states are followed above.
-        .exclude(state__in=[*LIVE_STATES, InstanceState.DESTROYING])
+        # Destroying is its own worker's to finish; the live states are followed above, and
+        # destroyed ones' containers are leftovers, removed above.
+        .exclude(state__in=[*LIVE_STATES, InstanceState.DESTROYING, InstanceState.DESTROYED])
         .filter(Q(uuid__in=running_uuids) | holding_gpus(instance=OuterRef("pk")))
         # A start under way has its GPUs and (re)started container on purpose; stopping it and
         # freeing them would leave it running on GPUs someone else can rent.
@@ -56,6 +61,46 @@ def machine_reconcile(*, machine_id: int) -> int:
     for instance in ended:
         changed += _end_leftover_container(host, instance, containers.get(instance.container_name))
     return changed
+
+
+def _remove_leftovers(host: DockerHost, listed: list[ContainerState]) -> int:
+    """Remove the containers that belong to no instance that may have one: a destroyed
+    instance's (any of its versions, running or exited), or one whose instance this platform
+    does not know (the labels it was listed by make it ours). Each removal is logged with
+    its reason; one Docker refuses is tried again at the next pass."""
+    uuids = {c.instance for c in listed if _is_uuid(c.instance)}
+    states = {
+        str(uuid): state
+        for uuid, state in Instance.objects.filter(uuid__in=uuids).values_list("uuid", "state")
+    }
+    removed = 0
+    for container in listed:
+        state = states.get(container.instance)
+        if state == InstanceState.DESTROYED:
+            why = f"its instance {container.instance} was destroyed"
+        elif state is None:
+            why = f"it belongs to no instance of this platform ({container.instance or 'no label'})"
+        else:
+            continue
+        try:
+            host.remove(container.id)
+        except (CommandFailed, HostUnreachable) as error:
+            logger.warning("could not remove leftover container %s: %s", container.name, error)
+            continue
+        logger.warning(
+            "removed leftover container %s (%s) on machine %s: %s",
+            container.name, container.state, host.machine.pk, why,
+        )  # fmt: skip
+        removed += 1
+    return removed
+
+
+def _is_uuid(value: str) -> bool:
+    try:
+        uuid.UUID(value)
+    except ValueError:
+        return False
+    return True
 
 
 # Instances whose state follows their container's.
@@ -79,6 +124,7 @@ def _follow_container(instance: Instance, container) -> bool:
             to_state=InstanceState.FAILED,
             reason="The container disappeared from the host",
             only_from={instance.state},
+            container_stopped=True,  # `docker ps` answered, without it
         )
     elif container.running and instance.state in (InstanceState.EXITED, InstanceState.PAUSED):
         moved = instance_transition(
@@ -142,6 +188,7 @@ def _end_leftover_container(host: DockerHost, instance: Instance, container) -> 
         to_state=instance.state,
         reason=reason,
         only_from={instance.state},
+        container_stopped=True,  # listed stopped by `docker ps`, or stopped/removed just now
     )
     return moved is not None
 

@@ -17,7 +17,7 @@ from scheduler.services.allocations import (
     holding_gpus,
     instance_holds_gpus,
 )
-from scheduler.services.containers import remove_quietly
+from scheduler.services.containers import container_removed
 from scheduler.services.errors import InvalidTransition
 from scheduler.services.interruption import gpus_vacate
 from scheduler.services.transitions import instance_transition
@@ -112,5 +112,7 @@ def instance_start(*, instance_id: int, reason: str = "Started by the renter") -
     if current.state in (InstanceState.STOPPING, InstanceState.DESTROYING):
         return current  # a stop or destroy asked for meanwhile acts on the container itself
     # It moved on while the container started: it must not run on GPUs it no longer holds.
-    remove_quietly(host, instance.container_id, stop_only=current.state != InstanceState.DESTROYED)
+    container_removed(
+        host, instance.container_id, stop_only=current.state != InstanceState.DESTROYED
+    )
     raise InvalidTransition(f"The instance became {current.state} while it was starting.")

@@ -8,7 +8,7 @@ from django.utils import timezone
 
 from hosts.runtime import CommandFailed, DockerHost, HostKeyMismatch, HostUnreachable
 from scheduler.models import Instance, InstanceState
-from scheduler.services.containers import container_gone_or_stopped
+from scheduler.services.containers import container_gone_or_stopped, instance_container_ref
 from scheduler.services.errors import InvalidTransition
 from scheduler.services.leased_work import WorkOutcome, leased, waiting_for_host
 from scheduler.services.transitions import instance_transition, state_of
@@ -99,13 +99,17 @@ def _container_work(
         instance = Instance.objects.select_related("machine").get(pk=instance_id)
         try:
             host = DockerHost(instance.machine)
-            container_gone_or_stopped(host, instance, remove=remove)
+            container_gone_or_stopped(host, instance_container_ref(instance), remove=remove)
             if remove:
                 versions_remove_containers(host, instance)
         except (HostUnreachable, HostKeyMismatch, CommandFailed) as error:
             return waiting_for_host(instance, what, error)
         moved = instance_transition(
-            instance_id=instance_id, to_state=to_state, reason=reason, only_from={state}
+            instance_id=instance_id,
+            to_state=to_state,
+            reason=reason,
+            only_from={state},
+            container_stopped=True,  # Docker answered: removed, stopped, or not there
         )
         return WorkOutcome(instance_id, moved.state if moved else state_of(instance_id))
 

@@ -17,7 +17,7 @@ def instance_transition(
     to_state: str,
     reason: str,
     only_from: set[str] | None = None,
-    keep_gpus: bool = False,
+    container_stopped: bool | None = None,
     launched_as_asked: bool = False,
     **fields,
 ) -> Instance | None:
@@ -26,10 +26,11 @@ def instance_transition(
     Returns None (and changes nothing) when the instance is not in ``only_from`` — the way a
     re-delivered or late task learns someone else already moved it on.
 
-    Leaving the GPU-holding states gives the GPUs back, unless ``keep_gpus``: the caller could
-    not confirm the container stopped (its host was unreachable), so renting those GPUs to
-    someone else would put two renters on them. ``machine_reconcile`` releases them once it
-    has seen the container stopped.
+    A move to a state that holds no GPUs must say whether the host confirmed the container
+    stopped (``container_stopped``), and only then are the GPUs given back: a host that did
+    not answer may still run it on them, and renting them to someone else would put two
+    renters on one GPU. The caller cannot forget to say it (leaving it out raises), and
+    ``machine_reconcile`` releases GPUs kept this way once Docker lists the container stopped.
 
     ``launched_as_asked`` tells listeners that a launch started the very container it was
     asked for, on what the instance already held: no GPU, slice or port changed hands (the
@@ -43,6 +44,11 @@ def instance_transition(
             return None
         if to_state != from_state and to_state not in TRANSITIONS[from_state]:
             raise InvalidTransition(f"An instance that is {from_state} cannot become {to_state}.")
+        if to_state not in GPU_HOLDING_STATES and container_stopped is None:
+            raise TypeError(
+                f"moving instance {instance_id} to {to_state} needs container_stopped: did the "
+                "host confirm its container stopped?"
+            )
         instance.state = to_state
         instance.status_message = reason[:500]
         instance.state_changed_at = timezone.now()
@@ -53,10 +59,10 @@ def instance_transition(
         InstanceEvent.objects.create(
             instance=instance, from_state=from_state, to_state=to_state, reason=reason[:500]
         )
-        if to_state not in GPU_HOLDING_STATES and not keep_gpus:
+        if to_state not in GPU_HOLDING_STATES and container_stopped:
             gpu_allocation_release(instance=instance)
-        if to_state == InstanceState.DESTROYED:
-            allocation_release_all(instance=instance)
+            if to_state == InstanceState.DESTROYED:
+                allocation_release_all(instance=instance)
         payload = {
             "instance_id": instance.pk,
             "team_id": instance.team_id,

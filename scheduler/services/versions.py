@@ -29,8 +29,9 @@ from scheduler.models import (
 from scheduler.services.allocations import MachineRoom, allocations_write
 from scheduler.services.containers import (
     container_gone_or_stopped,
+    container_removed,
     existing_container,
-    remove_quietly,
+    instance_container_ref,
 )
 from scheduler.services.errors import InvalidTransition, NoCapacity
 from scheduler.services.transitions import instance_transition
@@ -100,7 +101,9 @@ def instance_version_prepare(*, instance_id: int) -> Instance:
     """Stop the current container (it is kept). Raises what the host raised."""
     instance = Instance.objects.select_related("machine").get(pk=instance_id)
     _versionable(instance)
-    container_gone_or_stopped(DockerHost(instance.machine), instance, remove=False)
+    container_gone_or_stopped(
+        DockerHost(instance.machine), instance_container_ref(instance), remove=False
+    )
     return instance
 
 
@@ -175,6 +178,14 @@ def versions_remove_containers(host: DockerHost, instance: Instance) -> None:
                 raise
 
 
+def _found_or_named(host: DockerHost, ref: str) -> str:
+    """The id of the container ``ref`` just started, or its name when Docker does not say."""
+    try:
+        return existing_container(host, ref) or ref
+    except (CommandFailed, HostUnreachable, HostKeyMismatch):
+        return ref
+
+
 def instance_version_fall_back(
     host: DockerHost, instance: Instance, failure: str
 ) -> Instance | None:
@@ -204,7 +215,7 @@ def instance_version_fall_back(
             "instance %s: version %s cannot run again: %s", instance.pk, previous.number, error
         )
         return None
-    container_id = previous.container_id or existing_container(host, ref) or ref
+    container_id = previous.container_id or _found_or_named(host, ref)
     with transaction.atomic():
         current = Instance.objects.select_for_update().get(pk=instance.pk)
         failed_number = current.version
@@ -225,7 +236,7 @@ def instance_version_fall_back(
         if moved is None:
             # Stopped or destroyed meanwhile: that work acts on the current version's name,
             # so the container started here is stopped again (it stays the earlier version).
-            transaction.on_commit(lambda: remove_quietly(host, ref, stop_only=True))
+            transaction.on_commit(lambda: container_removed(host, ref, stop_only=True))
             return None
         InstanceVersion.objects.create(
             instance=moved,

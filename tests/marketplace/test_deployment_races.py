@@ -157,7 +157,11 @@ def hosts_catch_up() -> None:
         )
     for pk in Instance.objects.filter(state=S.DESTROYING).values_list("pk", flat=True):
         instance_transition(
-            instance_id=pk, to_state=S.DESTROYED, reason="Removed", only_from={S.DESTROYING}
+            instance_id=pk,
+            to_state=S.DESTROYED,
+            reason="Removed",
+            only_from={S.DESTROYING},
+            container_stopped=True,
         )
 
 
@@ -382,8 +386,9 @@ class RacingReconcilers(RuleBasedStateMachine):
             pk = running[pick % len(running)]
             if how == "failed":
                 instance_transition(
-                    instance_id=pk, to_state=S.FAILED, reason="vanished", only_from={S.RUNNING}
-                )
+                    instance_id=pk, to_state=S.FAILED, reason="vanished",
+                    only_from={S.RUNNING}, container_stopped=True,
+                )  # fmt: skip
             else:
                 instance_transition(
                     instance_id=pk, to_state=S.EXITED, reason=how,
