@@ -25,8 +25,8 @@ ledger, prints each figure (wall time, and the CPU seconds of Python and of the 
 backend), the spread of the capturing sweeps and the worst one's ratio to the budget, and
 drops the database (``BENCH_KEEP=1`` keeps it, to study the sweep's statements on it
 afterwards). ``BENCH_BATCH_SIZE`` sweeps in other batch sizes than the task's 5,000 (2,500
-and 10,000 were tried, see the README); ``BENCH_CONTRACTS`` changes the size; ``BENCH_PROFILE=1`` prints a cProfile of
-sweep 3.
+and 10,000 were tried, see docs/benchmarks.md); ``BENCH_CONTRACTS`` changes the size;
+``BENCH_PROFILE=1`` prints a cProfile of sweep 3.
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@ statements, no Python per hold.
 
 Why: the sweep posts a capture per running rental every minute. Done in Python, each of
 100,000 holds cost a tuple read, a plan, a transfer object, three entry rows and their COPY,
-about 3 s of Python CPU a sweep on top of the database's work (bench/metering.py). Here the
+more Python CPU a sweep than the sweep's whole budget, on top of the database's work
+(bench/metering.py; figures in docs/benchmarks.md). Here the
 database computes what each hold captures from the cumulative usage a query gives it, and
 writes the transfers, entries, holds and balances itself.
 
@@ -29,7 +30,7 @@ The rules are those of ``holds.hold_capture_usage`` and the Python twin in
   writes them. Account by account rather than capture by capture: the window that computes
   ``balance_after`` already yields that order (no second sort), and each account's new index
   entries then go in together instead of one at a time all over the index; the sweep took
-  about a tenth less time so (README, "Raised budgets").
+  less time so (docs/benchmarks.md, "Raised budgets").
 
 The ledger's database guards still apply: the entry trigger checks every transfer of the
 INSERT sums to zero and references existing transfers and accounts, CHECK constraints keep
@@ -227,7 +228,7 @@ def settle_batch_sql(
             cursor.execute("SELECT pg_get_serial_sequence('billing_transfer', 'id')")
             _transfer_sequence = cursor.fetchone()[0]
         # The planner's cost estimates for these statements pass the JIT thresholds, and
-        # compiling them cost 0.3-3 s a batch (more than running them); they are simple row
+        # compiling them cost more than running them, every batch; they are simple row
         # arithmetic, which the interpreter does fast enough. For this transaction only.
         cursor.execute("SET LOCAL jit = off")
         # This transaction's commit need not wait for its WAL to reach the disk: the sweep is

@@ -110,7 +110,8 @@ def connect(address: str, port: int, timeout: float) -> socket.socket:
             last_error = error
             continue
         # Commands are small request/response exchanges: without TCP_NODELAY, Nagle's
-        # algorithm and delayed ACKs add ~40 ms to every one.
+        # algorithm and delayed ACKs hold each one back for a timer far longer than the
+        # exchange itself.
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return sock
     raise last_error or OSError(f"{address} resolves to no address")

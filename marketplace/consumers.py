@@ -63,8 +63,8 @@ class _MemberSocket(AsyncJsonWebsocketConsumer):
         """Relayed events go straight to their handler. Channels' own dispatch first hops to
         a worker thread to close stale database connections, for every message: with 500
         sockets in a process receiving one team event, those hops, queued one after another,
-        were most of the event's way to the last browser (bench/websocket_fanout.py: p99
-        650 ms for 1,000 sockets over 2 processes). These handlers read no database; those
+        were most of the event's way to the last browser (bench/websocket_fanout.py; figures
+        in docs/benchmarks.md). These handlers read no database; those
         that do go through ``database_sync_to_async``, which closes stale connections itself.
         """
         if message.get("type") in RELAYED_MESSAGES:

@@ -61,9 +61,9 @@ class _Publisher:
 
     ``async_to_sync`` from a thread outside any event loop (a Celery worker, a management
     command) started a thread and an event loop for each send, and the channel layer opened
-    a Redis connection for each new loop: about 0.8 ms of CPU and 1–3 ms of waiting per send,
-    three sends per rent (bench/rent_to_running.py), on the way to the rent's answer. This
-    loop and its connection stay."""
+    a Redis connection for each new loop: CPU and a wait for Redis on every send, three sends
+    per rent, all on the way to the rent's answer (bench/rent_to_running.py; figures in
+    docs/benchmarks.md). This loop and its connection stay."""
 
     def __init__(self) -> None:
         self.pid = os.getpid()

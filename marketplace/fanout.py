@@ -4,8 +4,8 @@ A team event used to reach every console socket through channels' per-consumer p
 group held one channel per socket, so ``group_send`` stored one message per socket in Redis,
 each web process popped them one at a time (a Redis round trip and the receive lock's task
 juggling per socket), and each socket's consumer task woke to encode the same JSON again.
-With 500 sockets a process, that was the event's way to the last browser
-(bench/websocket_fanout.py, p99 over 100 ms for 1,000 sockets over 2 processes).
+With 500 sockets a process, that was most of the event's way to the last browser
+(bench/websocket_fanout.py; figures in docs/benchmarks.md).
 
 Here a process joins a team's group once, with one channel of its own, while it has at least
 one socket of that team's feed; an event is popped once, encoded once, and the same frame is

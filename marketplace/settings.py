@@ -229,7 +229,8 @@ CHANNEL_LAYERS = {
 CELERY_BROKER_URL = REDIS_URL
 CELERY_RESULT_BACKEND = None
 # One (disabled) result backend for all threads. Celery otherwise makes one per thread, and
-# making one scans the installed packages' entry points (3–12 ms of CPU); a web process serves
+# making one scans the installed packages' entry points (a noticeable share of a rent's CPU,
+# figures in docs/benchmarks.md); a web process serves
 # each request in a fresh thread, so every task a request queued (a rent's launch) paid it.
 CELERY_RESULT_BACKEND_THREAD_SAFE = True
 CELERY_TASK_IGNORE_RESULT = True

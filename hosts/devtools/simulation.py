@@ -564,7 +564,8 @@ def _write_sshd_config(root: Path, spec: SimHostSpec) -> None:
                 "ClientAliveInterval 30",
                 # Per-host environment: this host's nvidia-smi first on PATH, the shared engine.
                 # SHLVL=1 tells bash it is not sshd's first shell, so it skips the login user's
-                # ~/.bashrc (on this image it runs `pyenv init`, ~100 ms per command), as a
+                # ~/.bashrc (on this image it runs `pyenv init`, a slow start for every
+                # command), as a
                 # real host's non-interactive shell would.
                 f"SetEnv PATH={path_env} DOCKER_HOST={spec.docker_host} "
                 f"GPUMKT_SIMULATED_HOST={spec.name} SHLVL=1",

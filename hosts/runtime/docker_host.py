@@ -49,10 +49,10 @@ _NETWORK_CREATE = (
 
 # A platform network found (or made) isolated on a machine is trusted by this process's
 # launches there for this long, instead of asked about before every `docker run`: the
-# `docker network inspect` is a second Docker command per launch (measured about 30 ms, an
-# eighth of the run). A network removed meanwhile fails the run at its start (exit 125), and
-# the launch then makes it again and runs once more; one re-made with containers allowed to
-# talk is caught at the next check, at most this long after.
+# `docker network inspect` is a second Docker command per launch, a large share of a
+# launch's time (figures in docs/benchmarks.md). A network removed meanwhile fails the run
+# at its start (exit 125), and the launch then makes it again and runs once more; one
+# re-made with containers allowed to talk is caught at the next check, at most this long after.
 NETWORK_CHECK_SECONDS = 300.0
 _networks_checked: dict[tuple[int, str, int, str], float] = {}
 

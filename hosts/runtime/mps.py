@@ -11,8 +11,8 @@ no write on the mount), and runs with the two limits MPS applies to a client:
   device 0, which inside the container is its one pinned card.
 
 Renter variables never set these (``docker_run_argv`` drops every ``CUDA_MPS_*`` a renter
-gives, as it drops ``NVIDIA_*``). What MPS does and does not isolate is written in the
-README ("Fractional GPUs").
+gives, as it drops ``NVIDIA_*``). What MPS does and does not isolate is written in
+docs/fractional-gpus.md.
 """
 
 from __future__ import annotations

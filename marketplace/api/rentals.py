@@ -338,8 +338,9 @@ def _instance_shape() -> InstanceSerializer:
 
 def instance_data(instance: Instance) -> dict:
     """``InstanceSerializer(instance).data``, through one serializer per process: a
-    ModelSerializer builds and binds its fields from the model each time it is made, 20× the
-    cost of using them (0.8 ms against 0.04 ms). Its fields keep no state between uses."""
+    ModelSerializer builds and binds its fields from the model each time it is made, many
+    times the cost of using them (figures in docs/benchmarks.md). Its fields keep no state
+    between uses."""
     return _instance_shape().to_representation(instance)
 
 
@@ -351,7 +352,8 @@ def _rent_shape() -> RentSerializer:
 def rent_request(data) -> RentalRequest:
     """A rent request's body, validated as ``RentSerializer(data=data).is_valid(raise_exception=
     True)`` does, through one serializer per process: a serializer deep-copies its declared
-    fields each time it is made (0.45 ms of a rent's CPU; validating takes 0.05). Its fields
+    fields each time it is made, several times what validating costs and a noticeable share
+    of a rent's CPU (figures in docs/benchmarks.md). Its fields
     keep no state between uses. A body it refuses goes through a serializer of its own, so the
     400 is exactly the one ``is_valid`` gives."""
     try:

@@ -177,10 +177,11 @@ class Offer(models.Model):
         # (and a GPU model or a region, matched case-insensitively) read rows in order and stop
         # at a page. The GPU-by-price index carries the free units after the price, so a units
         # filter (num_gpus>=4, whose cheapest offers all have fewer units) is checked inside the
-        # index instead of on each skipped row (bench/offer_search.py at 1,000,000 offers: 480
-        # ms → 3 ms). Migration 0016 also keeps statistics on the upper-cased GPU model and
-        # region: PostgreSQL keeps none for a partial index's expressions, and guessing 0.5 %
-        # of rows for a GPU model made it sort thousands of rows fetched by bitmap (300 ms).
+        # index instead of on each skipped row (bench/offer_search.py at a million offers;
+        # figures in docs/benchmarks.md). Migration 0018 also keeps statistics on the upper-
+        # cased GPU model and region: PostgreSQL keeps none for a partial index's expressions,
+        # and its default guess, far too few rows for a GPU model, made it fetch thousands of
+        # rows by bitmap and sort them instead of reading the index in order.
         indexes = [
             models.Index(F("score").desc(), "machine", name="offer_by_score", condition=RENTABLE),
             models.Index(F("dph_total"), "machine", name="offer_by_price", condition=RENTABLE),

@@ -207,8 +207,8 @@ WHERE settled_at IS NULL AND id > %(after)s AND (%(upto)s::bigint IS NULL OR id 
 # ``settings.METERING_SWEEP_CONNECTIONS``: a batch keeps the shared accounts locked only while
 # it writes its entries, so a second connection can plan and write its next batch's transfers
 # meanwhile. Two by default: on a quiet 2-core machine (bench/metering.py, 100,000 rentals)
-# two swept in 2.4-2.9 s against 3.2-3.5 s on one; three were no faster than two, and under
-# heavy load the noise hides the difference (README, "Raised budgets").
+# two swept clearly faster than one; three were no faster than two, and under heavy load the
+# noise hides the difference (figures in docs/benchmarks.md, "Raised budgets").
 
 
 def _batch_bounds(batch_size: int) -> list[tuple[int, int | None]]:

@@ -84,9 +84,9 @@ def _present_gpus(machine_ids: list[int]) -> list[tuple]:
     interruptibly, in one statement: (machine id, index, pk, name, memory MiB, taken, bid).
 
     Written out rather than built by the ORM: building it (an EXISTS and a subquery through
-    the instance to its rental) took about 1 ms of CPU, ten times what running it takes, and
-    a rent refreshes its machine's offer on its way to the answer. Valid on PostgreSQL and
-    SQLite alike."""
+    the instance to its rental) cost many times the CPU that running it takes, and a rent
+    refreshes its machine's offer on its way to the answer (figures in docs/benchmarks.md).
+    Valid on PostgreSQL and SQLite alike."""
     if not machine_ids:
         return []
     sql = _PRESENT_GPUS_SQL.format(

@@ -220,8 +220,9 @@ def _present_gpus(machine_ids: list[int]) -> list[tuple]:
     """The machines' present GPUs in index order, and whether a whole-GPU rental holds each
     (``live_gpu_allocations``): (machine id, pk, taken, memory MiB, uuid).
 
-    Written out rather than built by the ORM, which took about 0.6 ms of CPU to build it on
-    every rent, several times what running it takes. Valid on PostgreSQL and SQLite alike."""
+    Written out rather than built by the ORM, whose building it on every rent cost several
+    times the CPU that running it takes (figures in docs/benchmarks.md). Valid on PostgreSQL
+    and SQLite alike."""
     if not machine_ids:  # every order was refused before its machine was locked
         return []
     sql = _PRESENT_GPUS_SQL.format(machines=", ".join(["%s"] * len(machine_ids)))
