@@ -11,6 +11,8 @@ class MachineStatus(models.TextChoices):
     AWAITING_CONFIRMATION = "awaiting_confirmation", "Confirm host key"
     ONLINE = "online", "Online"
     OFFLINE = "offline", "Offline"
+    # SSH answers but the machine's Docker Engine does not: nothing can run there.
+    DEGRADED = "degraded", "Docker not answering"
     KEY_MISMATCH = "key_mismatch", "Host key changed"
     ERROR = "error", "Error"
 
@@ -18,8 +20,9 @@ class MachineStatus(models.TextChoices):
 def in_service(status: str) -> bool:
     """Whether commands reach the machine and its rentals run (and are charged).
 
-    Only an online machine is in service: offline (heartbeats missed), a changed host key,
-    an error (its probes keep failing) or a machine still being set up are all out of it.
+    Only an online machine is in service: offline (heartbeats missed), degraded (its Docker
+    does not answer), a changed host key, an error (its probes keep failing) or a machine
+    still being set up are all out of it.
     """
     return status == MachineStatus.ONLINE
 

@@ -62,7 +62,12 @@ class FleetSummary:
     def attention(self) -> int:
         return sum(
             self.by_status[status]
-            for status in (MachineStatus.OFFLINE, MachineStatus.KEY_MISMATCH, MachineStatus.ERROR)
+            for status in (
+                MachineStatus.OFFLINE,
+                MachineStatus.DEGRADED,
+                MachineStatus.KEY_MISMATCH,
+                MachineStatus.ERROR,
+            )
         )
 
     @property

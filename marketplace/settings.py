@@ -325,6 +325,9 @@ CONTAINER_EXTRA_LABELS = dict(
 RENT_GATHER_MS = float(os.environ.get("RENT_GATHER_MS", "10"))
 # An expired rental's data is kept this long (free of charge), then deleted.
 DATA_GRACE_HOURS = int(os.environ.get("DATA_GRACE_HOURS", "48"))
+# A deployment's replica whose machine stopped answering (its containers may well be serving)
+# is replaced only after this long; back within it, the replica is adopted again.
+REPLICA_UNREACHABLE_GRACE_MINUTES = float(os.environ.get("REPLICA_UNREACHABLE_GRACE_MINUTES", "10"))
 
 # --- REST API -----------------------------------------------------------------------------
 REST_FRAMEWORK = {

@@ -20,6 +20,8 @@ class InstanceState(models.TextChoices):
     RUNNING = "running", "Running"
     PAUSED = "paused", "Paused"
     EXITED = "exited", "Exited"
+    # Its host cannot say (SSH or Docker does not answer): the container may run or not.
+    UNKNOWN = "unknown", "Unknown"
     STOPPING = "stopping", "Stopping"
     STOPPED = "stopped", "Stopped"
     FAILED = "failed", "Failed"
@@ -36,10 +38,22 @@ S = InstanceState
 TRANSITIONS: dict[str, set[str]] = {
     S.LAUNCHING: {S.RUNNING, S.FAILED, S.STOPPING, S.EXPIRED, S.DESTROYING},
     # Running or exited → launching: a new version of its spec (PATCH) starts on its GPUs.
-    S.RUNNING: {S.PAUSED, S.EXITED, S.LAUNCHING, S.STOPPING, S.FAILED, S.EXPIRED, S.DESTROYING},
+    S.RUNNING: {
+        S.PAUSED,
+        S.EXITED,
+        S.LAUNCHING,
+        S.STOPPING,
+        S.FAILED,
+        S.EXPIRED,
+        S.DESTROYING,
+        S.UNKNOWN,
+    },
     # Paused: the container's processes are frozen (docker pause) and it keeps its GPUs, which
     # stay charged: nobody else can use them meanwhile.
-    S.PAUSED: {S.RUNNING, S.EXITED, S.STOPPING, S.FAILED, S.EXPIRED, S.DESTROYING},
+    S.PAUSED: {S.RUNNING, S.EXITED, S.STOPPING, S.FAILED, S.EXPIRED, S.DESTROYING, S.UNKNOWN},
+    # Unknown: its machine went out of service (heartbeats missed, Docker not answering). It
+    # keeps its GPUs, is not charged, and follows its container again once the host answers.
+    S.UNKNOWN: {S.RUNNING, S.PAUSED, S.EXITED, S.STOPPING, S.FAILED, S.EXPIRED, S.DESTROYING},
     S.EXITED: {S.RUNNING, S.LAUNCHING, S.STOPPING, S.FAILED, S.EXPIRED, S.DESTROYING},
     S.STOPPING: {S.STOPPED, S.EXPIRED, S.DESTROYING},
     S.STOPPED: {S.LAUNCHING, S.RUNNING, S.EXPIRED, S.DESTROYING},
@@ -51,7 +65,15 @@ TRANSITIONS: dict[str, set[str]] = {
 
 # States in which the instance holds its GPUs. Stopping and destroying keep them until the host
 # confirms the container stopped: until then it may still run on them.
-GPU_HOLDING_STATES = {S.LAUNCHING, S.RUNNING, S.PAUSED, S.EXITED, S.STOPPING, S.DESTROYING}
+GPU_HOLDING_STATES = {
+    S.LAUNCHING,
+    S.RUNNING,
+    S.PAUSED,
+    S.EXITED,
+    S.UNKNOWN,
+    S.STOPPING,
+    S.DESTROYING,
+}
 
 # States whose work a worker carries out under a lease (scheduler.work): a worker that dies
 # mid-way loses its lease, and the work sweep hands the work to another.

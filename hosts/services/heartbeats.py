@@ -1,5 +1,7 @@
-"""Heartbeats and reliability: one `true` over the pooled connection per period, offline after
-K misses, a sample per attempt for the 7-day reliability score and the utilization chart."""
+"""Heartbeats and reliability: one short command over the pooled connection per period that
+asks the host's Docker Engine to answer; offline after K misses, degraded while SSH answers
+and Docker does not; a sample per attempt for the 7-day reliability score and the utilization
+chart."""
 
 from __future__ import annotations
 
@@ -32,10 +34,12 @@ def heartbeat_misses_allowed() -> int:
 
 
 def machine_heartbeat(*, machine_id: int) -> Machine:
-    """One heartbeat over the pooled connection: `true`, with a short timeout.
+    """One heartbeat over the pooled connection: Docker's version, with a short timeout.
 
     K misses in a row (HOST_HEARTBEAT_MISSES) turn an online machine offline; the next
-    answer turns an offline machine online again. It never clears a changed host key (only
+    answer turns an offline machine online again. A host that answers while its Docker does
+    not is degraded at once (its containers cannot be run, reached or trusted to be alive)
+    and online again when Docker answers. It never clears a changed host key (only
     a person pinning a key does) nor an error (a clean probe does: see ``machine_probe_due``).
     Each attempt is recorded as a sample (with the GPUs rented at that moment) for the
     reliability score and the utilization chart. The SSH round trip happens before the
@@ -46,7 +50,11 @@ def machine_heartbeat(*, machine_id: int) -> Machine:
     started = time.monotonic()
     failure = None
     try:
-        ssh.run(machine, ["true"], timeout=HEARTBEAT_COMMAND_TIMEOUT, idempotent=True)
+        answer = ssh.run(
+            machine, DOCKER_ANSWERS, timeout=HEARTBEAT_COMMAND_TIMEOUT, idempotent=True, check=False
+        )
+        if answer.exit_code != 0:
+            failure = ("docker", (answer.stderr or answer.stdout).strip()[:300] or "no answer")
     except ssh.HostKeyMismatch as error:
         failure = ("key", str(error))
     except ssh.HostBusy as error:
@@ -72,13 +80,25 @@ def machine_heartbeat(*, machine_id: int) -> Machine:
             machine.last_heartbeat_at = now
             if machine.status == MachineStatus.OFFLINE:
                 set_status(machine, MachineStatus.ONLINE, "Heartbeats answered again")
+            elif machine.status == MachineStatus.DEGRADED:
+                set_status(machine, MachineStatus.ONLINE, "Its Docker Engine answers again")
+        elif failure[0] == "docker":
+            # SSH answered: the host is there, so this is no missed heartbeat.
+            machine.heartbeat_misses = 0
+            machine.last_heartbeat_at = now
+            if machine.status in (MachineStatus.ONLINE, MachineStatus.OFFLINE):
+                set_status(
+                    machine,
+                    MachineStatus.DEGRADED,
+                    f"Its Docker Engine does not answer: {failure[1]}",
+                )
         elif failure[0] == "key":
             set_status(machine, MachineStatus.KEY_MISMATCH, failure[1])
         else:
             machine.heartbeat_misses = min(machine.heartbeat_misses + 1, 32767)
-            if (
-                machine.heartbeat_misses >= heartbeat_misses_allowed()
-                and machine.status == MachineStatus.ONLINE
+            if machine.heartbeat_misses >= heartbeat_misses_allowed() and machine.status in (
+                MachineStatus.ONLINE,
+                MachineStatus.DEGRADED,
             ):
                 set_status(
                     machine,
@@ -91,7 +111,10 @@ def machine_heartbeat(*, machine_id: int) -> Machine:
     return machine
 
 
-# A heartbeat is `true` on an open connection (milliseconds); one that takes this long is a
+# Asks the Docker Engine itself (the CLI alone answers without it), bounded on the host so a
+# hung daemon reads as not answering rather than as a missed heartbeat.
+DOCKER_ANSWERS = ["timeout", "5", "docker", "version", "--format", "{{.Server.Version}}"]
+# A heartbeat is a short command on an open connection; one that takes this long is a
 # miss. With a dead connection the pool reconnects once, each connect bounded by
 # ssh.CONNECT_TIMEOUT.
 HEARTBEAT_COMMAND_TIMEOUT = 10.0

@@ -192,8 +192,12 @@ def machine_probe_due(machine: Machine, now: datetime | None = None) -> bool:
     machine recovers by itself."""
     if not machine.host_key or machine.heartbeat_misses:
         return False
-    if machine.status in (MachineStatus.KEY_MISMATCH, MachineStatus.OFFLINE):
-        return False
+    if machine.status in (
+        MachineStatus.KEY_MISMATCH,
+        MachineStatus.OFFLINE,
+        MachineStatus.DEGRADED,
+    ):
+        return False  # heartbeats bring these back
     if machine.status == MachineStatus.ONLINE and not machine.probe_failures:
         return False
     if machine.probe_attempted_at is None:

@@ -21,6 +21,8 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler, set_rollback
 
+from marketplace.observability.outages import outage_body, outage_response, service_down
+
 API_PREFIX = "/api/"
 logger = logging.getLogger("django.request")
 
@@ -81,6 +83,11 @@ def _server_error(exc: Exception, context) -> Response:
     request = context.get("request")
     django_request = getattr(request, "_request", request)
     set_rollback()
+    if service := service_down(exc):
+        outage = outage_response(django_request, service, exc)
+        return Response(
+            outage_body(service), status=503, headers={"Retry-After": outage["Retry-After"]}
+        )
     logger.error(
         "Internal Server Error: %s",
         getattr(django_request, "path", "?"),
@@ -135,6 +142,8 @@ def page_not_found(request: HttpRequest, exception=None) -> HttpResponse:
 
 
 def server_error(request: HttpRequest) -> HttpResponse:
+    if service := service_down(sys.exc_info()[1]):
+        return outage_response(request, service, sys.exc_info()[1])
     if _is_api(request):
         return JsonResponse(server_error_body(), status=500)
     return defaults.server_error(request)

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models import Count
 from django.utils import timezone
@@ -228,6 +229,11 @@ def _finish(this: _Pass) -> bool:
 # --- observing ------------------------------------------------------------------------------
 
 
+def unreachable_grace() -> timedelta:
+    """How long a replica whose host does not answer is kept before it counts as lost."""
+    return timedelta(minutes=settings.REPLICA_UNREACHABLE_GRACE_MINUTES)
+
+
 def replica_state_for(replica: Replica) -> tuple[str, str, int | None]:
     """What the replica's instance (and its machine) say the replica is: state, reason, exit
     code."""
@@ -235,11 +241,18 @@ def replica_state_for(replica: Replica) -> tuple[str, str, int | None]:
     state = instance.state
     machine_status = instance.machine.status
     message = instance.status_message
-    # A paused replica is still the renter's, on its GPUs: it counts as running.
+    # A paused replica is still the renter's, on its GPUs: it counts as running. A machine
+    # that stopped answering is no proof its containers died: they are unknown (below) first.
+    if state == InstanceState.LAUNCHING and machine_status != MachineStatus.ONLINE:
+        # Not started yet, on a machine that cannot start it: placed again elsewhere now (its
+        # destroy waits for the host to confirm, so its GPUs are never shared meanwhile).
+        return R.LOST, f"Its machine is {machine_status}", None
     if state in (InstanceState.LAUNCHING, InstanceState.RUNNING, InstanceState.PAUSED):
-        if machine_status != MachineStatus.ONLINE:
-            return R.LOST, f"Its machine is {machine_status}", None
         return (R.PLACED if state == InstanceState.LAUNCHING else R.RUNNING), "", None
+    if state == InstanceState.UNKNOWN:
+        if timezone.now() - instance.state_changed_at < unreachable_grace():
+            return replica.state, message, None  # kept, and adopted again if its host answers
+        return R.LOST, f"Its machine has been {machine_status} for too long: {message}", None
     if state == InstanceState.EXITED:
         code = instance.exit_code
         if code == 0:

@@ -56,6 +56,7 @@ def operator(request: HttpRequest) -> HttpResponse:
             "problem_machines": Machine.objects.filter(
                 status__in=[
                     MachineStatus.OFFLINE,
+                    MachineStatus.DEGRADED,
                     MachineStatus.KEY_MISMATCH,
                     MachineStatus.ERROR,
                 ]

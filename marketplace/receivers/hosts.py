@@ -16,14 +16,18 @@ from marketplace.services.clocks import rentals_follow_machine
 from marketplace.services.offers import offer_refresh
 from marketplace.services.volume_metering import volumes_follow_machine
 from marketplace.services.volumes import volumes_pending_removal
-from scheduler.services import live_gpu_allocations, sliced_gpu_ids
+from scheduler.services import live_gpu_allocations, machine_instances_unknown, sliced_gpu_ids
+from scheduler.tasks import machine_reconcile_one
 
 
 @receiver(machine_status_changed, dispatch_uid="marketplace.machine_status_changed")
 def on_machine_status_changed(sender, *, machine_id, team_id, old, new, reason, **kwargs):
     if in_service(old) != in_service(new):
-        # A machine out of service (offline, a changed host key, an error: commands cannot
-        # reach it or it cannot run them) stops being charged until it is online again.
+        # A machine out of service (offline, Docker not answering, a changed host key, an
+        # error: commands cannot reach it or it cannot run them) stops being charged until it
+        # is online again, and what its containers do is unknown until then.
+        if not in_service(new):
+            machine_instances_unknown(machine_id=machine_id, reason=reason)
         rentals_follow_machine(machine_id=machine_id)
         # Its volumes' storage too; volumes deleted while it was out are removed now.
         volumes_follow_machine(machine_id=machine_id)
@@ -32,6 +36,9 @@ def on_machine_status_changed(sender, *, machine_id, team_id, old, new, reason, 
 
             for volume_id in volumes_pending_removal(machine_id=machine_id):
                 volume_remove.delay(volume_id)
+            # Its unknown instances learn now, not at the next reconcile, what became of
+            # their containers (those the host killed meanwhile start again).
+            machine_reconcile_one.delay(machine_id)
     offer_refresh(machine_id=machine_id)
     publish_team_event(
         team_id, "machine.status", {"id": machine_id, "status": new, "reason": reason}

@@ -26,6 +26,7 @@ STATE_BADGES = {
     InstanceState.RUNNING: "ok",
     InstanceState.PAUSED: "info",
     InstanceState.EXITED: "warn",
+    InstanceState.UNKNOWN: "warn",
     InstanceState.STOPPING: "info",
     InstanceState.STOPPED: "",
     InstanceState.FAILED: "bad",

@@ -39,6 +39,7 @@ from scheduler.services.expiry import instance_expire
 from scheduler.services.interruption import INTERRUPTIBLE_STATES, instance_interrupt
 from scheduler.services.launch import instance_launch, instance_launch_fail
 from scheduler.services.leased_work import WorkOutcome
+from scheduler.services.outages import machine_instances_unknown
 from scheduler.services.pause import instance_continue, instance_pause, instance_restart
 from scheduler.services.reconcile import machine_reconcile, machines_needing_reconcile
 from scheduler.services.sharing import machine_sharing_set
@@ -108,5 +109,6 @@ __all__ = [
     "machine_reconcile",
     "machine_sharing_set",
     "machines_needing_reconcile",
+    "machine_instances_unknown",
     "start_under_way",
 ]

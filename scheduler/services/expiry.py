@@ -21,6 +21,7 @@ LIVE_STATES = (
     InstanceState.RUNNING,
     InstanceState.PAUSED,
     InstanceState.EXITED,
+    InstanceState.UNKNOWN,
     InstanceState.STOPPING,
 )
 
@@ -83,5 +84,6 @@ def instance_expire(*, instance_id: int) -> Instance | None:
         to_state=InstanceState.EXPIRED,
         reason=reason,
         container_stopped=stopped,
-        only_from={instance.state},
+        # Unknown too: a host found out of service while it was asked became unknown meanwhile.
+        only_from={instance.state, InstanceState.UNKNOWN},
     )

@@ -5,12 +5,14 @@ from __future__ import annotations
 import logging
 import re
 import uuid
+from datetime import datetime, timedelta
 
 from django.db.models import OuterRef, Q, QuerySet
 
 from hosts.models import Machine, MachineStatus
 from hosts.runtime import CommandFailed, DockerHost, HostUnreachable
 from hosts.runtime.docker_host import ContainerState
+from hosts.services import offline_bound_seconds
 from scheduler.models import GPU_HOLDING_STATES, Instance, InstanceState
 from scheduler.services.allocations import (
     holding_gpus,
@@ -44,7 +46,11 @@ def machine_reconcile(*, machine_id: int) -> int:
     changed = _remove_leftovers(host, listed)
     watched = Instance.objects.filter(machine=machine, state__in=FOLLOWED_STATES)
     for instance in watched:
-        changed += _follow_container(instance, containers.get(instance.container_name))
+        container = containers.get(instance.container_name)
+        if instance.state == InstanceState.UNKNOWN and container is not None:
+            changed += _resolve_unknown(host, instance, container)
+        else:
+            changed += _follow_container(instance, container)
     running_uuids = [
         c.instance for c in containers.values() if (c.running or c.paused) and c.instance
     ]
@@ -64,10 +70,11 @@ def machine_reconcile(*, machine_id: int) -> int:
 
 
 def _remove_leftovers(host: DockerHost, listed: list[ContainerState]) -> int:
-    """Remove the containers that belong to no instance that may have one: a destroyed
-    instance's (any of its versions, running or exited), or one whose instance this platform
-    does not know (the labels it was listed by make it ours). Each removal is logged with
-    its reason; one Docker refuses is tried again at the next pass."""
+    """Remove the containers of destroyed instances (any of their versions, running or
+    exited), logging each with its reason; one Docker refuses is tried again at the next
+    pass. A platform container whose instance this database does not know is reported, not
+    removed: it may be another installation's on a shared host, or a renter's whose rows a
+    restored backup lost, and removing it would destroy data we cannot account for."""
     uuids = {c.instance for c in listed if _is_uuid(c.instance)}
     states = {
         str(uuid): state
@@ -76,11 +83,14 @@ def _remove_leftovers(host: DockerHost, listed: list[ContainerState]) -> int:
     removed = 0
     for container in listed:
         state = states.get(container.instance)
-        if state == InstanceState.DESTROYED:
-            why = f"its instance {container.instance} was destroyed"
-        elif state is None:
-            why = f"it belongs to no instance of this platform ({container.instance or 'no label'})"
-        else:
+        if state is None:
+            logger.warning(
+                "container %s on machine %s belongs to no instance of this platform (%s); left "
+                "for the provider",
+                container.name, host.machine.pk, container.instance or "no instance label",
+            )  # fmt: skip
+            continue
+        if state != InstanceState.DESTROYED:
             continue
         try:
             host.remove(container.id)
@@ -88,8 +98,8 @@ def _remove_leftovers(host: DockerHost, listed: list[ContainerState]) -> int:
             logger.warning("could not remove leftover container %s: %s", container.name, error)
             continue
         logger.warning(
-            "removed leftover container %s (%s) on machine %s: %s",
-            container.name, container.state, host.machine.pk, why,
+            "removed leftover container %s (%s) on machine %s: its instance %s was destroyed",
+            container.name, container.state, host.machine.pk, container.instance,
         )  # fmt: skip
         removed += 1
     return removed
@@ -104,7 +114,63 @@ def _is_uuid(value: str) -> bool:
 
 
 # Instances whose state follows their container's.
-FOLLOWED_STATES = [InstanceState.RUNNING, InstanceState.PAUSED, InstanceState.EXITED]
+FOLLOWED_STATES = [
+    InstanceState.RUNNING,
+    InstanceState.PAUSED,
+    InstanceState.EXITED,
+    InstanceState.UNKNOWN,
+]
+
+
+def _resolve_unknown(host: DockerHost, instance: Instance, container: ContainerState) -> bool:
+    """Its host answers again: say what became of the container. Running or paused, it goes
+    on. Stopped while the host could not be reached (Docker restarted, the host rebooted),
+    the host killed it, not the renter's command: it is started again on its GPUs, which it
+    kept. Stopped before that, it exited on its own."""
+    if container.running or container.paused:
+        to_state = InstanceState.RUNNING if container.running else InstanceState.PAUSED
+        reason = f"Its host answers again; the container is {to_state}"
+    elif _stopped_during_outage(host, instance, container):
+        try:
+            host.start(container.id)
+        except (CommandFailed, HostUnreachable) as error:
+            logger.warning("could not start instance %s again: %s", instance.pk, error)
+            return False
+        to_state = InstanceState.RUNNING
+        reason = (
+            f"Started again: the host stopped its container ({container.status}) while it "
+            "could not be reached"
+        )
+    else:
+        return _follow_container(instance, container)
+    moved = instance_transition(
+        instance_id=instance.pk,
+        to_state=to_state,
+        reason=reason,
+        only_from={InstanceState.UNKNOWN},
+        exit_code=None,
+    )
+    return moved is not None
+
+
+def _stopped_during_outage(host: DockerHost, instance: Instance, container: ContainerState) -> bool:
+    """Whether the container stopped after its host may already have stopped answering: from
+    the longest a dead host stays unnoticed before the instance became unknown."""
+    try:
+        finished = _docker_time(host.inspect(container.id)["State"]["FinishedAt"])
+    except (CommandFailed, HostUnreachable, KeyError, ValueError):
+        return False
+    unnoticed = timedelta(seconds=offline_bound_seconds())
+    return finished is not None and finished >= instance.state_changed_at - unnoticed
+
+
+def _docker_time(text: str) -> datetime | None:
+    """Docker's RFC 3339 time with nanoseconds (``2026-11-27T02:31:13.215720123Z``); None for
+    its zero time (never finished)."""
+    if not text or text.startswith("0001-"):
+        return None
+    trimmed = re.sub(r"(\.\d{6})\d+", r"\1", text).replace("Z", "+00:00")
+    return datetime.fromisoformat(trimmed)
 
 
 def _follow_container(instance: Instance, container) -> bool:

@@ -20,6 +20,7 @@ STOPPABLE_STATES = {
     InstanceState.RUNNING,
     InstanceState.PAUSED,
     InstanceState.EXITED,
+    InstanceState.UNKNOWN,
 }
 
 

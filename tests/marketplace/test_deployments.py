@@ -301,9 +301,12 @@ def test_the_budget_caps_what_is_placed_and_the_sweep_places_capacity_no_event_a
 
 @pytest.mark.system
 @pytest.mark.django_db(transaction=True)
-def test_a_replica_whose_machine_goes_offline_is_replaced_elsewhere(
-    funded_team, provider_team, three_hosts
+def test_a_replica_whose_machine_stops_answering_is_kept_for_the_grace_then_replaced(
+    funded_team, provider_team, three_hosts, settings
 ):
+    """Offline is no proof that the container died: the replica is kept (its instance
+    unknown, its rental going on) for REPLICA_UNREACHABLE_GRACE_MINUTES; past that it is lost,
+    replaced elsewhere, and its rental destroyed."""
     first = machine_for(three_hosts[0], provider_team)
     client = key_client(funded_team)
     created = deploy(client, replicas=1)
@@ -314,14 +317,24 @@ def test_a_replica_whose_machine_goes_offline_is_replaced_elsewhere(
     with transaction.atomic():
         set_status(Machine.objects.get(pk=first.pk), "offline", "missed 3 heartbeats")
 
+    kept = Instance.objects.get(pk=Replica.objects.get(pk=replica["id"]).instance_id)
+    assert kept.state == "unknown"
+    assert "missed 3 heartbeats" in kept.status_message
+    deployments_sweep()
+    after = {r["id"]: r for r in replicas_of(client, created["id"])}
+    assert after[replica["id"]]["state"] == "running"
+    assert len(live(list(after.values()))) == 1  # nothing destroyed, nothing doubled
+
+    settings.REPLICA_UNREACHABLE_GRACE_MINUTES = 0
+    deployments_sweep()
     after = {r["id"]: r for r in replicas_of(client, created["id"])}
     assert after[replica["id"]]["state"] == "lost"
-    assert after[replica["id"]]["reason"] == "Its machine is offline"
+    assert after[replica["id"]]["reason"].startswith("Its machine has been offline for too long")
     [replacement] = live(list(after.values()))
     assert (replacement["state"], replacement["machine_id"]) == ("running", second.pk)
     # The lost replica's rental ended: nothing is charged for it any more.
-    lost = Instance.objects.get(pk=Replica.objects.get(pk=replica["id"]).instance_id)
-    assert lost.state in ("destroying", "destroyed")
+    kept.refresh_from_db()
+    assert kept.state in ("destroying", "destroyed")
 
 
 # --- rolling updates ------------------------------------------------------------------------

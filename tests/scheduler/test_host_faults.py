@@ -13,11 +13,13 @@ import json
 import logging
 import shutil
 import uuid
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 
-from marketplace.models import Rental, Role
+from hosts.services import machine_heartbeat
+from marketplace.models import Offer, Rental, Role
 from scheduler import services as scheduler
 from scheduler.models import GpuAllocation, Instance
 from tests.billing.ledger_checks import assert_ledger_consistent
@@ -195,9 +197,9 @@ def test_with_docker_failing_one_call_in_three_no_gpu_has_two_tenants(
 def test_reconcile_removes_leftover_containers_in_one_pass_and_says_why(
     funded_team, sim_host_factory, provider_team, caplog
 ):
-    """An exited container of a destroyed rental, and one whose instance the platform does
-    not know, both carrying the platform's labels for this machine: one reconcile pass
-    removes both and logs each with its reason; a live rental's container stays."""
+    """An exited container of a destroyed rental carrying the platform's labels for this
+    machine: one reconcile pass removes it and logs why. One whose instance this platform does
+    not know is reported and left (it may be another installation's); a live rental's stays."""
     host = sim_host_factory(gpus=2)
     machine = machine_for(host, provider_team)
     client = key_client(funded_team)
@@ -218,14 +220,71 @@ def test_reconcile_removes_leftover_containers_in_one_pass_and_says_why(
         for label in labels:
             argv += ["--label", label]
         made.append(docker(*argv, "gpumkt/busybox:latest", "true").stdout.strip())
+    leftover, stray = made
+    try:
+        with caplog.at_level(logging.WARNING, logger="scheduler.services.reconcile"):
+            scheduler.machine_reconcile(machine_id=machine.pk)
+        assert docker("inspect", leftover, check=False).returncode != 0, "left on the host"
+        assert docker("inspect", stray, check=False).returncode == 0, "another's, removed"
+        messages = [r.getMessage() for r in caplog.records]
+        assert any(
+            "removed leftover" in m and f"instance {destroyed.uuid} was destroyed" in m
+            for m in messages
+        ), messages
+        assert any("belongs to no instance" in m and stray_uuid in m for m in messages), messages
+        assert container_running(kept.container_id)
+        kept.refresh_from_db()
+        assert kept.state == "running"
+    finally:
+        docker("rm", "-f", stray, check=False)
 
-    with caplog.at_level(logging.WARNING, logger="scheduler.services.reconcile"):
-        scheduler.machine_reconcile(machine_id=machine.pk)
-    for container in made:
-        assert docker("inspect", container, check=False).returncode != 0, "left on the host"
-    removals = [r.getMessage() for r in caplog.records if "removed leftover" in r.getMessage()]
-    assert any(f"instance {destroyed.uuid} was destroyed" in m for m in removals), removals
-    assert any("belongs to no instance" in m and stray_uuid in m for m in removals), removals
-    assert container_running(kept.container_id)
-    kept.refresh_from_db()
-    assert kept.state == "running"
+
+def test_a_docker_outage_is_seen_not_charged_and_the_killed_container_starts_again(
+    funded_team, sim_host_factory, provider_team
+):
+    """The host's Docker stops (its containers die with it) and comes back: the machine is
+    degraded meanwhile (not rentable), the instance unknown (not running) and not charged;
+    afterwards the container runs again on its GPU and the GPU clock runs from then on."""
+    host = sim_host_factory(gpus=1)
+    machine = machine_for(host, provider_team)
+    client = key_client(funded_team)
+    instance = rented(client, machine)
+    gpu_ids = set(
+        GpuAllocation.objects.filter(instance=instance, released_at=None).values_list(
+            "gpu_id", flat=True
+        )
+    )
+    charged_since = Rental.objects.get(instance=instance).gpu_clock_since
+    assert charged_since is not None
+
+    with DockerRefuses(host):
+        docker("kill", instance.container_id)  # what a daemon going down does to it
+        machine = machine_heartbeat(machine_id=machine.pk)
+        assert machine.status == "degraded"
+        assert "Docker Engine does not answer" in machine.status_detail
+        instance.refresh_from_db()
+        assert instance.state == "unknown"
+        assert "Docker Engine does not answer" in instance.status_message
+        outage_from = instance.state_changed_at
+        rental = Rental.objects.get(instance=instance)
+        assert rental.gpu_clock_since is None  # not charged while the host cannot run it
+        assert rental.gpu_seconds == int((outage_from - charged_since).total_seconds())
+        assert Offer.objects.get(machine=machine).num_gpus == 0  # nobody can rent it
+        assert live_gpus(instance) == 1  # and it keeps its GPU
+
+    machine = machine_heartbeat(machine_id=machine.pk)
+    assert machine.status == "online"
+    instance.refresh_from_db()
+    assert instance.state == "running", instance.status_message
+    assert instance.status_message.startswith("Started again: the host stopped its container")
+    assert container_running(instance.container_id)
+    assert gpu_ids == set(
+        GpuAllocation.objects.filter(instance=instance, released_at=None).values_list(
+            "gpu_id", flat=True
+        )
+    )
+    rental = Rental.objects.get(instance=instance)
+    # Charged up to the outage, and again from the moment it runs again: not in between.
+    assert rental.gpu_clock_since >= instance.state_changed_at - timedelta(seconds=1)
+    assert rental.gpu_seconds == int((outage_from - charged_since).total_seconds())
+    assert_ledger_consistent()
