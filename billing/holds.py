@@ -17,6 +17,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction
 from django.utils import timezone
 
+from billing.capture import capture_due
 from billing.errors import (
     HoldCaptured,
     HoldClosed,
@@ -45,7 +46,7 @@ from billing.models import (
     TransferKind,
     UsageKind,
 )
-from billing.money import format_usd, percent_of
+from billing.money import format_usd
 from billing.pg_bulk import NewTransfer, bulk_set, insert_models
 
 USAGE_KINDS = frozenset(UsageKind.values)
@@ -310,17 +311,18 @@ def hold_extend(*, hold_id: int, amount: int, idempotency_key: str) -> Hold:
 
 
 def _capture_amounts(hold: Hold, kind: str, owed_total: int, percent: Fraction) -> tuple[int, int]:
-    """(captured now, platform fee within it) for a cumulative ``owed_total`` of ``kind``.
-
-    Only the difference from what was already captured for the kind, capped at what the hold
-    still holds. The fee is computed on the hold's cumulative captures and differenced too, so
-    its rounding never accumulates either.
-    """
-    delta = min(owed_total - hold.captured_for(kind), hold.remaining)
-    if delta <= 0:
-        return 0, 0
-    fee = percent_of(hold.captured + delta, percent) - percent_of(hold.captured, percent)
-    return delta, fee
+    """(captured now, platform fee within it) for a cumulative ``owed_total`` of ``kind``:
+    ``capture.capture_due`` with the other kind owing nothing new."""
+    due = capture_due(
+        amount=hold.amount,
+        captured_gpu=hold.captured_gpu,
+        captured_storage=hold.captured_storage,
+        released=hold.released,
+        owed_gpu=hold.captured_gpu if kind == UsageKind.STORAGE else owed_total,
+        owed_storage=owed_total if kind == UsageKind.STORAGE else hold.captured_storage,
+        percent=percent,
+    )
+    return due.amount, due.fee
 
 
 def _apply_capture(hold: Hold, kind: str, delta: int) -> None:

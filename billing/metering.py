@@ -1,6 +1,6 @@
 """The metering sweep's ledger side: settle the cumulative usage of many holds in bulk.
 
-``holds_settle_usage`` applies the capture rule of ``holds.hold_capture_usage`` to thousands
+``holds_settle_usage`` applies the capture rule (``billing.capture.capture_due``) to thousands
 of holds per transaction; the rental room computes what each rental owes and calls it.
 """
 
@@ -14,6 +14,7 @@ from typing import NamedTuple
 from django.db import connection, transaction
 from django.utils import timezone
 
+from billing.capture import capture_due
 from billing.holds import capture_legs, platform_fee_percent
 from billing.ledger import (
     AccountKey,
@@ -24,7 +25,6 @@ from billing.ledger import (
     require_amount,
 )
 from billing.models import AccountKind, ChargeUsage, Hold, TransferKind
-from billing.money import percent_of
 from billing.pg_bulk import NewTransfer, bigint_array, bulk_set, lock_open_holds
 from billing.pg_settle import settle_batch_sql
 
@@ -63,12 +63,11 @@ def cyclic_gc_paused() -> Iterator[None]:
 def holds_settle_usage(usage: Iterable[HoldUsage]) -> int:
     """The metering sweep: capture cumulative usage for many holds; return the total captured.
 
-    Per hold the rule of ``hold_capture_usage`` for each kind — the difference between what is
-    owed so far and what was captured, GPU time first, never more than the hold still holds —
-    but posted as **one** capture covering both kinds: ``usage_kind`` says which kinds it
-    charges ("gpu", "storage" or "gpu+storage") and ``storage_amount`` how much of it is
-    storage. The platform fee is differenced on the hold's cumulative captures, so its
-    rounding never accumulates. Batches of ``SETTLE_BATCH_SIZE`` holds, each one transaction
+    Per hold the rule of every capture (``capture.capture_due``: the difference between what
+    is owed so far and what was captured, GPU time first, never more than the hold still
+    holds, the platform fee differenced on the hold's cumulative captures) for both kinds at
+    once, posted as **one** capture: ``usage_kind`` says which kinds it charges ("gpu",
+    "storage" or "gpu+storage") and ``storage_amount`` how much of it is storage. Batches of ``SETTLE_BATCH_SIZE`` holds, each one transaction
     (holds locked in pk order, then accounts in pk order; every write in bulk). Closed or
     unknown holds are skipped. A repeated call, or a sweep that stopped half-way and runs
     again, captures nothing twice: captures are differences of cumulative totals. A hold
@@ -150,17 +149,18 @@ def _settle_batch(hold_ids: list[int], owed: dict[int, tuple[int, int]]) -> int:
     for row in rows:
         pk, _, _, _, _, amount, gpu, storage, released = row
         gpu_owed, storage_owed = owed[pk]
-        # As holds._capture_amounts, GPU first: each kind captures the difference of cumulative
-        # totals, capped at what the hold still holds.
-        remaining = amount - gpu - storage - released
-        gpu_delta = max(0, min(gpu_owed - gpu, remaining))
-        storage_delta = max(0, min(storage_owed - storage, remaining - gpu_delta))
-        if gpu_delta or storage_delta:
-            # The fee is differenced on the hold's cumulative captures: no rounding drift.
-            before = gpu + storage
-            after = before + gpu_delta + storage_delta
-            fee = percent_of(after, percent) - percent_of(before, percent)
-            plans.append((row, gpu_delta, storage_delta, fee))
+        # The rule every capture follows (pg_settle._PLAN is the same in SQL).
+        due = capture_due(
+            amount=amount,
+            captured_gpu=gpu,
+            captured_storage=storage,
+            released=released,
+            owed_gpu=gpu_owed,
+            owed_storage=storage_owed,
+            percent=percent,
+        )
+        if due.gpu or due.storage:
+            plans.append((row, due.gpu, due.storage, due.fee))
     if not plans:
         return 0
     keys: set[AccountKey] = {(None, AccountKind.PLATFORM_REVENUE)}

@@ -8,8 +8,10 @@ more Python CPU a sweep than the sweep's whole budget, on top of the database's 
 database computes what each hold captures from the cumulative usage a query gives it, and
 writes the transfers, entries, holds and balances itself.
 
-The rules are those of ``holds.hold_capture_usage`` and the Python twin in
-``billing.metering._settle_batch`` (which SQLite runs), to the micro-dollar:
+What each hold captures is ``billing.capture.capture_due``, the rule every capture follows
+(``holds.hold_capture_usage``; ``billing.metering._settle_batch``, the sweep SQLite runs),
+written here in SQL (statement 1) to the micro-dollar; ``tests/billing/test_metering.py``
+holds the two together on generated rentals. Then as the Python sweep writes it:
 
 * per kind the difference between the cumulative usage and what was captured, GPU time first,
   never more than the hold still holds; one capture per hold covering both kinds, keyed by its
@@ -60,7 +62,8 @@ CREATE TEMP TABLE IF NOT EXISTS billing_sweep_plan (
 """
 
 # Statement 1: what each open hold captures now, planned from the usage query's cumulative
-# totals (columns hold_id, gpu, storage) and the hold's row, locked in primary-key order. Only
+# totals (columns hold_id, gpu, storage) and the hold's row, locked in primary-key order: the
+# rule of ``billing.capture.capture_due`` in SQL (g and s below; change both together). Only
 # holds that capture something are locked and planned. The fee is ``percent_of`` of the
 # cumulative captures after minus before: (2·amount·num + den) div (2·den), den = 100·denominator.
 _PLAN = """

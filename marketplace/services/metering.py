@@ -33,7 +33,9 @@ if TYPE_CHECKING:
 
 def rental_owed(rental: Rental, now: datetime) -> Quote:
     """What the rental owes for GPU time and storage up to ``now`` (cumulative), each
-    rounded once from its clock's seconds."""
+    rounded once from its clock's seconds: what ``billing.capture.capture_due`` captures from.
+    ``_OWED_SQL`` below is the same arithmetic in SQL (the sweep on PostgreSQL); change both
+    together."""
     return Quote(
         # price × GPU-seconds: the same integer as (price × count) × seconds, rounded once,
         # and GPU-seconds banked at earlier counts add to it; so does what was owed at
