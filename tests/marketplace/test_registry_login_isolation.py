@@ -14,10 +14,12 @@ import uuid
 
 import pytest
 from django.apps import apps
+from django.db import connection
 
 from hosts.runtime import image_repository
 from marketplace.models import Role
 from scheduler.models import GpuAllocation, Instance, PrivateRepository
+from scheduler.services.private_images import repository_private
 from tests.conftest import key_client
 from tests.factories import TeamFactory, UserFactory, add_member
 from tests.marketplace.conftest import containers_named, fund
@@ -154,6 +156,32 @@ def test_a_private_image_runs_only_for_teams_proving_their_own_login(
     assert with_own.state == "running", with_own.status_message
     owner.refresh_from_db()
     assert owner.state == "running"
+
+
+def test_a_private_image_counts_as_private_while_its_first_pull_runs(
+    funded_team, machine, docker_engine
+):
+    """The layers arrive before the registry's proof: a launch of another team checking
+    meanwhile must already find that it has to prove access, not run the fresh local copy."""
+    password = a_password()
+    seen: list[bool] = []
+
+    def during_pull(path: str) -> None:
+        if "/blobs/" in path:
+            seen.append(
+                repository_private(
+                    machine_id=machine.pk, repository=image_repository(registry.image)
+                )
+            )
+            connection.close()  # this thread's own connection
+
+    registry = Registry(docker_engine, username=USER, password=password, on_request=during_pull)
+    try:
+        owner = rent(funded_team, machine, registry.image, login=(USER, password))
+    finally:
+        registry.close()
+    assert owner.state == "running", owner.status_message
+    assert seen and all(seen), seen
 
 
 def test_marks_left_by_earlier_launches_stay_only_where_a_login_pull_ran(
