@@ -174,9 +174,10 @@ def _run_pulling_if_needed(
     A container of this name appearing meanwhile (a launcher whose claim had expired, still
     at work) is adopted, never removed: it may be the one that is running.
     """
-    if credentials is None and not repository_private(
+    private = credentials is None and repository_private(
         machine_id=instance.machine_id, repository=image_repository(spec.image)
-    ):
+    )
+    if credentials is None and not private:
         # Only a missing image is pulled: a command the image cannot run (exit 126/127,
         # ContainerDidNotStart) or any other refusal fails the launch with Docker's reason.
         try:
@@ -203,8 +204,12 @@ def _run_pulling_if_needed(
     except RegistryLoginRefused:
         raise
     except CommandFailed as error:
+        # Private here: the local copy is not this rental's until the registry admits it.
+        hint = " without a login (it is private: give registry_username and registry_password)"
         raise CommandFailed(
-            error.argv, error.exit_code, f"could not pull {instance.image}: {error.stderr}"
+            error.argv,
+            error.exit_code,
+            f"could not pull {instance.image}{hint if private else ''}: {error.stderr}",
         ) from error
     report(92, "Starting container")
     try:

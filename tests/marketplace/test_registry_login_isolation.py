@@ -145,7 +145,8 @@ def test_a_private_image_runs_only_for_teams_proving_their_own_login(
 
     # No login: the local copy is not theirs to run.
     assert without.state == "failed"
-    assert f"could not pull {registry.image}" in without.status_message
+    assert f"could not pull {registry.image} without a login" in without.status_message
+    assert "registry_username and registry_password" in without.status_message
     assert containers_named(without.container_name) == []
     # A made-up login: refused, saying which fields.
     assert made_up.state == "failed"
