@@ -307,15 +307,18 @@ class PortAllocation(models.Model):
 
 
 class PrivateRepository(models.Model):
-    """A repository a rental pulled onto a machine with a registry login.
+    """A repository its registry serves to a login only, pulled onto a machine with one.
 
     Docker keeps a pulled image for anyone on the machine, so the image alone proves nothing:
     any later launch of this repository there pulls again, with that rental's own login (or
-    none), and runs only if the registry lets it."""
+    none), and runs only if the registry lets it. Proven (``proven_at``) when a pull with a
+    login succeeded and one without was refused; unproven while a pull with a login the
+    registry accepted is under way (scheduler.services.private_images)."""
 
     machine = models.ForeignKey("hosts.Machine", on_delete=models.CASCADE)
     repository = models.CharField(max_length=255)
     first_pulled_at = models.DateTimeField(auto_now_add=True)
+    proven_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         constraints = [

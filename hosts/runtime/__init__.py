@@ -13,7 +13,8 @@ Other apps import from ``hosts.runtime`` only; which module holds what:
 - ``mps``: GPU sharing with CUDA MPS: the control daemon's start and stop lines, and
   ``GpuSliceSpec``, a slice's limits as the container's environment and pipe mount.
 - ``docker_host``: ``DockerHost`` (Docker on one machine over the pooled SSH connection),
-  ``ContainerState``, why a start failed (``ImageNotOnHost``, ``ContainerDidNotStart``), the
+  ``ContainerState``, why a start failed (``ImageNotOnHost``, ``ContainerDidNotStart``), a
+  registry login refused (``RegistryLoginRefused``), the
   tenants' and groups' bridge networks (``NetworkNotIsolated``); pause, unpause, restart and
   commit.
 - ``volumes``: ``HostVolumes``, volumes whose size the host enforces (a btrfs image of that
@@ -34,7 +35,12 @@ from hosts.runtime.container_spec import (
     validate_image,
     validate_ports,
 )
-from hosts.runtime.docker_host import EXIT_DOCKER_ERROR, DockerHost, ImageNotOnHost
+from hosts.runtime.docker_host import (
+    EXIT_DOCKER_ERROR,
+    DockerHost,
+    ImageNotOnHost,
+    RegistryLoginRefused,
+)
 from hosts.runtime.mps import GpuSliceSpec, mps_daemon_start_argv, mps_daemon_stop_argv
 from hosts.runtime.registries import check_registry, image_repository, registry_refusal
 from hosts.ssh import CommandFailed, CommandResult, HostKeyMismatch, HostUnreachable
@@ -43,7 +49,7 @@ __all__ = [
     "EXIT_DOCKER_ERROR", "GPU_UUID", "PROGRAM_NAME", "TENANT_NETWORK", "CommandFailed",
     "CommandResult", "ContainerSpec", "DockerHost", "GpuSliceSpec", "mps_daemon_start_argv",
     "mps_daemon_stop_argv", "HostKeyMismatch", "HostUnreachable",
-    "ImageNotOnHost", "InvalidContainerSpec", "check_registry", "docker_run_argv",
+    "ImageNotOnHost", "InvalidContainerSpec", "RegistryLoginRefused", "check_registry", "docker_run_argv",
     "image_reference", "image_repository", "registry_refusal", "validate_env", "validate_image",
     "validate_ports",
 ]  # fmt: skip

@@ -80,6 +80,37 @@ class ContainerDidNotStart(CommandFailed):
         return f"{self.reason} (docker run exited {self.exit_code})"
 
 
+class RegistryLoginRefused(CommandFailed):
+    """``docker login`` failed: the registry refused the renter's login, or could not be
+    reached to ask. Said in the API's words, since the renter must change what they gave."""
+
+    def __init__(self, argv: list[str], exit_code: int, stderr: str, registry: str):
+        super().__init__(argv, exit_code, stderr)
+        self.registry = registry
+
+    def __str__(self) -> str:
+        said = self.stderr.strip().splitlines()[-1][:300] if self.stderr.strip() else ""
+        return (
+            f"the registry {self.registry} did not accept the login given as registry_username "
+            f"and registry_password ({said or f'docker login exited {self.exit_code}'})"
+        )
+
+
+def _logged_in(credentials: tuple[str, str], registry: str, then: str) -> tuple[list[str], bytes]:
+    """(argv, stdin) of a shell that logs in to ``registry`` into a throwaway Docker config
+    directory ``$dir``, removed on exit, and then runs ``then``. The password travels on
+    stdin, never in an argv the host's other users could see."""
+    user, password = credentials
+    if not user or any(c in user for c in "\0\n\r"):
+        raise InvalidContainerSpec("registry_username", "a user name on one line")
+    script = (
+        "dir=$(mktemp -d) && trap 'rm -rf \"$dir\"' EXIT && "
+        'docker --config "$dir" login --username "$1" --password-stdin "$2" >/dev/null '
+        f"&& {then}"
+    )
+    return ["sh", "-c", script, "sh", user, registry], password.encode()
+
+
 class NetworkNotIsolated(ValueError):
     """The machine has a network of the tenants' name that lets containers reach each other."""
 
@@ -376,16 +407,10 @@ class DockerHost:
         validate_image(image)
         argv, stdin = ["docker", "pull", image], None
         if credentials is not None:
-            user, password = credentials
-            if not user or any(c in user for c in "\0\n\r"):
-                raise InvalidContainerSpec("registry_username", "a user name on one line")
-            script = (
-                "dir=$(mktemp -d) && trap 'rm -rf \"$dir\"' EXIT && "
-                'docker --config "$dir" login --username "$1" --password-stdin "$2" >/dev/null '
-                '&& docker --config "$dir" pull "$3"'
+            argv, stdin = _logged_in(
+                credentials, registry_of(image), 'docker --config "$dir" pull "$3"'
             )
-            argv = ["sh", "-c", script, "sh", user, registry_of(image), image]
-            stdin = password.encode()
+            argv.append(image)
         layers: dict[str, bool] = {}
         for line in ssh.pool.stream(self.machine, argv, timeout=3600, stdin=stdin):
             layer, _, status = line.partition(": ")
@@ -400,6 +425,21 @@ class DockerHost:
                     progress_callback(
                         int(100 * done / len(layers)), f"Pulling image: {done}/{len(layers)} layers"
                     )
+
+    def registry_login_check(self, image: str, credentials: tuple[str, str]) -> None:
+        """Ask the registry of ``image`` whether it accepts ``credentials`` (user, password),
+        with ``docker login`` into a throwaway config, as ``pull`` logs in; pulls nothing.
+        Refused, or the registry not reached: RegistryLoginRefused."""
+        validate_image(image)
+        registry = registry_of(image)
+        argv, stdin = _logged_in(credentials, registry, "true")
+        try:
+            for _line in ssh.pool.stream(self.machine, argv, timeout=120, stdin=stdin):
+                pass
+        except CommandFailed as error:
+            raise RegistryLoginRefused(
+                error.argv, error.exit_code, error.stderr, registry
+            ) from None
 
     def volume_create(self, name: str) -> None:
         self._run(

@@ -99,8 +99,9 @@ def image_repository(image: str) -> str:
 
 
 def registry_of(image: str) -> str:
-    """The registry host of an image reference (Docker Hub when the first part is no host)."""
+    """The registry host of an image reference (Docker Hub when the first part is no host,
+    or ``index.docker.io``, Docker's other name for it)."""
     first, _, rest = image.partition("/")
     if rest and ("." in first or ":" in first or first == "localhost"):
-        return first
+        return "docker.io" if first == "index.docker.io" else first
     return "docker.io"

@@ -18,6 +18,8 @@ from hosts.runtime import (
     DockerHost,
     HostUnreachable,
     InvalidContainerSpec,
+    image_reference,
+    image_repository,
     validate_image,
 )
 from marketplace.events import publish_instance_event
@@ -67,10 +69,15 @@ def committed_image_check(*, team: Team, machine_id: int, image: str) -> None:
     """A committed image (``gpumkt-team-<id>/…``) runs only for its team, on the machine it
     was committed on: anything else is refused as if it did not exist (ValidationError
     naming ``image``). Docker would otherwise run any image it has for anyone."""
-    found = _COMMITTED.match(image or "")
+    # As Docker names it: `docker.io/` and `index.docker.io/` before the name are Docker
+    # Hub's own spellings and reach the same local image.
+    name = image_repository(image or "").removeprefix("docker.io/")
+    found = _COMMITTED.match(name)
     if found is None:
         return
-    reference = image if ":" in image.rsplit("/", 1)[-1] else f"{image}:latest"
+    tagged = image_reference(image)
+    tag_or_digest = tagged[len(tagged.split("@", 1)[0].rsplit(":", 1)[0]) :]
+    reference = name + tag_or_digest
     ours = (
         int(found.group(1)) == team.pk
         and CommittedImage.objects.filter(

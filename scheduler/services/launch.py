@@ -13,6 +13,7 @@ from hosts.runtime import (
     HostKeyMismatch,
     HostUnreachable,
     ImageNotOnHost,
+    RegistryLoginRefused,
     check_registry,
     image_repository,
 )
@@ -21,7 +22,6 @@ from scheduler.models import (
     Instance,
     InstanceState,
     LaunchMode,
-    PrivateRepository,
 )
 from scheduler.services.allocations import instance_holds_gpus
 from scheduler.services.container_spec import check_launch_mode, container_spec_for
@@ -29,6 +29,7 @@ from scheduler.services.containers import container_removed, existing_container
 from scheduler.services.errors import LaunchInterrupted
 from scheduler.services.interruption import gpus_vacate
 from scheduler.services.leased_work import WorkOutcome, leased, waiting_for_host
+from scheduler.services.private_images import pull_with_login, repository_private
 from scheduler.services.transitions import instance_report_progress, instance_transition, state_of
 from scheduler.services.versions import instance_version_fall_back
 
@@ -175,21 +176,18 @@ def _run_pulling_if_needed(
     credentials: tuple[str, str] | None = None,
 ) -> str:
     """Run with the image as it is; pull (with progress) only when the host lacks it, or
-    when the image is private: given with a login, or of a repository some rental pulled
-    here with one. Then it is always pulled with this rental's own login (or none), so a
-    private image another team left on the machine runs only for those the registry admits.
+    when this rental must prove access first: given with a login, or of a repository the
+    registry proved private here (scheduler.services.private_images). Then it is pulled with
+    this rental's own login (or none), so a private image another team left on the machine
+    runs only for those the registry admits.
 
     A container of this name appearing meanwhile (a launcher whose claim had expired, still
     at work) is adopted, never removed: it may be the one that is running.
     """
-    repository = image_repository(spec.image)
-    private = (
-        credentials is not None
-        or PrivateRepository.objects.filter(
-            machine_id=instance.machine_id, repository=repository
-        ).exists()
+    private = credentials is None and repository_private(
+        machine_id=instance.machine_id, repository=image_repository(spec.image)
     )
-    if not private:
+    if credentials is None and not private:
         # Only a missing image is pulled: a command the image cannot run (exit 126/127,
         # ContainerDidNotStart) or any other refusal fails the launch with Docker's reason.
         try:
@@ -207,21 +205,21 @@ def _run_pulling_if_needed(
         instance=instance, progress=pct, message=msg
     )
     report(5, "Pulling image")
-    if credentials is not None:
-        # Recorded before the pull: a launch of another team checking while this one pulls
-        # must already find the repository private.
-        PrivateRepository.objects.get_or_create(
-            machine_id=instance.machine_id, repository=repository
-        )
+    pulling = lambda pct, msg: report(5 + int(pct * 0.85), msg)  # noqa: E731
     try:
-        host.pull(
-            instance.image,
-            progress_callback=lambda pct, msg: report(5 + int(pct * 0.85), msg),
-            credentials=credentials,
-        )
+        if credentials is not None:
+            pull_with_login(host, instance, credentials, pulling)
+        else:
+            host.pull(instance.image, progress_callback=pulling)
+    except RegistryLoginRefused:
+        raise
     except CommandFailed as error:
+        # Private here: the local copy is not this rental's until the registry admits it.
+        hint = " without a login (it is private: give registry_username and registry_password)"
         raise CommandFailed(
-            error.argv, error.exit_code, f"could not pull {instance.image}: {error.stderr}"
+            error.argv,
+            error.exit_code,
+            f"could not pull {instance.image}{hint if private else ''}: {error.stderr}",
         ) from error
     report(92, "Starting container")
     try:

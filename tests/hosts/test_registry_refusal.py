@@ -72,6 +72,13 @@ def test_public_registries_and_docker_hub_are_allowed():
         registry_refusal("pytorch/pytorch:2.3", allow_private=False, resolve=unresolvable) is None
     )
     assert registry_refusal("docker.io/library/busybox", allow_private=False) is None
+    # Docker's other name for Docker Hub, the same images: not looked up either.
+    assert (
+        registry_refusal(
+            "index.docker.io/library/busybox", allow_private=False, resolve=unresolvable
+        )
+        is None
+    )
 
 
 def test_a_name_that_does_not_resolve_is_refused():

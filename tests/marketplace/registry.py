@@ -125,6 +125,11 @@ class Registry:
     def _record(self, request: Request) -> None:
         self.requests.append(request)  # list.append is atomic: the handler threads share it
 
+    def stop_serving(self) -> None:
+        """The registry goes away (an outage); what was pulled from it stays on the engine."""
+        self.server.shutdown()
+        self.server.server_close()
+
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
