@@ -187,8 +187,13 @@ done
 
 def install_script(rules: list[Rule], stale: list[list[str]]) -> str:
     """The shell lines that make the chains hold ``rules`` at their top, in order: each is
-    checked, inserted at its place only when missing, and checked again."""
-    lines = ["set -e"]
+    checked, inserted at its place only when missing, and checked again. Two setups of one
+    host at once (a probe and a self-test) take turns, so neither inserts a rule twice."""
+    lines = [
+        "set -e",
+        'exec 9>>"$HOME/.gpumkt-firewall.lock"',
+        "if command -v flock >/dev/null; then flock 9; fi",
+    ]
     for words in stale:
         lines.append(f"iptables -w {shlex.join(words)} || true")  # gone meanwhile: fine
     position = {"DOCKER-USER": 0, "INPUT": 0}

@@ -9,6 +9,7 @@ whose rules match only the platform's bridges."""
 from __future__ import annotations
 
 import os
+import shlex
 import socket
 import subprocess
 import sys
@@ -457,3 +458,57 @@ def test_a_range_the_provider_names_is_refused_yet_its_clients_reach_published_p
             machine.refresh_from_db()
             assert firewall_ensure(machine).ok
             assert not [rule for rule in our_rules() if "10.254." in rule]
+
+
+def bridge_of(network: str) -> str:
+    return subprocess.run(
+        ["docker", "network", "inspect", "--format",
+         '{{index .Options "com.docker.network.bridge.name"}}', network],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+
+
+def test_a_network_made_before_the_firewall_is_told_and_made_again_inside_it_once_unused(
+    sim_host_factory, provider_team
+):
+    """A host set up before the firewall has platform networks on bridges the rules do not
+    match: the probe says so; the platform keeps one a container uses (removing it would cut
+    that rental off) and makes it again, on a covered bridge, once none does."""
+    machine = machine_for(sim_host_factory(gpus=1), provider_team)
+    host = DockerHost(machine)
+    group = f"gpumkt-old-t{machine.pk}-{int(time.time() * 1000) % 10**9}"
+    subprocess.run(
+        ["docker", "network", "create", "--driver", "bridge", "--label", "gpumkt.platform=1", group],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    holder = subprocess.run(
+        ["docker", "run", "--detach", "--label", sim_container_label(), "--network", group,
+         IMAGE, "sleep", "600"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    try:
+        state = firewall_ensure(machine)
+        assert state.ok is False and group in state.detail
+        assert host.network_ensure(group) is False  # in use: kept as it is
+        assert not bridge_of(group).startswith("gpumkt-br")
+        subprocess.run(["docker", "rm", "--force", holder], check=True, capture_output=True)
+        assert host.network_ensure(group) is True  # unused now: made again, covered
+        assert bridge_of(group).startswith("gpumkt-br")
+        assert group not in firewall_ensure(machine).detail
+    finally:
+        subprocess.run(["docker", "rm", "--force", holder], capture_output=True)
+        host.network_remove(group)
+
+
+def test_setups_racing_on_one_host_add_each_rule_once(sim_host_factory, provider_team):
+    """A probe and a self-test may set one host up at once: each rule is checked and inserted
+    under a lock on the host, so none is added twice."""
+    machine = machine_for(sim_host_factory(gpus=1), provider_team)
+    for rule in our_rules():  # ours only, by their exact text; the setups below put them back
+        chain_and_spec = shlex.split(rule)[1:]
+        subprocess.run(["iptables", "-w", "-D", *chain_and_spec], check=True)
+    with ThreadPoolExecutor(max_workers=6) as pool:
+        states = list(pool.map(lambda _: firewall_ensure(machine), range(6)))
+    rules = our_rules()
+    assert len(rules) == len(set(rules)) == 5, rules  # replies, bridges, link-local; host x2
+    assert all(state.detail for state in states)
