@@ -84,6 +84,18 @@ class Machine(models.Model):
         help_text="Let renters pull images from registries on this machine's own network "
         "(loopback, link-local and private addresses).",
     )
+    # The provider's own private ranges (IPv4 CIDRs) its rentals may not reach, besides the
+    # host's own addresses and link-local ones, which are always refused (hosts.runtime.firewall).
+    blocked_ranges = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="Private address ranges of your network that rentals may not reach, "
+        "like 10.0.0.0/8 (the host itself and 169.254.0.0/16 are always refused).",
+    )
+    # Whether the last probe found the tenant firewall in place (None: never checked), and
+    # what it found.
+    tenant_firewall = models.BooleanField(null=True)
+    tenant_firewall_detail = models.CharField(max_length=300, blank=True)
     # GPU sharing (fractional GPUs): the provider lets renters take slices of a card (compute
     # percent and memory), enforced on the host by CUDA MPS; the probe says whether MPS is there.
     mps_available = models.BooleanField(default=False)

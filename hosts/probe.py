@@ -54,6 +54,9 @@ class ProbeResult:
     mps_available: bool | None = None  # the CUDA MPS control daemon is installed
     problems: list[str] = field(default_factory=list)
     disk_enforced: bool | None = None
+    # Whether the tenant firewall is in place (hosts.runtime.firewall), set up with the probe.
+    tenant_firewall: bool | None = None
+    tenant_firewall_detail: str | None = None
 
 
 def parse_gpu_csv(text: str) -> list[ProbedGpu]:

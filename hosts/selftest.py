@@ -60,6 +60,15 @@ def run_self_test(*, machine: Machine, labels: dict[str, str]) -> list[dict]:
     )
     if not probed:
         return checks
+    # Set up by the probe just made: whether rentals here are kept off the host's services
+    # and the metadata address (hosts.runtime.firewall).
+    checks.append(
+        _check(
+            "tenant firewall",
+            machine.tenant_firewall is True,
+            machine.tenant_firewall_detail or "not checked",
+        )
+    )
     rented = rented_gpu_ids([machine.pk])
     free_gpus = [g.uuid for g in machine.gpus.filter(present=True) if g.pk not in rented]
     token = secrets.token_hex(4)

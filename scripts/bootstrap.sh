@@ -9,9 +9,11 @@ mode="${1:-run}"
 # python3-venv: Debian's python3 cannot make a virtualenv without it (no ensurepip).
 # libpango and a font: WeasyPrint lays out the PDF invoices. caddy: the cluster gateway.
 # btrfs-progs and e2fsprogs: the simulated hosts' enforced-disk Docker Engine (btrfs data
-# root) and the volumes' filesystem images.
+# root) and the volumes' filesystem images. iptables: the hosts' tenant firewall (set up at
+# each probe; docker.io pulls it in too, named here as the platform runs it itself).
 packages=(python3 python3-venv redis-server openssh-server docker.io busybox-static iproute2
-  procps libpango-1.0-0 libpangoft2-1.0-0 fonts-dejavu-core caddy btrfs-progs e2fsprogs)
+  procps libpango-1.0-0 libpangoft2-1.0-0 fonts-dejavu-core caddy btrfs-progs e2fsprogs
+  iptables)
 # systemd: the production recipe's test (deploy/) runs systemd-analyze verify.
 if [ "$mode" = test ]; then packages+=(postgresql chromium systemd); fi
 

@@ -7,7 +7,7 @@ Other apps import from ``hosts.runtime`` only; which module holds what:
   platform's network names (``TENANT_NETWORK``), ``cpu_shares`` and ``docker_run_argv``, the
   pure function from a spec to the only ``docker run`` flags the platform ever gives: no
   ``--privileged``, no host networking, no bind mounts, no Docker socket, no renter
-  ``NVIDIA_*`` variables, GPUs pinned by UUID, logs capped.
+  ``NVIDIA_*`` variables, GPUs pinned by UUID, logs capped, no ``NET_RAW`` nor swap.
 - ``registries``: image references (``image_repository``, ``registry_of``) and the refusal of
   registries on the provider's own network (``registry_refusal``, ``check_registry``).
 - ``mps``: GPU sharing with CUDA MPS: the control daemon's start and stop lines, and
@@ -17,6 +17,9 @@ Other apps import from ``hosts.runtime`` only; which module holds what:
   registry login refused (``RegistryLoginRefused``), the
   tenants' and groups' bridge networks (``NetworkNotIsolated``); pause, unpause, restart and
   commit.
+- ``firewall``: the host's tenant firewall (``firewall_ensure``, run with every probe):
+  iptables rules, matched on the platform's bridges only (``gpumkt-br*``), that keep rentals
+  off the host's own addresses, link-local 169.254.0.0/16 and the provider's named ranges.
 - ``volumes``: ``HostVolumes``, volumes whose size the host enforces (a btrfs image of that
   size, loop-mounted under the platform's directory, given to Docker as a local volume).
 

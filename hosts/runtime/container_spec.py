@@ -9,6 +9,8 @@ type=volume``; the one exception is a GPU slice's read-only view of the platform
 directory, ``hosts.runtime.mps``), no Docker socket, no renter ``NVIDIA_*`` or ``CUDA_MPS_*``
 variables. GPUs are pinned by UUID:
 ``--gpus`` where the NVIDIA runtime exists, else ``NVIDIA_VISIBLE_DEVICES``. Logs are capped.
+Capabilities are only ``RENTAL_CAPABILITIES`` (no ``NET_RAW``: no raw sockets, no ping), and
+swap is no bigger than the memory limit.
 The image is always given with a tag (``image_reference``).
 """
 
@@ -43,6 +45,23 @@ NETWORK_NAME = re.compile(r"^gpumkt-[a-z0-9][a-z0-9_.-]{0,100}$")
 # enough for `docker logs --tail` and a crash's story; Docker rotates and drops the oldest.
 LOG_MAX_KB = 10 * 1024
 LOG_MAX_FILES = 3
+
+# The capabilities a rental keeps (``--cap-drop ALL``, then these back): what root inside an
+# ordinary image uses to install packages, run sshd and serve. Files: CHOWN, DAC_OVERRIDE,
+# FOWNER, FSETID (apt/dpkg, pip as root, chown of a volume); users: SETUID, SETGID (sshd's
+# privilege separation, su, apt's _apt sandbox); SYS_CHROOT (sshd's privsep chroot); KILL
+# (signalling one's own processes of another uid); NET_BIND_SERVICE (sshd on 22, a web
+# server on 80); AUDIT_WRITE (sshd and PAM write a login record, refused logins otherwise).
+# Gone, from Docker's defaults: NET_RAW (raw sockets: forged packets, ARP spoofing on the
+# shared bridge), MKNOD (device nodes), SETFCAP and SETPCAP (file and process capabilities,
+# useless to a rental and a way to keep privileges across exec).
+RENTAL_CAPABILITIES = (
+    "AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "NET_BIND_SERVICE",
+    "SETGID", "SETUID", "SYS_CHROOT",
+)  # fmt: skip
+# Docker opens unprivileged ICMP sockets to every group in a container (ping without NET_RAW);
+# the kernel's own default, no group, closes them too: a rental does not ping.
+NO_PING_SOCKETS = "net.ipv4.ping_group_range=1 0"
 
 # Docker's reference grammar: [registry[:port]/]path[:tag][@digest], lower-case path.
 _COMPONENT = r"[a-z0-9]+(?:(?:\.|_|__|-+)[a-z0-9]+)*"
@@ -283,9 +302,15 @@ def docker_run_argv(spec: ContainerSpec, *, machine_id: int, nvidia_runtime: boo
         "--cpus", f"{spec.cpus:g}",
         "--cpu-shares", str(cpu_shares(spec.cpus)),
         "--memory", f"{spec.memory_mb}m",
+        # Swap equal to the memory limit means no swap: Docker's default (swap of the same
+        # size again) would let a rental page the host's disk for its co-tenants.
+        "--memory-swap", f"{spec.memory_mb}m",
         "--memory-reservation", f"{max(spec.memory_mb * 4 // 5, 6)}m",
         "--shm-size", f"{spec.shm_mb}m",
         "--security-opt", "no-new-privileges",
+        "--cap-drop", "ALL",
+        *(option for cap in RENTAL_CAPABILITIES for option in ("--cap-add", cap)),
+        "--sysctl", NO_PING_SOCKETS,
         "--pids-limit", "4096",
         "--network", spec.network,
     ]  # fmt: skip

@@ -27,6 +27,12 @@ from hosts.runtime.container_spec import (
     image_reference,
     validate_image,
 )
+from hosts.runtime.firewall import (
+    BRIDGE_NAME_OPTION,
+    BRIDGE_PREFIX,
+    is_platform_bridge,
+    new_bridge_name,
+)
 from hosts.runtime.mps import mps_daemon_start_argv, mps_daemon_stop_argv
 from hosts.runtime.registries import registry_of
 from hosts.runtime.volumes import HostVolumes
@@ -40,12 +46,18 @@ if TYPE_CHECKING:
 ICC_OPTION = "com.docker.network.bridge.enable_icc"
 # Only one launch at a time may create a network on a host: Docker's duplicate-name check is
 # not atomic, and two networks of one name make every `--network` by that name fail. The
-# lock file is in the SSH user's home, where no other user of the host can plant it.
+# lock file is in the SSH user's home, where no other user of the host can plant it. $1 the
+# name, $2 the format that prints its bridge, then the create command. Under the lock, a
+# network of the name on a bridge the tenant firewall covers is kept; one made before the
+# firewall is removed and made again when no container uses it (else kept, as it is).
 _NETWORK_CREATE = (
-    'n=$1; shift; exec 9>>"$HOME/.gpumkt-network.lock" || exit 1; '
+    'n=$1; f=$2; shift 2; exec 9>>"$HOME/.gpumkt-network.lock" || exit 1; '
     "if command -v flock >/dev/null; then flock 9; fi; "
-    'docker network inspect "$n" >/dev/null 2>&1 || exec "$@"'
+    'if b=$(docker network inspect --format "$f" "$n" 2>/dev/null); then '
+    f'case "$b" in {BRIDGE_PREFIX}*) exit 0;; esac; '
+    'docker network rm "$n" >/dev/null 2>&1 || exit 0; fi; exec "$@"'
 )
+_BRIDGE_FORMAT = f'{{{{index .Options "{BRIDGE_NAME_OPTION}"}}}}'
 
 # A platform network found (or made) isolated on a machine is trusted by this process's
 # launches there for this long, instead of asked about before every `docker run`: the
@@ -109,6 +121,12 @@ def _logged_in(credentials: tuple[str, str], registry: str, then: str) -> tuple[
         f"&& {then}"
     )
     return ["sh", "-c", script, "sh", user, registry], password.encode()
+
+
+def _inside_firewall(found: tuple[str, dict[str, str]]) -> bool:
+    """Whether a network's bridge is one the host's tenant firewall matches (one made before
+    the firewall is not, and is made again when no container uses it)."""
+    return is_platform_bridge(found[1].get(BRIDGE_NAME_OPTION, ""))
 
 
 class NetworkNotIsolated(ValueError):
@@ -229,22 +247,26 @@ class DockerHost:
         True when it had to be made.
 
         The tenants' network is made with inter-container communication off and refused
-        (NetworkNotIsolated) if one of its name exists that lets containers talk.
+        (NetworkNotIsolated) if one of its name exists that lets containers talk. Each is
+        made on a bridge the host's tenant firewall covers (``hosts.runtime.firewall``); one
+        made before the firewall is made again once no container uses it.
         """
         if not NETWORK_NAME.fullmatch(name or ""):
             raise InvalidContainerSpec("network", f"'{str(name)[:40]}' is not a platform network")
         _networks_checked.pop(self._network_key(name), None)
         found = self._network_options(name)
-        made = found is None
-        if found is None:
+        made = False
+        if found is None or not _inside_firewall(found):
             create = ["docker", "network", "create", "--driver", "bridge",
-                      "--label", f"{PLATFORM_LABEL}=1"]  # fmt: skip
+                      "--label", f"{PLATFORM_LABEL}=1",
+                      "--opt", f"{BRIDGE_NAME_OPTION}={new_bridge_name()}"]  # fmt: skip
             if name == TENANT_NETWORK:
                 create += ["--opt", f"{ICC_OPTION}=false"]
-            self._run(["sh", "-c", _NETWORK_CREATE, "sh", name, *create, name])
-            found = self._network_options(name)
+            self._run(["sh", "-c", _NETWORK_CREATE, "sh", name, _BRIDGE_FORMAT, *create, name])
+            before, found = found, self._network_options(name)
             if found is None:
                 raise CommandFailed(["docker", "network"], 1, f"network {name} was not made")
+            made = before is None or _inside_firewall(found)
         driver, options = found
         if name == TENANT_NETWORK and (driver != "bridge" or options.get(ICC_OPTION) != "false"):
             raise NetworkNotIsolated(

@@ -1,5 +1,6 @@
 """Listing terms: price, storage price, minimum GPUs, end date, region, host ports; listing and
-unlisting; the commitments (rentals' end dates) that higher rooms register."""
+unlisting; the private ranges rentals may not reach; the commitments (rentals' end dates) that
+higher rooms register."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from django.db import transaction
 from django.utils import timezone
 
 from hosts.models import Machine, MachineStatus
+from hosts.runtime import InvalidContainerSpec
+from hosts.runtime.firewall import validate_blocked_ranges
 from hosts.services.events import notify_changed, record_event
 
 MAX_PRICE_PER_GPU_HOUR = 1_000 * 1_000_000  # $1,000/GPU-hour: anything above is a typo
@@ -112,6 +115,26 @@ def machine_set_listed(*, machine_id: int, listed: bool) -> Machine:
     machine.save(update_fields=["listed"])
     record_event(machine, "listing", "Listed" if listed else "Unlisted (running rentals continue)")
     notify_changed(machine, "listing")
+    return machine
+
+
+@transaction.atomic
+def machine_set_blocked_ranges(*, machine_id: int, ranges: list[str]) -> Machine:
+    """The provider's private ranges (IPv4 CIDRs) its rentals may not reach, besides the host
+    and link-local addresses; the host's rules follow at the next probe (the caller queues
+    one)."""
+    machine = Machine.objects.select_for_update().get(pk=machine_id)
+    try:
+        machine.blocked_ranges = validate_blocked_ranges(ranges)
+    except InvalidContainerSpec as error:
+        raise ValidationError({"blocked_ranges": error.reason}) from None
+    machine.save(update_fields=["blocked_ranges"])
+    record_event(
+        machine,
+        "blocked_ranges",
+        "Rentals may not reach: " + (", ".join(machine.blocked_ranges) or "no range of yours"),
+    )
+    notify_changed(machine, "terms")
     return machine
 
 

@@ -3,6 +3,7 @@ when a machine that answers heartbeats is probed again (how it recovers by itsel
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime
 
 from django.conf import settings
@@ -12,6 +13,7 @@ from django.utils import timezone
 from hosts import ssh
 from hosts.models import Gpu, Machine, MachineStatus
 from hosts.probe import ProbeResult, probe
+from hosts.runtime.firewall import firewall_ensure
 from hosts.services.events import notify_changed, record_event, set_status
 from hosts.signals import gpu_missing
 
@@ -59,6 +61,11 @@ def machine_probe(*, machine_id: int) -> Machine:
         raise
     if (twin := _connected_twin(machine)) is not None:
         result.problems.append(twin)
+    # Setting the machine up is part of every probe: a host rebooted or re-installed since
+    # (rules gone) gets them again. Missing rules are told on the machine, not a problem
+    # that takes it out of service.
+    firewall = firewall_ensure(machine)
+    result = replace(result, tenant_firewall=firewall.ok, tenant_firewall_detail=firewall.detail)
     return machine_apply_probe(machine_id=machine_id, result=result)
 
 
@@ -110,7 +117,8 @@ def _record_probe_failure(*, machine_id: int, problems: list[str], counts: bool)
 
 
 PROBED_FIGURES = ("cuda_version", "cpu_cores", "ram_mb", "disk_free_gb", "docker_version",
-                  "nvidia_runtime", "os_name", "mps_available", "disk_enforced")  # fmt: skip
+                  "nvidia_runtime", "os_name", "mps_available", "disk_enforced",
+                  "tenant_firewall", "tenant_firewall_detail")  # fmt: skip
 
 
 @transaction.atomic
@@ -121,6 +129,7 @@ def machine_apply_probe(*, machine_id: int, result: ProbeResult) -> Machine:
     machine = Machine.objects.select_for_update().get(pk=machine_id)
     # A machine stuck in error is re-probed every few minutes: one event per new finding.
     repeated = machine.status == MachineStatus.ERROR and machine.probe_problems == result.problems
+    firewall_was = (machine.tenant_firewall, machine.tenant_firewall_detail)
     for name in PROBED_FIGURES:
         if getattr(result, name) is not None:
             setattr(machine, name, getattr(result, name))
@@ -143,6 +152,8 @@ def machine_apply_probe(*, machine_id: int, result: ProbeResult) -> Machine:
         f"{gpus}, {machine.cpu_cores} cores, {machine.ram_mb // 1024} GB RAM, "
         f"{machine.disk_free_gb} GB free"
     )
+    if result.tenant_firewall is False and firewall_was != (False, result.tenant_firewall_detail):
+        record_event(machine, "tenant_firewall_missing", result.tenant_firewall_detail or "")
     if not repeated:
         record_event(
             machine, "probed", summary + ("; " + "; ".join(result.problems) if not clean else "")

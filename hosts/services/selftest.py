@@ -15,11 +15,12 @@ from hosts.services.probing import machine_probe
 def machine_self_test(*, machine_id: int, labels: dict[str, str] | None = None) -> Machine:
     """Probe, then run a small container with known limits and read them back from inside.
 
-    Checks, each recorded with its detail: the probe; the image (pulled if missing); the
-    container starts; the CPU and memory limits seen in its cgroup (v1 or v2) and its
-    /dev/shm size match what was asked; an environment variable arrives; the GPUs are pinned
-    (free GPUs only: a rented GPU is never handed to the test). The container is always
-    removed. Nothing here holds a transaction while SSH runs.
+    Checks, each recorded with its detail: the probe; the tenant firewall (set up by the
+    probe); the image (pulled if missing); the container starts; the CPU and memory limits
+    seen in its cgroup (v1 or v2) and its /dev/shm size match what was asked; an environment
+    variable arrives; the GPUs are pinned (free GPUs only: a rented GPU is never handed to
+    the test). The container is always removed. Nothing here holds a transaction while SSH
+    runs.
     """
     try:
         machine = machine_probe(machine_id=machine_id)

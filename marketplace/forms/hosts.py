@@ -85,6 +85,16 @@ class MachineTermsForm(ConsoleForm):
         return timezone.make_aware(datetime.combine(day, time(23, 59))) if day else None
 
 
+class MachineFirewallForm(ConsoleForm):
+    """The private ranges rentals may not reach: CIDRs separated by commas, spaces or lines
+    (empty: none beyond the host and link-local addresses)."""
+
+    blocked_ranges = forms.CharField(required=False, max_length=2000)
+
+    def clean_blocked_ranges(self) -> list[str]:
+        return self.cleaned_data["blocked_ranges"].replace(",", " ").split()
+
+
 class MachineSharingForm(ConsoleForm):
     """GPU sharing on or off (a checkbox: absent means off) and the smallest slice."""
 

@@ -25,6 +25,7 @@ from marketplace.fleet import EARNINGS_DAYS, fleet_summary, machine_earnings_by_
 from marketplace.forms.hosts import (
     HostKeyConfirmForm,
     MachineAddForm,
+    MachineFirewallForm,
     MachineSharingForm,
     MachineTermsForm,
     MaintenanceCancelForm,
@@ -217,6 +218,13 @@ def save_terms(request: HttpRequest, machine: Machine) -> None:
     messages.success(request, "Terms saved. They apply to new rentals.")
 
 
+def set_blocked_ranges(request: HttpRequest, machine: Machine) -> None:
+    ranges = MachineFirewallForm(request.POST).parsed()["blocked_ranges"]
+    services.machine_set_blocked_ranges(machine_id=machine.pk, ranges=ranges)
+    _when_committed(tasks.machine_probe, machine)  # the probe sets the host's rules up
+    messages.success(request, "Saved. The machine's firewall follows at the probe now running.")
+
+
 def set_sharing(request: HttpRequest, machine: Machine) -> None:
     sharing = MachineSharingForm(request.POST).parsed()
     scheduler.machine_sharing_set(
@@ -253,6 +261,7 @@ MACHINE_ACTIONS: dict[str, MachineAction] = {
     "remove": remove_machine,
     "terms": save_terms,
     "sharing": set_sharing,
+    "firewall": set_blocked_ranges,
     "list": list_machine,
     "unlist": unlist_machine,
 }

@@ -13,6 +13,7 @@ from hosts.runtime import (
     image_reference,
     image_repository,
 )
+from hosts.runtime.container_spec import RENTAL_CAPABILITIES
 
 NASTY = [
     "$(reboot)",
@@ -51,14 +52,32 @@ def test_argv_is_exactly_the_expected_one():
     assert argv == [
         "docker", "run", "--detach", "--name", "gpumkt-abc", "--restart", "no",
         "--label", "gpumkt.instance=u-1", "--label", "gpumkt.machine=7", "--label", "gpumkt.platform=1",
-        "--cpus", "4", "--cpu-shares", "4096", "--memory", "8192m", "--memory-reservation", "6553m", "--shm-size", "4096m",
-        "--security-opt", "no-new-privileges", "--pids-limit", "4096",
+        "--cpus", "4", "--cpu-shares", "4096", "--memory", "8192m", "--memory-swap", "8192m",
+        "--memory-reservation", "6553m", "--shm-size", "4096m",
+        "--security-opt", "no-new-privileges", "--cap-drop", "ALL",
+        "--cap-add", "AUDIT_WRITE", "--cap-add", "CHOWN", "--cap-add", "DAC_OVERRIDE",
+        "--cap-add", "FOWNER", "--cap-add", "FSETID", "--cap-add", "KILL",
+        "--cap-add", "NET_BIND_SERVICE", "--cap-add", "SETGID", "--cap-add", "SETUID",
+        "--cap-add", "SYS_CHROOT", "--sysctl", "net.ipv4.ping_group_range=1 0",
+        "--pids-limit", "4096",
         "--network", "gpumkt-tenants", "--log-driver", "json-file",
         "--log-opt", "max-size=10240k", "--log-opt", "max-file=3",
         "--gpus", '"device=GPU-aaaaaaaa-1111-2222-3333-444444444444,GPU-bbbbbbbb-2222-3333-4444-555555555555"',
         "--env", "A=1", "--publish", "20001:22/tcp", "--entrypoint", "/bin/sh",
         "pytorch/pytorch:2.3.0", "-c", "echo hi",
     ]  # fmt: skip
+
+
+def test_a_rental_has_no_raw_sockets_and_no_swap_beyond_its_memory():
+    argv = docker_run_argv(spec(memory_mb=3000, shm_mb=1000), machine_id=1, nvidia_runtime=False)
+    options = argv[: argv.index(spec().image)]
+    assert options[options.index("--cap-drop") + 1] == "ALL"
+    added = {options[i + 1] for i, a in enumerate(options) if a == "--cap-add"}
+    assert "NET_RAW" not in added and not {"SYS_ADMIN", "NET_ADMIN", "MKNOD"} & added
+    # sshd in an SSH-mode image still has what it needs to log a renter in.
+    assert {"SETUID", "SETGID", "SYS_CHROOT", "CHOWN"} <= added
+    assert options[options.index("--memory") + 1] == "3000m"
+    assert options[options.index("--memory-swap") + 1] == "3000m"
 
 
 def test_without_the_nvidia_runtime_gpus_go_in_nvidia_visible_devices():
@@ -108,10 +127,11 @@ def test_nasty_values_in_env_and_args_stay_single_quoted_argv_elements(value):
         "--mount",
         "--pid",
         "--ipc",
-        "--cap-add",
         "--device",
     ):
         assert flag not in argv[: argv.index(spec().image)], flag
+    added = [options[i + 1] for i, a in enumerate(options) if a == "--cap-add"]
+    assert added == list(RENTAL_CAPABILITIES)
 
 
 @pytest.mark.parametrize("value", NASTY)

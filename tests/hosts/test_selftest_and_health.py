@@ -26,12 +26,13 @@ def test_self_test_runs_a_container_and_reads_its_limits_back(
     report = {check["name"]: check for check in machine.self_test_report}
     assert machine.self_test_passed is True, machine.self_test_report
     assert list(report) == [
-        "probe", "image", "container", "cpu limit", "memory limit", "shm size", "environment",
-        "gpu pinning",
+        "probe", "tenant firewall", "image", "container", "cpu limit", "memory limit",
+        "shm size", "environment", "gpu pinning",
     ]  # fmt: skip
     assert "asked 0.5 CPUs, the container has 0.5" in report["cpu limit"]["detail"]
     assert "asked 128 MB, the container has 128 MB" in report["memory limit"]["detail"]
     assert report["gpu pinning"]["detail"].startswith("4 of 4 free GPU(s) pinned")
+    assert report["tenant firewall"]["detail"].startswith("Rentals cannot reach the host")
     assert MachineEvent.objects.filter(machine=machine, kind="self_test").exists()
     assert report["image"]["detail"] == f"{docker_engine} is on the machine"
     # The test container is always removed.

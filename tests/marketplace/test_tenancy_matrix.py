@@ -607,6 +607,7 @@ MATRIX: dict[str, list[Check]] = {
     "machine-action": [
         Obj(mach("confirm/"), "post", {"fingerprint": "SHA256:acme-offered"}),
         Obj(mach("terms/"), "post", {"price": "9.99", "storage_price": "1", "min_gpus": "1"}),
+        Obj(mach("firewall/"), "post", {"blocked_ranges": "10.0.0.0/8"}),
         Obj(mach("list/"), "post"),
         Obj(mach("unlist/"), "post"),
         Obj(mach("probe/"), "post"),

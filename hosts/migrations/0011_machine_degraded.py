@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("hosts", "0009_machine_min_bid"),
+        ("hosts", "0010_machine_tenant_firewall"),
     ]
 
     operations = [

@@ -5,9 +5,9 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("hosts", "0010_instance_unknown_machine_degraded"),
+        ("hosts", "0011_machine_degraded"),
         ("marketplace", "0018_offer_search_indexes_and_statistics"),
-        ("scheduler", "0011_instance_version_failure"),
+        ("scheduler", "0012_private_repository_proven"),
     ]
 
     operations = [
