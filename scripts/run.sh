@@ -25,6 +25,10 @@ export GATEWAY_URL="${GATEWAY_URL:-http://127.0.0.1:$GATEWAY_PORT}"
 export GATEWAY_AUTH_UPSTREAM="${GATEWAY_AUTH_UPSTREAM:-127.0.0.1:$PORT}"
 mkdir -p var/log
 py=.venv/bin/python
+# Every container this checkout's marketplace starts carries this label, so stopping removes
+# exactly those (and never another local marketplace's, sharing the machine's Docker).
+RUN_LABEL="gpumkt.make-run=$(pwd | sha256sum | cut -c1-12)"
+export CONTAINER_EXTRA_LABELS="${CONTAINER_EXTRA_LABELS:+$CONTAINER_EXTRA_LABELS,}$RUN_LABEL"
 pids=()
 
 # Redis: start one on REDIS_URL's port when it points at this machine and nothing answers;
@@ -38,9 +42,14 @@ cleanup() {
   if [ "$REDIS_STARTED" = 1 ]; then
     redis-cli -p "$redis_port" shutdown nosave >/dev/null 2>&1 || true
   fi
-  if [ "$DOCKERD_STARTED" = 1 ]; then
-    echo "==> stopping the Docker Engine this run started"
-    stop_dockerd
+  # The Docker Engine is a system service other programs' containers may run on: it stays up,
+  # and only the containers this checkout's marketplace made (its label) are removed.
+  if command -v docker >/dev/null && docker info >/dev/null 2>&1; then
+    ours=$(docker ps -aq --filter "label=$RUN_LABEL")
+    if [ -n "$ours" ]; then
+      echo "==> removing the containers this marketplace made"
+      docker rm -f $ours >/dev/null 2>&1 || true
+    fi
   fi
 }
 trap cleanup EXIT
