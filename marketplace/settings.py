@@ -303,8 +303,8 @@ GATEWAY_SERVER = os.environ.get("GATEWAY_SERVER", "gateway")
 
 # Where the gateway's server listens when it shares a Caddy with other sites (production: the
 # front proxy, deploy/Caddyfile, which hands /clusters/* to it). Set, every route push first
-# puts the server back if Caddy was restarted or reloaded from its Caddyfile; empty (make run,
-# which loads the gateway's whole config with gateway_load) it is never added.
+# puts the server back if Caddy was restarted or reloaded and lost it (make run sets it to its
+# gateway's port); empty, it is never added.
 GATEWAY_LISTEN = os.environ.get("GATEWAY_LISTEN", "")
 # How long the gateway's auth answers are remembered per credential: a revoked key or a
 # removed member stops working within this many seconds.

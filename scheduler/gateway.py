@@ -275,12 +275,26 @@ class CaddyAdmin:
     def server_ensure(self, listen: str) -> bool:
         """Add the gateway's server to the running config, beside whatever else Caddy serves
         (in production, the Caddyfile's site), unless it is there. True when it was added:
-        Caddy was (re)started or reloaded from its Caddyfile, which knows nothing of it."""
-        path = f"/config/apps/http/servers/{SERVER}"
-        if json.loads(self._call("GET", path) or b"null") is not None:
-            return False
-        self._call("POST", path, server_config(listen=listen, routes=[]))
-        return True
+        Caddy was (re)started or reloaded from a config that knows nothing of it, down to
+        one with no HTTP app at all (asking for the server's path then answers 400, so the
+        whole config is read and the server put in at the deepest level that exists)."""
+        config = json.loads(self._call("GET", "/config/") or b"null")
+        if not config:
+            # Nothing at all, not even its admin address: the whole gateway config, keeping
+            # the admin API where we reach it.
+            self.load(gateway_config(admin=f"{self.host}:{self.port}", listen=listen, routes=[]))
+            return True
+        levels = ("apps", "http", "servers", SERVER)
+        path, node = "/config", config
+        for depth, key in enumerate(levels):
+            if not isinstance(node, dict) or node.get(key) is None:
+                value: dict = server_config(listen=listen, routes=[])
+                for wrapper in reversed(levels[depth + 1 :]):
+                    value = {wrapper: value}
+                self._call("POST", f"{path}/{key}", value)
+                return True
+            path, node = f"{path}/{key}", node[key]
+        return False
 
     def routes(self, server: str = SERVER) -> list[dict]:
         raw = self._call("GET", f"/config/apps/http/servers/{server}/routes")

@@ -22,6 +22,9 @@ PORT="${PORT:-8000}"
 GATEWAY_PORT="${GATEWAY_PORT:-8080}"
 export GATEWAY_ADMIN="${GATEWAY_ADMIN:-127.0.0.1:2099}"
 export GATEWAY_URL="${GATEWAY_URL:-http://127.0.0.1:$GATEWAY_PORT}"
+# Set, every route push puts the gateway's server back into a Caddy that lost it (killed and
+# started again, reloaded): the gateway heals itself within a push.
+export GATEWAY_LISTEN="${GATEWAY_LISTEN:-127.0.0.1:$GATEWAY_PORT}"
 export GATEWAY_AUTH_UPSTREAM="${GATEWAY_AUTH_UPSTREAM:-127.0.0.1:$PORT}"
 mkdir -p var/log
 py=.venv/bin/python
