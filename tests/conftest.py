@@ -41,6 +41,22 @@ def examples(full: int) -> int:
     return max(min(full, 10), full * settings.default.max_examples // FULL_EXAMPLES)
 
 
+# A test that uses one of these fixtures starts real hosts (sshd and Docker), a live server
+# and worker, or Chromium: it is a system (or browser) test whatever its module's marks say,
+# so `-m "not system and not browser"` (make test-quick) leaves every such test out.
+SYSTEM_FIXTURES = {"docker_engine", "live_server_url", "celery_worker"}
+BROWSER_FIXTURES = {"browser"}
+
+
+def pytest_collection_modifyitems(items) -> None:
+    for item in items:
+        used = set(getattr(item, "fixturenames", ()))
+        if used & SYSTEM_FIXTURES and item.get_closest_marker("system") is None:
+            item.add_marker(pytest.mark.system)
+        if used & BROWSER_FIXTURES and item.get_closest_marker("browser") is None:
+            item.add_marker(pytest.mark.browser)
+
+
 @pytest.fixture(scope="session")
 def django_db_setup(django_db_setup, django_db_blocker):
     """The test databases, with each process's connection pool closed before they are
