@@ -25,7 +25,11 @@ echo "==> ruff"
 .venv/bin/ruff format --check .
 
 echo "==> pytest"
-export DATABASE_URL="${TEST_DATABASE_URL:-postgres://gpumkt:gpumkt@127.0.0.1:5432/gpumkt}"
+# TEST_NAMESPACE (0-9) keeps a run beside another on this machine apart: its own databases,
+# Redis databases, simulated hosts' addresses and container labels (tests/environment.py).
+database=gpumkt
+if [ "${TEST_NAMESPACE:-0}" != 0 ]; then database="gpumkt_ns${TEST_NAMESPACE}"; fi
+export DATABASE_URL="${TEST_DATABASE_URL:-postgres://gpumkt:gpumkt@127.0.0.1:5432/$database}"
 export REDIS_URL="$test_redis_url"
 mkdir -p var/staticfiles  # whitenoise serves through finders in tests; it wants the root to exist
 status=0
