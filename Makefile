@@ -1,10 +1,16 @@
-.PHONY: run test lint format bench clean cluster-demo
+.PHONY: run test test-quick vast-cli-doc lint format bench clean cluster-demo
 
 run:  ## install what is missing and start the whole marketplace locally
 	@bash scripts/run.sh
 
 test:  ## install what is missing and run lint plus the whole test suite
 	@bash scripts/test.sh $(ARGS)
+
+test-quick:  ## the inner loop: lint and the suite without the system and browser tests
+	@bash scripts/test.sh --quick $(ARGS)
+
+vast-cli-doc:  ## rewrite docs/vast-cli-compatibility.md from a passing run of the vastai CLI
+	@UPDATE_VAST_CLI_DOC=1 bash scripts/test.sh tests/vast/test_cli_conformance.py
 
 lint:
 	.venv/bin/ruff check . && .venv/bin/ruff format --check .

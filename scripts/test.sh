@@ -2,8 +2,15 @@
 # `make test`: install what is missing, start PostgreSQL, Redis and Docker, lint, run the suite.
 # Extra arguments go to pytest (e.g. `make test ARGS="-k billing"`). Without them the money
 # tests run a second time on SQLite; the script fails if either run fails.
+# `--quick` first (`make test-quick`): the inner loop, without the system and browser tests
+# (simulated hosts, Chromium) or the SQLite run, and with the lighter Hypothesis profile.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+quick=0
+if [ "${1:-}" = --quick ]; then
+  quick=1
+  shift
+fi
 scripts/bootstrap.sh test
 . scripts/services.sh
 
@@ -18,10 +25,22 @@ echo "==> ruff"
 .venv/bin/ruff format --check .
 
 echo "==> pytest"
-export DATABASE_URL="${TEST_DATABASE_URL:-postgres://gpumkt:gpumkt@127.0.0.1:5432/gpumkt}"
+# TEST_NAMESPACE (0-9) keeps a run beside another on this machine apart: its own databases,
+# Redis databases, simulated hosts' addresses and container labels (tests/environment.py).
+database=gpumkt
+if [ "${TEST_NAMESPACE:-0}" != 0 ]; then database="gpumkt_ns${TEST_NAMESPACE}"; fi
+export DATABASE_URL="${TEST_DATABASE_URL:-postgres://gpumkt:gpumkt@127.0.0.1:5432/$database}"
 export REDIS_URL="$test_redis_url"
 mkdir -p var/staticfiles  # whitenoise serves through finders in tests; it wants the root to exist
 status=0
+if [ "$quick" = 1 ]; then
+  # The light profile unless one is named (tests/conftest.py); CI=true keeps the full one.
+  .venv/bin/pytest -n "${PYTEST_WORKERS:-3}" --dist loadfile -m "not system and not browser" "$@" \
+    || status=$?
+  exit "$status"
+fi
+# Every example the properties ask for, as in CI (tests/conftest.py).
+export HYPOTHESIS_PROFILE="${HYPOTHESIS_PROFILE:-ci}"
 .venv/bin/pytest -n "${PYTEST_WORKERS:-3}" --dist loadfile "$@" || status=$?
 
 # The ledger again on SQLite, `make run`'s database: billing/pg_bulk.py writes differently

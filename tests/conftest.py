@@ -15,15 +15,46 @@ from rest_framework.test import APIClient
 
 from marketplace.models import ApiKey, Role, Team
 from marketplace.services.accounts import api_key_create
-from tests.factories import TeamFactory, UserFactory, add_member
+from tests.factories import PASSWORD, TeamFactory, UserFactory, add_member  # noqa: F401
 
 # Hypothesis's timing checks (a deadline per example, "input generation is slow") measure the
 # machine, not the code: on a 2-core machine running the suite in parallel a draw can stall
 # for a second. The properties are still checked on every example.
-settings.register_profile("suite", deadline=None, suppress_health_check=[HealthCheck.too_slow])
-settings.load_profile("suite")
+#
+# Two budgets: "ci" (CI=true, and `make test`) draws every example the tests ask for; "dev"
+# (otherwise: the inner loop, `make test-quick`) a quarter of them. HYPOTHESIS_PROFILE names
+# one outright.
+FULL_EXAMPLES = 100
+settings.register_profile(
+    "ci", max_examples=FULL_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.register_profile("dev", settings.get_profile("ci"), max_examples=FULL_EXAMPLES // 4)
+settings.load_profile(
+    os.environ.get("HYPOTHESIS_PROFILE")
+    or ("ci" if os.environ.get("CI", "").lower() in ("true", "1") else "dev")
+)
 
-PASSWORD = "pw-for-tests-123"
+
+def examples(full: int) -> int:
+    """The examples a property that asks for ``full`` of them draws under the loaded profile:
+    all under "ci", as many fewer as the profile's default is (at least 10)."""
+    return max(min(full, 10), full * settings.default.max_examples // FULL_EXAMPLES)
+
+
+# A test that uses one of these fixtures starts real hosts (sshd and Docker), a live server
+# and worker, or Chromium: it is a system (or browser) test whatever its module's marks say,
+# so `-m "not system and not browser"` (make test-quick) leaves every such test out.
+SYSTEM_FIXTURES = {"docker_engine", "live_server_url", "celery_worker"}
+BROWSER_FIXTURES = {"browser"}
+
+
+def pytest_collection_modifyitems(items) -> None:
+    for item in items:
+        used = set(getattr(item, "fixturenames", ()))
+        if used & SYSTEM_FIXTURES and item.get_closest_marker("system") is None:
+            item.add_marker(pytest.mark.system)
+        if used & BROWSER_FIXTURES and item.get_closest_marker("browser") is None:
+            item.add_marker(pytest.mark.browser)
 
 
 @pytest.fixture(scope="session")

@@ -38,6 +38,7 @@ from billing.models import Account, AccountKind, Hold, TopUp, Transfer, Transfer
 from billing.money import percent_of
 from billing.topups import stripe_event_process
 from tests.billing.ledger_checks import assert_ledger_consistent
+from tests.conftest import examples
 from tests.factories import TeamFactory
 
 CENT = 10_000
@@ -294,7 +295,7 @@ def test_ledger_state_machine():
     run_state_machine_as_test(
         LedgerMachine,
         settings=settings(
-            max_examples=300,
+            max_examples=examples(300),
             stateful_step_count=15,
             deadline=None,
             suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],

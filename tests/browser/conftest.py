@@ -4,16 +4,15 @@ driven by Playwright in Debian's Chromium."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 from django.db import connection
 
 from tests.conftest import sim_container_label
+from tests.ports import port_in_log
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = "/usr/bin/chromium"
@@ -30,19 +29,12 @@ def _log_dir() -> Path:
     return path
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="session")
 def live_server_url(django_db_setup, django_db_blocker):
     """uvicorn serving marketplace.asgi on the test database (data must be committed)."""
     with django_db_blocker.unblock():
         database = connection.settings_dict["NAME"]
     base = os.environ["DATABASE_URL"].rsplit("/", 1)[0]
-    port = _free_port()
     # Tasks go to the real worker (celery_worker fixture), not run inline in the web process.
     env = {
         **os.environ,
@@ -53,21 +45,15 @@ def live_server_url(django_db_setup, django_db_blocker):
         "CONTAINER_EXTRA_LABELS": sim_container_label(),
         "PGAPPNAME": "test-live-server",  # names its sessions in pg_stat_activity
     }
-    log = open(_log_dir() / f"uvicorn-{port}.log", "wb")  # noqa: SIM115
+    log_path = _log_dir() / f"uvicorn-{os.getpid()}.log"
+    log = open(log_path, "wb")  # noqa: SIM115
+    # Port 0: the OS hands uvicorn a free port, and uvicorn's start-up line names it.
     server = subprocess.Popen(
         [sys.executable, "-m", "uvicorn", "marketplace.asgi:application", "--host", "127.0.0.1",
-         "--port", str(port), "--log-level", "warning"],
+         "--port", "0", "--log-level", "info", "--no-access-log"],
         cwd=ROOT, env=env, stdout=log, stderr=log,
     )  # fmt: skip
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                break
-        except OSError:
-            if server.poll() is not None:
-                raise RuntimeError(f"uvicorn exited: see {log.name}") from None
-            time.sleep(0.1)
+    port = port_in_log(log_path, r"Uvicorn running on http://127\.0\.0\.1:(\d+)", server)
     yield f"http://127.0.0.1:{port}"
     server.terminate()
     server.wait(timeout=10)

@@ -1,5 +1,5 @@
-"""The cluster gateway for tests: a real Caddy 2 started once per xdist worker (its own admin
-and listen ports, by TEST_NAMESPACE and worker), configured as JSON over its admin API, and
+"""The cluster gateway for tests: a real Caddy 2 started once per xdist worker (its admin and
+listen ports handed out by the OS: tests/ports.py), configured as JSON over its admin API, and
 Django's live server answering its forward-auth sub-requests."""
 
 from __future__ import annotations
@@ -7,9 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,32 +19,7 @@ from tests.marketplace.conftest import (  # noqa: F401 - fixtures used by name
     funded_team,
     provider_team,
 )
-
-
-def _worker_index() -> int:
-    return int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
-
-
-def _namespace() -> int:
-    return int(os.environ.get("TEST_NAMESPACE", "0"))
-
-
-def gateway_ports() -> tuple[int, int]:
-    """(admin, listen): below the ephemeral range, apart from the simulated hosts' ports."""
-    base = 29000 + _namespace() * 100 + _worker_index() * 10
-    return base, base + 1
-
-
-def wait_for_port(port: int, timeout: float = 10) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
+from tests.ports import bind_a_free_port, serve_on_a_free_port
 
 
 @dataclass
@@ -66,25 +39,30 @@ def caddy(tmp_path_factory) -> Caddy:
     """Caddy 2 from Debian, run as a plain process (no systemd)."""
     if shutil.which("caddy") is None:
         pytest.fail("the cluster gateway tests need Caddy 2 (apt-get install caddy)")
-    admin_port, listen = gateway_ports()
     home = tmp_path_factory.mktemp("caddy")
-    boot = home / "boot.json"
-    boot.write_text(json.dumps({"admin": {"listen": f"127.0.0.1:{admin_port}"}}))
     log = home / "caddy.log"
     env = {**os.environ, "XDG_DATA_HOME": str(home), "XDG_CONFIG_HOME": str(home)}
-    process = subprocess.Popen(
-        ["caddy", "run", "--config", str(boot)],
-        stdout=log.open("w"),
-        stderr=subprocess.STDOUT,
-        env=env,
-    )
-    try:
-        wait_for_port(admin_port)
-        admin = f"127.0.0.1:{admin_port}"
-        gw.CaddyAdmin(admin).load(
-            gw.gateway_config(admin=admin, listen=f"127.0.0.1:{listen}", routes=[])
+
+    def start(admin_port: int) -> subprocess.Popen:
+        boot = home / "boot.json"
+        boot.write_text(json.dumps({"admin": {"listen": f"127.0.0.1:{admin_port}"}}))
+        return subprocess.Popen(
+            ["caddy", "run", "--config", str(boot)],
+            stdout=log.open("w"),
+            stderr=subprocess.STDOUT,
+            env=env,
         )
-        wait_for_port(listen)
+
+    process, admin_port = serve_on_a_free_port(start)
+    try:
+        admin = f"127.0.0.1:{admin_port}"
+
+        def listen_on(port: int) -> None:
+            gw.CaddyAdmin(admin).load(
+                gw.gateway_config(admin=admin, listen=f"127.0.0.1:{port}", routes=[])
+            )
+
+        listen = bind_a_free_port(process.pid, listen_on)
         yield Caddy(admin=admin, listen=listen, process=process, log=log)
     finally:
         process.terminate()

@@ -116,6 +116,16 @@ class Load:
         self._stop.set()
         self._thread.join(timeout=30)
 
+    def more(self, count: int, timeout: float = 60) -> None:
+        """Wait until ``count`` more requests have been answered (or have failed): traffic
+        for a while, however slowly a busy machine lets it flow."""
+        wanted = len(self.results) + count
+        deadline = time.monotonic() + timeout
+        while len(self.results) < wanted:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{wanted - len(self.results)} requests still unanswered")
+            time.sleep(0.05)
+
     @property
     def failed(self) -> list[tuple[object, str]]:
         return [r for r in self.results if r[0] != 200]

@@ -14,6 +14,7 @@ from django.core.exceptions import ValidationError
 from hosts import services
 from hosts.models import Machine, MachineStatus
 from tests.hosts.support import online_machine
+from tests.ports import closed_port
 
 
 def register(team, address: str, port: int = 22) -> Machine:
@@ -89,18 +90,14 @@ def http_server():
         server.close()
 
 
-def closed_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]  # nothing listens once it is closed
-
-
 @pytest.mark.django_db(transaction=True)
 def test_closed_and_non_ssh_ports_read_the_same_to_the_provider(team):
     with http_server() as web_port:
         web = services.machine_fetch_host_key(machine_id=register(team, "127.0.0.1", web_port).pk)
-    closed_at = closed_port()
-    closed = services.machine_fetch_host_key(machine_id=register(team, "127.0.0.1", closed_at).pk)
+    with closed_port() as closed_at:
+        closed = services.machine_fetch_host_key(
+            machine_id=register(team, "127.0.0.1", closed_at).pk
+        )
     assert web.status == closed.status == MachineStatus.ERROR
     assert re.sub(r":\d+", ":PORT", web.status_detail) == re.sub(
         r":\d+", ":PORT", closed.status_detail

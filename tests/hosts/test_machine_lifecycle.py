@@ -248,3 +248,46 @@ def test_demo_step_lists_the_simulated_hosts_and_can_run_again(sim_host_factory,
     assert machine.listed and machine.price_per_gpu_hour == 230_000 and machine.gpu_count == 2
     assert demo_step({"provider": provider}, [host.to_dict()]) == message  # idempotent
     assert Machine.objects.filter(address=host.address).count() == 1
+
+
+def test_demo_step_waits_for_a_host_whose_first_probes_fail(sim_host_factory, db):
+    """`make run` on a busy machine: a simulated host's first probes fail (here its driver
+    does not answer for a while). The demo probes again until the machine is online and lists
+    it, instead of stopping at a machine in error that cannot be listed."""
+    import threading
+
+    from hosts.demo import demo_step
+    from tests.factories import UserFactory
+
+    host = sim_host_factory(gpus=1)
+    host.set_driver_failed(True)
+    answers_later = threading.Timer(3, host.set_driver_failed, args=(False,))
+    answers_later.start()
+    try:
+        message = demo_step({"provider": UserFactory(username="provider")}, [host.to_dict()])
+    finally:
+        answers_later.cancel()
+        host.set_driver_failed(False)
+    assert message == f"demo machines listed: {host.spec.name}"
+    machine = Machine.objects.get(address=host.address, port=host.port)
+    assert machine.status == MachineStatus.ONLINE and machine.listed
+
+
+def test_demo_step_names_a_host_that_never_comes_online(sim_host_factory, db, monkeypatch):
+    """Past the deadline the demo says which machine is not ready and why, lists the others,
+    and the command goes on (make run still starts)."""
+    from hosts import demo
+    from tests.factories import UserFactory
+
+    monkeypatch.setattr(demo, "ONLINE_WITHIN_SECONDS", 2.0)
+    broken, fine = sim_host_factory(gpus=1), sim_host_factory(gpus=1)
+    broken.set_driver_failed(True)
+    try:
+        message = demo.demo_step(
+            {"provider": UserFactory(username="provider")}, [broken.to_dict(), fine.to_dict()]
+        )
+    finally:
+        broken.set_driver_failed(False)
+    assert f"demo machines listed: {fine.spec.name}" in message
+    assert f"demo machines not ready: {broken.spec.name}: not online after 2 s" in message
+    assert not Machine.objects.get(address=broken.address, port=broken.port).listed

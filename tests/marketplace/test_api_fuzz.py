@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from schemathesis.core import NOT_SET
 from schemathesis.generation import GenerationMode
 
+from tests.conftest import examples
 from tests.marketplace.test_api_number_inputs import (  # noqa: F401 (fixtures)
     api_schema,
     console_api,
@@ -57,7 +58,7 @@ def send(api, case):
 
 
 @settings(
-    max_examples=300,
+    max_examples=examples(300),
     deadline=None,
     derandomize=True,  # the same examples on every run: a failure here is reproducible
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],

@@ -211,11 +211,19 @@ def test_a_version_publishes_other_ports_and_changes_its_disk(funded_team, machi
         assert docker_inspect(second.container_id)["HostConfig"]["StorageOpt"] == {"size": "20G"}
     rental = Rental.objects.get(instance=first)
     assert rental.disk_gb == 20 and rental.storage_owed_banked >= 0
+    # Storage is rounded once from its clock's seconds, so an hour from `now` costs what 20 GB
+    # owe for the clock's reading at `now` plus an hour, less what they owe at `now`: one
+    # instant read once (the hour alone, rounded on its own, can differ by a micro-dollar).
     now = timezone.now()
+    seconds = rental.storage_seconds_at(now)
+
+    def at_20_gb(seconds: int) -> int:
+        return storage_owed(
+            price_per_gb_month=rental.storage_price_per_gb_month, disk_gb=20, seconds=seconds
+        )
+
     hour = rental_owed(rental, now + timedelta(hours=1)).storage - rental_owed(rental, now).storage
-    assert hour == storage_owed(
-        price_per_gb_month=rental.storage_price_per_gb_month, disk_gb=20, seconds=3600
-    )
+    assert hour == at_20_gb(seconds + 3600) - at_20_gb(seconds)
     grown = Hold.objects.get(pk=rental.hold_id).amount - hold_before
     assert (
         0

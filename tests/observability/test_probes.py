@@ -3,16 +3,16 @@ broker for real and names what does not answer."""
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 
+from tests.ports import closed_port
 
-def closed_port() -> int:
-    """A local port nothing listens on (bound, then released)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+
+@pytest.fixture
+def dead_port():
+    """A local port that refuses connections for the whole test (tests/ports.py)."""
+    with closed_port() as port:
+        yield port
 
 
 def test_healthz_answers_without_the_database(client):
@@ -36,8 +36,8 @@ def test_readyz_is_ready_when_database_redis_and_broker_answer(client):
 
 
 @pytest.mark.django_db
-def test_readyz_is_503_naming_redis_when_redis_does_not_answer(client, settings):
-    dead = f"redis://127.0.0.1:{closed_port()}/0"
+def test_readyz_is_503_naming_redis_when_redis_does_not_answer(client, settings, dead_port):
+    dead = f"redis://127.0.0.1:{dead_port}/0"
     settings.CACHES = {
         "default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": dead}
     }
@@ -60,8 +60,8 @@ def test_readyz_is_503_naming_redis_when_redis_does_not_answer(client, settings)
 
 
 @pytest.mark.django_db
-def test_readyz_is_503_naming_the_broker_when_it_does_not_answer(client, settings):
-    settings.CELERY_BROKER_URL = f"redis://127.0.0.1:{closed_port()}/0"
+def test_readyz_is_503_naming_the_broker_when_it_does_not_answer(client, settings, dead_port):
+    settings.CELERY_BROKER_URL = f"redis://127.0.0.1:{dead_port}/0"
     response = client.get("/readyz")
     assert response.status_code == 503
     assert response.json()["failed"] == ["broker"]

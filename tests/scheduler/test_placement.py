@@ -16,6 +16,7 @@ from scheduler.placement import (
     SliceSize,
     place_all,
 )
+from tests.conftest import examples
 
 
 def machine(machine_id, gpus, price, reliability=0.99, name="RTX 4090", region="US", first=None):
@@ -56,7 +57,7 @@ def test_a_full_machine_is_not_chosen_again_and_release_frees_it():
     assert planner.place(PlacementRequest(gpu_count=1)).gpu_ids == (100,)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(
     sizes=st.lists(st.integers(min_value=1, max_value=8), min_size=1, max_size=30),
     asks=st.lists(st.integers(min_value=1, max_value=8), max_size=60),
@@ -103,7 +104,7 @@ def test_spread_avoids_machines_the_deployment_runs_on_unless_nothing_else_fits(
     assert cheapest.machine_id == 1
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(
     sizes=st.lists(st.integers(min_value=1, max_value=8), min_size=1, max_size=20),
     asks=st.lists(st.integers(min_value=1, max_value=8), max_size=40),
@@ -205,7 +206,7 @@ def test_slices_and_whole_gpus_never_share_a_card_and_a_card_never_overfills():
     assert planner.place(PlacementRequest(gpu_count=2)).gpu_ids == (100, 101)
 
 
-@settings(max_examples=60)
+@settings(max_examples=examples(60))
 @given(
     asks=st.lists(
         st.tuples(st.booleans(), st.integers(1, 100), st.integers(1, CARD), st.integers(1, 3)),

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -24,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import sim_container_label
+from tests.ports import port_in_log, serve_on_a_free_port
 
 pytestmark = pytest.mark.system
 
@@ -33,18 +33,14 @@ QUICK_STOP = ["-c", "trap 'exit 0' TERM; echo up; while :; do sleep 1; done"]
 LOCK_ERRORS = ("database is locked", "database table is locked", "OperationalError")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Stack:
     """The processes of ``make run`` on a fresh SQLite file."""
 
     def __init__(self, root: Path, hosts: list[dict]):
-        self.root, self.port = root, free_port()
-        self.redis_port = redis_port = free_port()
+        self.root = root
+        self.processes: list[subprocess.Popen] = []
+        self.logs: list[Path] = []
+        redis_port = self._redis()
         self.env = {
             **os.environ,
             "DEBUG": "1",
@@ -57,15 +53,10 @@ class Stack:
             "PYTHONPATH": str(ROOT),
         }
         self.env.pop("SECRET_KEY", None)  # DEBUG makes its own under VAR_DIR, as make run does
-        self.processes: list[subprocess.Popen] = []
-        self.logs: list[Path] = []
-        self._spawn(
-            "redis",
-            ["redis-server", "--port", str(redis_port), "--bind", "127.0.0.1", "--save", ""],
-        )
         self.manage("migrate", "--noinput", "-v0")
         (root / "hosts.json").write_text(json.dumps(hosts))
-        self.manage("demo_data", "--simhosts", str(root / "hosts.json"))
+        made = self.manage("demo_data", "--simhosts", str(root / "hosts.json"))
+        assert "not ready" not in made, made  # demo_data waits for its machines to be online
         py = sys.executable
         self._spawn(
             "worker",
@@ -76,11 +67,13 @@ class Stack:
             [py, "-m", "celery", "-A", "marketplace", "beat", "-l", "info",
              "--schedule", str(root / "celerybeat-schedule")],
         )  # fmt: skip
-        self._spawn(
+        web = self._spawn(
             "web",
             [py, "-m", "uvicorn", "marketplace.asgi:application", "--host", "127.0.0.1",
-             "--port", str(self.port)],
+             "--port", "0"],
         )  # fmt: skip
+        # The OS hands uvicorn a free port, and its start-up line names it.
+        self.port = port_in_log(root / "web.log", r"Uvicorn running on http://[\d.]+:(\d+)", web)
         self._wait_for_web()
         self.key = self.manage(
             "shell",
@@ -104,22 +97,30 @@ class Stack:
         assert done.returncode == 0, done.stdout + done.stderr
         return done.stdout
 
-    def _spawn(self, name: str, argv: list[str]) -> None:
+    def _redis(self) -> int:
+        """redis-server on a port the OS handed out (its ``--port 0`` would mean no TCP)."""
+        log = self.root / "redis.log"
+        self.logs.append(log)
+
+        def start(port: int) -> subprocess.Popen:
+            argv = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
+            return subprocess.Popen(
+                argv, stdout=log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True
+            )
+
+        process, port = serve_on_a_free_port(start)
+        self.processes.append(process)
+        return port
+
+    def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen:
         log = self.root / f"{name}.log"
         self.logs.append(log)
-        self.processes.append(
-            subprocess.Popen(
-                argv, cwd=ROOT, env=self.env, stdout=log.open("wb"), stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+        process = subprocess.Popen(
+            argv, cwd=ROOT, env=self.env, stdout=log.open("wb"), stderr=subprocess.STDOUT,
+            start_new_session=True,
         )  # fmt: skip
-        if name == "redis":
-            deadline = time.monotonic() + 10
-            while time.monotonic() < deadline:
-                with socket.socket() as s:
-                    if s.connect_ex(("127.0.0.1", self.redis_port)) == 0:
-                        return
-                time.sleep(0.05)
+        self.processes.append(process)
+        return process
 
     def _wait_for_web(self) -> None:
         deadline = time.monotonic() + 60
