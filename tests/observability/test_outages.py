@@ -81,6 +81,7 @@ def test_healthz_answers_with_redis_down(client, redis_down):
     assert time.monotonic() - started < 2
 
 
+@pytest.mark.django_db(transaction=True)  # no test transaction holding the table's locks
 def test_a_busy_database_answers_503_saying_to_retry(funded_team):
     """Another writer holds the table past the statement's patience: PostgreSQL cancels the
     statement (as SQLite gives up on a lock held past its timeout) and the answer is a 503
@@ -92,6 +93,7 @@ def test_a_busy_database_answers_503_saying_to_retry(funded_team):
     other.set_autocommit(False)
     try:
         with other.cursor() as cursor:
+            cursor.execute("SET lock_timeout = 5000")  # a mistake here fails, never hangs
             cursor.execute("LOCK TABLE scheduler_instance IN ACCESS EXCLUSIVE MODE")
         with connection.cursor() as cursor:
             cursor.execute("SET statement_timeout = 300")
@@ -99,6 +101,8 @@ def test_a_busy_database_answers_503_saying_to_retry(funded_team):
     finally:
         other.rollback()
         other.close()
+        with connection.cursor() as cursor:
+            cursor.execute("SET statement_timeout = 0")
     assert response.status_code == 503, response.content
     assert response["Retry-After"] == "5"
     assert "database" in response.json()["error"]["message"]
