@@ -20,7 +20,7 @@ from rest_framework.views import APIView
 from billing.money import MICRO_PER_DOLLAR
 from billing.selectors import team_balance
 from marketplace import offer_query
-from marketplace.api.fields import dollars
+from marketplace.api.fields import clamped_whole, dollars
 from marketplace.api.offers import MAX_PAGE, search_offers
 from marketplace.api.permissions import api_team
 from marketplace.api.rentals import RentSerializer
@@ -152,7 +152,7 @@ class Ask(RenterView):
         fields = shapes.rental_fields(body)
         offer = Offer.objects.filter(machine_id=offer_id).first()
         if offer is None:
-            raise Refused(f"There is no offer {offer_id}; search offers for current ids.")
+            raise NotFound(f"There is no offer {offer_id}; search offers for current ids.")
         gpus = max(offer.num_gpus, offer.min_gpus, 1)
         if body.get("price") is not None:  # --bid_price: an interruptible rental
             fields["bid_price"] = dollars(shapes.bid_per_gpu(body["price"], gpus, "--bid_price"))
@@ -260,10 +260,9 @@ class InstanceLogs(RenterView):
     )
     def put(self, request, pk: int):
         instance = self.instance(pk)
-        tail = self.body().get("tail") or 1000
         try:
-            tail = min(max(int(tail), 1), 5000)
-        except (TypeError, ValueError):
+            tail = clamped_whole(self.body().get("tail") or 1000, 1, 5000)
+        except ValueError:
             raise Refused("--tail is a whole number of lines.", field="tail") from None
         if self.body().get("filter") or self.body().get("daemon_logs"):
             raise Refused("--filter and --daemon-logs are not supported.", field="filter")
