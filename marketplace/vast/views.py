@@ -22,6 +22,7 @@ from billing.selectors import team_balance
 from marketplace import offer_query
 from marketplace.api.fields import clamped_whole, dollars
 from marketplace.api.offers import MAX_PAGE, search_offers
+from marketplace.api.parsers import json_body
 from marketplace.api.permissions import api_team
 from marketplace.api.rentals import RentSerializer
 from marketplace.models import ApiKey, Offer, SshKey
@@ -462,13 +463,11 @@ def for_vastai_cli(v1_list_view):
 
 
 def json_param(request, name: str) -> Any:
-    import json
-
     raw = request.query_params.get(name)
     if raw in (None, ""):
         return None
     try:
-        return json.loads(raw)
+        return json_body(raw)  # bounded in depth, as a body is (a RecursionError was a 500)
     except ValueError:
         raise Refused(f"{name} is JSON.", field=name) from None
 

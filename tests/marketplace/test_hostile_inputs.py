@@ -14,6 +14,7 @@ import json
 import logging
 import re
 from dataclasses import dataclass
+from urllib.parse import quote
 
 import pytest
 from django.apps import apps
@@ -223,6 +224,12 @@ def v1_cases(place) -> list[Hostile]:
                  "location": "US\nEU"}, "location")
     )  # fmt: skip
 
+    for big in BIG_IDS:  # ids in paths past the generator's {id}
+        path = f"/api/v1/instances/{iid}/versions/{big}/"
+        cases.append(Hostile(f"delete version {big}", "delete", path, None, status=(404,)))
+        # A window not on the machine is a 400 naming it, however large its number.
+        path = f"/api/v1/machines/{own}/maintenance/{big}/"
+        cases.append(Hostile(f"delete window {big}", "delete", path, None, "window"))
     for tail in ["1e309", "abc", "NaN", "1" * 5000]:
         cases.append(
             Hostile(
@@ -290,6 +297,10 @@ def v0_cases(place) -> list[Hostile]:
             Hostile(f"v0 logs tail {tail!r}", "put", f"/api/v0/instances/request_logs/{iid}/",
                     {"tail": tail}, "tail", vast=True)
         )  # fmt: skip
+    for name in ("select_filters", "order_by"):
+        for text in (DEEP_ARRAY, DEEP_OBJECT, "{nope"):
+            url = f"/api/v0/instances/?{name}={quote(text)}"
+            cases.append(Hostile(f"v0 {name} {text[:5]}", "get", url, None, name, vast=True))
     for big in BIG_IDS:
         cases.append(
             Hostile(
