@@ -52,6 +52,8 @@ def personal_team_ensure(*, user: User) -> Team:
 @transaction.atomic
 def team_create(*, name: str, owner: User) -> Team:
     name = name.strip()
+    if not name:
+        raise ValidationError({"name": "A team needs a name."})
     name_check(name, "name", max_length=80)
     team = Team.objects.create(name=name[:80])
     Membership.objects.create(team=team, user=owner, role=Role.OWNER)
@@ -178,6 +180,8 @@ def api_key_create(
 ) -> IssuedApiKey:
     require_role(membership, Role.ADMIN)
     name = name.strip()
+    if not name:
+        raise ValidationError({"name": "Give the key a name, so you can tell keys apart."})
     name_check(name, "name", max_length=80)
     if access not in ApiKey.Access.values:
         raise ValidationError({"access": f"Must be one of {', '.join(ApiKey.Access.values)}."})

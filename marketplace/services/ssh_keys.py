@@ -41,6 +41,8 @@ def ssh_key_fingerprint(public_key: str) -> str:
 @transaction.atomic
 def ssh_key_add(*, team: Team, name: str, public_key: str) -> SshKey:
     name = name.strip()
+    if not name:
+        raise ValidationError({"name": "Give the key a name."})
     name_check(name, "name", max_length=80)
     fingerprint = ssh_key_fingerprint(public_key)
     if SshKey.objects.filter(team=team, fingerprint=fingerprint).exists():

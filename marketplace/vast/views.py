@@ -323,7 +323,7 @@ class SshKeys(VastView):
         if not isinstance(public_key, str):
             raise Refused("ssh_key is one OpenSSH public key line.", field="ssh_key")
         parts = public_key.split()
-        name = parts[2] if len(parts) > 2 else "added with vastai"
+        name = (parts[2] if len(parts) > 2 else "added with vastai")[:80]  # the comment
         key = ssh_key_add(team=self.team, name=name, public_key=public_key)
         return Response({"success": True, **ssh_key_row(key)})
 
