@@ -6,6 +6,9 @@ class MarketplaceConfig(AppConfig):
     verbose_name = "Marketplace"
 
     def ready(self) -> None:
+        from marketplace import url_ids
+
+        url_ids.register()  # <id:…> in URL patterns: a row id the database can hold
         # Registers the API-key auth extension and the subscribers to lower rooms' signals.
         # Registers the launch, stop and destroy tasks with scheduler.work, so every process
         # (web included) can queue them.

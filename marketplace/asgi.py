@@ -1,7 +1,7 @@
 """ASGI entry point: HTTP through Django, WebSockets through Channels.
 
-WebSockets pass the origin check (``AllowedHostsOriginValidator``) and then session
-authentication; consumers refuse anonymous users before accepting.
+WebSockets pass the origin check (``socket_origin.SameOriginOnly``: scheme, host and port) and
+then session authentication; consumers refuse anonymous users before accepting.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ django_asgi_app = one_hop_asgi_application()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
-from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
 from marketplace.clusters.auth import GatewayAuthFastPath  # noqa: E402
 from marketplace.fanout import ServerConnection  # noqa: E402
 from marketplace.routing import websocket_urlpatterns  # noqa: E402
+from marketplace.socket_origin import SameOriginOnly  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
@@ -29,7 +29,7 @@ application = ProtocolTypeRouter(
         "http": GatewayAuthFastPath(django_asgi_app),
         # The team feed writes its frames straight to uvicorn's connection where it can.
         "websocket": ServerConnection(
-            AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns)))
+            SameOriginOnly(AuthMiddlewareStack(URLRouter(websocket_urlpatterns)))
         ),
     }
 )

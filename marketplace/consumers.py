@@ -7,6 +7,14 @@ or of the account (deactivated) is announced the moment it commits, and a follow
 re-reads the membership. A user no longer in the team is closed out at once (4404 on an
 instance's socket, like another team's instance; 4403 on the team feed), with no query per
 event relayed.
+
+Refusals: an anonymous socket is closed before accept (the handshake fails); a signed-in user
+without the team (4403) or the instance (4404: another team's and a missing one alike) is
+accepted and closed at once with that code, so the page can tell a refusal from a network
+failure and stop retrying (static/js). A path no route serves is closed the same way (4404).
+
+Frames: text of at most ``MAX_FRAME_CHARS``, a JSON object. A larger one closes the socket
+(1009, "message too big"); one that is not a JSON object is ignored. Neither logs a traceback.
 """
 
 from __future__ import annotations
@@ -19,6 +27,8 @@ from channels.consumer import get_handler_name
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
+from marketplace.api.fields import clamped_whole
+from marketplace.api.parsers import json_body
 from marketplace.events import instance_group, user_group
 from marketplace.fanout import CONNECTION_KEY, TeamFeed, fan_out
 from marketplace.log_follow import LogFollower, TooManyFollowers
@@ -27,6 +37,9 @@ from marketplace.tenancy import ACTIVE_TEAM_SESSION_KEY, membership_for, team_ob
 from scheduler.models import Instance, InstanceState
 
 MAX_TAIL = 5000
+# The console sends small commands ({"type": "follow", "tail": 200}); nothing needs more.
+MAX_FRAME_CHARS = 4096
+MESSAGE_TOO_BIG = 1009
 # A socket may ask to follow this many times per window; past that it is told to wait.
 FOLLOW_BURST, FOLLOW_WINDOW_SECONDS = 5, 30.0
 # A socket runs one follower, plus at most one earlier one still letting go of its stream.
@@ -52,7 +65,43 @@ def _is_member(user, team_id: int) -> bool:
 RELAYED_MESSAGES = frozenset({"team.event", "instance.event", "access.lost"})
 
 
-class _MemberSocket(AsyncJsonWebsocketConsumer):
+async def refuse(consumer: AsyncJsonWebsocketConsumer, code: int) -> None:
+    """Close with ``code``: before accept for an anonymous socket (4401: the handshake fails),
+    else accepted first so the browser sees the code (a refused handshake reads as a network
+    failure to it, and the page would retry forever)."""
+    if code != 4401:
+        await consumer.accept()
+    await consumer.close(code=code)
+
+
+class _JsonCommands(AsyncJsonWebsocketConsumer):
+    """Frames are small JSON objects: a larger frame closes the socket, any other is ignored
+    (``receive_json`` is handed dicts only)."""
+
+    async def receive(self, text_data=None, bytes_data=None, **kwargs) -> None:
+        frame = text_data if text_data is not None else bytes_data
+        if frame is None:
+            return
+        if len(frame) > MAX_FRAME_CHARS:
+            await self.close(code=MESSAGE_TOO_BIG)
+            return
+        try:
+            content = json_body(frame, max_depth=8)
+        except (ValueError, UnicodeDecodeError):
+            return
+        if isinstance(content, dict):
+            await self.receive_json(content, **kwargs)
+
+
+class NoSuchSocket(AsyncJsonWebsocketConsumer):
+    """Any WebSocket path no route serves (``/ws/nope/``, ``/ws/instances/abc/``): closed with
+    4404, as a missing instance is, instead of the router's "No route found" error."""
+
+    async def connect(self) -> None:
+        await refuse(self, 4404)
+
+
+class _MemberSocket(_JsonCommands):
     """A socket that serves one team's member, and closes once the user loses access."""
 
     removed_code = 4403
@@ -84,7 +133,7 @@ class _MemberSocket(AsyncJsonWebsocketConsumer):
         # first check and joining would otherwise go unnoticed.
         if not await database_sync_to_async(_is_member)(self.scope["user"], team_id):
             await self._leave()
-            await self.close(code=self.removed_code)
+            await refuse(self, self.removed_code)
             return False
         await self.accept()
         return True
@@ -126,7 +175,7 @@ class TeamEventsConsumer(_MemberSocket):
     async def connect(self) -> None:
         membership, refusal = await _membership(self)
         if membership is None:
-            await self.close(code=refusal)  # closed before accept: the handshake is refused
+            await refuse(self, refusal)
             return
         if await self._join(membership.team_id, None):
             # Added to the feed only once accepted (a frame may not precede the accept), and
@@ -165,8 +214,8 @@ class InstanceConsumer(_MemberSocket):
     its log (the last N lines, then each new one) until ``{"type": "unfollow"}``.
 
     Subscribing reads the instance, so it passes the page's tenancy gate: another team's
-    instance is closed before accept (4404), exactly like a missing one; so is a user who has
-    left the team since (4404, after accept).
+    instance is accepted and closed at once with 4404, exactly like a missing one; so is a
+    user who has left the team since.
 
     A socket has one follower at a time (a new follow replaces it), asks at most
     ``FOLLOW_BURST`` times per ``FOLLOW_WINDOW_SECONDS``, and is refused (``logs.end`` with the
@@ -186,12 +235,12 @@ class InstanceConsumer(_MemberSocket):
         self.follow_times: deque[float] = deque(maxlen=FOLLOW_BURST)
         membership, refusal = await _membership(self)
         if membership is None:
-            await self.close(code=refusal)
+            await refuse(self, refusal)
             return
         instance_id = self.scope["url_route"]["kwargs"]["instance_id"]
         instance = await database_sync_to_async(_team_instance)(membership.team, instance_id)
         if instance is None:
-            await self.close(code=4404)
+            await refuse(self, 4404)  # another team's or a missing one: the same answer
             return
         self.team, self.instance_id = membership.team, instance.pk
         if await self._join(membership.team_id, instance_group(instance.pk)):
@@ -204,11 +253,11 @@ class InstanceConsumer(_MemberSocket):
         await super().disconnect(code)
 
     async def receive_json(self, content, **kwargs) -> None:
-        kind = content.get("type") if isinstance(content, dict) else None
+        kind = content.get("type")
         if kind == "follow":
             try:
-                tail = min(max(int(content.get("tail", 200)), 0), MAX_TAIL)
-            except (TypeError, ValueError):
+                tail = clamped_whole(content.get("tail", 200), 0, MAX_TAIL)
+            except ValueError:  # not a number (1e309 included): the default
                 tail = 200
             await self._follow(tail)
         elif kind == "unfollow":

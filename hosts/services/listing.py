@@ -15,6 +15,7 @@ from hosts.models import Machine, MachineStatus
 from hosts.runtime import InvalidContainerSpec
 from hosts.runtime.firewall import validate_blocked_ranges
 from hosts.services.events import notify_changed, record_event
+from hosts.user_text import name_problem
 
 MAX_PRICE_PER_GPU_HOUR = 1_000 * 1_000_000  # $1,000/GPU-hour: anything above is a typo
 MAX_STORAGE_PRICE = 100 * 1_000_000  # $100/GB-month
@@ -83,8 +84,8 @@ def machine_set_terms(
             "Between $0.000001 and $1,000 per GPU-hour, or none to take no bids."
         )
     location = location.strip()
-    if len(location) > 64:
-        errors["location"] = "At most 64 characters."
+    if (problem := name_problem(location, max_length=64, required=False)) is not None:
+        errors["location"] = problem
     start = port_range_start or machine.port_range_start
     end = port_range_end or machine.port_range_end
     if not (1024 <= start <= end <= 65535):

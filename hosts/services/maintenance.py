@@ -10,6 +10,7 @@ from django.utils import timezone
 
 from hosts.models import Machine, MaintenanceWindow
 from hosts.services.events import notify_changed, record_event
+from hosts.user_text import name_problem
 
 MAX_MAINTENANCE = timedelta(days=14)
 MAINTENANCE_HORIZON = timedelta(days=365)
@@ -42,8 +43,8 @@ def maintenance_window_add(
         elif starts_at > now + MAINTENANCE_HORIZON:
             errors["starts_at"] = "At most a year ahead."
     note = (note or "").strip()
-    if len(note) > 200:
-        errors["note"] = "At most 200 characters."
+    if (problem := name_problem(note, max_length=200, required=False)) is not None:
+        errors["note"] = problem
     if not errors:
         clash = MaintenanceWindow.objects.filter(
             machine=machine, starts_at__lt=ends_at, ends_at__gt=starts_at

@@ -18,6 +18,7 @@ from django.utils import timezone
 from hosts import addresses, ssh
 from hosts.models import Machine, MachineStatus
 from hosts.services.events import record_event, set_status
+from hosts.user_text import name_problem
 
 logger = logging.getLogger(__name__)
 
@@ -25,6 +26,8 @@ logger = logging.getLogger(__name__)
 @transaction.atomic
 def machine_register(*, team_id: int, name: str, address: str, port: int, ssh_user: str) -> Machine:
     errors = {}
+    if (problem := name_problem(name.strip(), max_length=80, required=False)) is not None:
+        errors["name"] = problem
     address = address.strip()
     if (
         not address

@@ -13,10 +13,12 @@ import logging
 import sys
 
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.core.signals import got_request_exception
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
-from django.views import defaults
+from django.views import csrf, defaults
+from django.views.decorators.csrf import csrf_exempt
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler, set_rollback
@@ -55,6 +57,10 @@ def api_exception_handler(exc, context):
         exc = exceptions.PermissionDenied(str(exc) or None)
     elif isinstance(exc, Http404):
         exc = exceptions.NotFound("Not found.")
+    elif isinstance(exc, RequestDataTooBig):  # a form body past DATA_UPLOAD_MAX_MEMORY_SIZE
+        return Response(error_body("request_too_large", str(exc)), status=413)
+    elif isinstance(exc, SuspiciousOperation):  # too many form fields or files, and the like
+        return Response(error_body("bad_request", str(exc)), status=400)
     elif hasattr(exc, "http_status") and hasattr(exc, "error_code"):
         fields = getattr(exc, "fields", None) or {}
         return Response(error_body(exc.error_code, str(exc), fields), status=exc.http_status)
@@ -107,6 +113,7 @@ def server_error_body() -> dict:
     )
 
 
+@csrf_exempt  # answers every method with the same 404 and changes nothing
 def api_not_found(request, exception=None):
     return JsonResponse(
         error_body("not_found", f"No API endpoint at {request.path}."),
@@ -139,6 +146,15 @@ def page_not_found(request: HttpRequest, exception=None) -> HttpResponse:
     if _is_api(request):
         return api_not_found(request)
     return defaults.page_not_found(request, exception)
+
+
+def csrf_failure(request: HttpRequest, reason: str = "") -> HttpResponse:
+    """A session's write without its CSRF token: under /api/ the error shape (DRF's own views
+    answer this themselves; this covers any other view there), elsewhere Django's page."""
+    if _is_api(request):
+        message = "CSRF check failed: a signed-in session's write needs the X-CSRFToken header."
+        return JsonResponse(error_body("permission_denied", message), status=403)
+    return csrf.csrf_failure(request, reason)
 
 
 def server_error(request: HttpRequest) -> HttpResponse:

@@ -47,6 +47,24 @@ def finite_number(value) -> float:
     return number
 
 
+def clamped_whole(value, low: int, high: int) -> int:
+    """A count where any number is a fair request, brought within ``low``..``high``
+    (``tail=-1`` is 1 line, ``tail=10**30`` is ``high``; a JSON 12.5 is 12); ``ValueError``
+    for what is not a number at all (other text, NaN, infinity, true/false, lists)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ValueError("Enter a whole number.")
+    if isinstance(value, str):
+        value = value.strip()
+        if not (value.lstrip("+-").isascii() and value.lstrip("+-").isdigit()):
+            raise ValueError("Enter a whole number.")
+        value = int(value)  # past 4300 digits Python refuses: a ValueError too
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError("Enter a whole number.")
+        value = int(value)
+    return min(max(value, low), high)
+
+
 class FiniteFloatField(serializers.FloatField):
     """A float field that refuses NaN, ±Infinity, overflowing exponents and booleans."""
 

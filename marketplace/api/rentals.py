@@ -15,6 +15,7 @@ from marketplace.api.fields import (
     DOLLARS_SCHEMA,
     DollarsField,
     FiniteFloatField,
+    clamped_whole,
     dollars,
     finite_number,
 )
@@ -551,12 +552,23 @@ class InstanceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScop
         rental_extend(rental=instance.rental, hours=params.validated_data["hours"])
         return Response(InstanceSerializer(self.get_object()).data)
 
-    @extend_schema(parameters=[OpenApiParameter("tail", int)], responses={200: dict})
+    @extend_schema(
+        parameters=[
+            OpenApiParameter(
+                "tail",
+                int,
+                description="How many of the last lines to show (default 200). Any whole "
+                "number is taken: below 1 means 1 line (tail=-1 is the last line), above 5000 "
+                "means 5000.",
+            )
+        ],
+        responses={200: dict},
+    )
     @action(detail=True, methods=["get"])
     def logs(self, request, pk=None):
         instance = self.get_object()
         try:
-            tail = min(max(int(request.query_params.get("tail", 200)), 1), 5000)
+            tail = clamped_whole(request.query_params.get("tail", 200), 1, 5000)
         except ValueError:
             raise serializers.ValidationError({"tail": "A whole number of lines."}) from None
         text, note = instance_logs(instance, tail=tail)

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
+from hosts.user_text import name_problem
 from marketplace.deployments.reconciler import reconcile_locked, replica_end
 from marketplace.models import Deployment, Replica, Team
 from marketplace.models.deployments import (
@@ -73,8 +74,8 @@ def deployment_validate(spec: DeploymentSpec) -> DeploymentSpec:
     """The spec as it will be stored (a container is a job of one), or ValidationError naming
     every bad field."""
     errors: dict[str, str] = {}
-    if not spec.name.strip() or len(spec.name) > 80:
-        errors["name"] = "Give the deployment a name of at most 80 characters."
+    if (problem := name_problem(spec.name.strip(), max_length=80)) is not None:
+        errors["name"] = problem
     if spec.mode not in DeploymentMode.values:
         errors["mode"] = f"Choose one of {', '.join(DeploymentMode.values)}."
     if spec.policy not in PlacementPolicy.values:

@@ -13,6 +13,7 @@ from django.db import connection, transaction
 from django.db.models import OuterRef, QuerySet, Subquery
 from django.utils import timezone
 
+from hosts.user_text import name_check
 from marketplace.models import ApiKey, Invitation, Membership, Role, Team, User
 
 INVITATION_LIFETIME = timedelta(days=7)
@@ -53,6 +54,7 @@ def team_create(*, name: str, owner: User) -> Team:
     name = name.strip()
     if not name:
         raise ValidationError({"name": "A team needs a name."})
+    name_check(name, "name", max_length=80)
     team = Team.objects.create(name=name[:80])
     Membership.objects.create(team=team, user=owner, role=Role.OWNER)
     return team
@@ -180,6 +182,7 @@ def api_key_create(
     name = name.strip()
     if not name:
         raise ValidationError({"name": "Give the key a name, so you can tell keys apart."})
+    name_check(name, "name", max_length=80)
     if access not in ApiKey.Access.values:
         raise ValidationError({"access": f"Must be one of {', '.join(ApiKey.Access.values)}."})
     if audience not in ApiKey.Audience.values:

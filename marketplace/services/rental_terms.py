@@ -14,7 +14,7 @@ from django.core.exceptions import ValidationError
 from hosts.models import Machine
 from marketplace.services.bids import bid_check
 from marketplace.services.volumes import MountRequest
-from marketplace.validation import label_check, validate_launch
+from marketplace.validation import label_check, registry_login_check, validate_launch
 from scheduler.models import LaunchMode
 from scheduler.placement import BINPACK, CARD_POLICIES, SliceSize
 from scheduler.services import JUPYTER_CONTAINER_PORT, SSH_CONTAINER_PORT
@@ -53,6 +53,7 @@ def request_check(request: RentalRequest) -> None:
     nothing invalid is ever allocated, held or stored (hosts.runtime checks the final spec
     again before any command is built)."""
     label_check(request.label)
+    registry_login_check(username=request.registry_username, password=request.registry_password)
     if request.launch_mode not in LaunchMode.values:
         raise ValidationError({"launch_mode": f"Choose one of {', '.join(LaunchMode.values)}."})
     validate_launch(

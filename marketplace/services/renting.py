@@ -228,6 +228,7 @@ def _check_orders(orders: list[RentalOrder], outcomes: list) -> dict[int, dict[s
         key = (
             request.launch_mode, request.image, repr(request.env), repr(request.ports),
             request.entrypoint, repr(request.args), request.label,
+            request.registry_username, request.registry_password,
             bool(allow_private.get(request.machine_id)),
         )  # fmt: skip
         if key not in checked:

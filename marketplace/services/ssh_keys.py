@@ -8,6 +8,7 @@ import hashlib
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
+from hosts.user_text import name_check
 from marketplace.models import SshKey, Team
 
 SSH_KEY_TYPES = {
@@ -42,6 +43,7 @@ def ssh_key_add(*, team: Team, name: str, public_key: str) -> SshKey:
     name = name.strip()
     if not name:
         raise ValidationError({"name": "Give the key a name."})
+    name_check(name, "name", max_length=80)
     fingerprint = ssh_key_fingerprint(public_key)
     if SshKey.objects.filter(team=team, fingerprint=fingerprint).exists():
         raise ValidationError({"public_key": "This key is already on the team."})

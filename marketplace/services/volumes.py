@@ -29,6 +29,7 @@ from hosts.models import Machine, MachineStatus, in_service
 from hosts.runtime import CommandFailed, HostKeyMismatch, HostUnreachable, InvalidContainerSpec
 from hosts.runtime.container_spec import validate_volumes
 from hosts.runtime.volumes import MAX_VOLUME_GB, HostVolumes, VolumeUsage
+from hosts.user_text import name_check
 from marketplace.events import publish_team_events
 from marketplace.fleet import machine_reference
 from marketplace.models import Team, Volume, VolumeMount, VolumeState, VolumeVersion
@@ -50,9 +51,8 @@ class VolumeInUse(Exception):
 
 
 def _check_name(name: str) -> str:
-    name = (name or "").strip()
-    if not 1 <= len(name) <= 64 or not name.isprintable():
-        raise ValidationError({"name": "Give a name of 1 to 64 printable characters."})
+    name = name.strip() if isinstance(name, str) else name
+    name_check(name, "name", max_length=64)
     return name
 
 

@@ -194,6 +194,8 @@ def rental_fields(body: dict[str, Any]) -> dict[str, Any]:
         "ports": ports,
     }
     if body.get("label"):
+        if not isinstance(body["label"], str):
+            raise Refused("label is text.", field="label")
         fields["label"] = body["label"]
     onstart = body.get("onstart") or ""
     if mode == LaunchMode.ENTRYPOINT:
@@ -242,8 +244,14 @@ def split_env(env: Any) -> tuple[dict[str, str], list[int]]:
                 f"--env option '{flag}' is not supported: only -e NAME=value and -p PORT:PORT.",
                 field="env",
             )
+        elif isinstance(value, str):
+            variables[key] = value
+        elif isinstance(value, int | float) and not isinstance(value, bool):
+            variables[key] = str(value)  # a script's {"N": 4}: the text a shell would see
         else:
-            variables[key] = value if isinstance(value, str) else str(value)
+            raise Refused(
+                f"env {key[:40]}'s value is text, not {type(value).__name__}.", field="env"
+            )
     return variables, sorted(set(ports))
 
 

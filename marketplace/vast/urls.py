@@ -17,24 +17,24 @@ urlpatterns = [
     re_path(r"^users/current/?$", views.CurrentUser.as_view(), name="vast-user"),
     re_path(r"^users/me/invoices/?$", views.Invoices.as_view(), name="vast-invoices"),
     path("bundles/", views.Bundles.as_view(), name="vast-bundles"),
-    path("asks/<int:offer_id>/", views.Ask.as_view(), name="vast-ask"),
+    path("asks/<id:offer_id>/", views.Ask.as_view(), name="vast-ask"),
     path("instances/", views.InstanceList.as_view(), name="vast-instances"),
-    path("instances/<int:pk>/", views.InstanceDetail.as_view(), name="vast-instance"),
-    path("instances/reboot/<int:pk>/", views.InstanceReboot.as_view(), name="vast-instance-reboot"),
-    path("instances/bid_price/<int:pk>/", views.InstanceBid.as_view(), name="vast-instance-bid"),
+    path("instances/<id:pk>/", views.InstanceDetail.as_view(), name="vast-instance"),
+    path("instances/reboot/<id:pk>/", views.InstanceReboot.as_view(), name="vast-instance-reboot"),
+    path("instances/bid_price/<id:pk>/", views.InstanceBid.as_view(), name="vast-instance-bid"),
     path(
-        "instances/request_logs/<int:pk>/", views.InstanceLogs.as_view(), name="vast-instance-logs"
+        "instances/request_logs/<id:pk>/", views.InstanceLogs.as_view(), name="vast-instance-logs"
     ),
     path(
-        "instances/command/<int:pk>/", views.InstanceCommand.as_view(), name="vast-instance-command"
+        "instances/command/<id:pk>/", views.InstanceCommand.as_view(), name="vast-instance-command"
     ),
     path("ssh/", views.SshKeys.as_view(), name="vast-ssh-keys"),
-    path("ssh/<int:pk>/", views.SshKeyDetail.as_view(), name="vast-ssh-key"),
+    path("ssh/<id:pk>/", views.SshKeyDetail.as_view(), name="vast-ssh-key"),
     re_path(r"^machines/?$", hosting.Machines.as_view(), name="vast-machines"),
     path("machines/create_asks/", hosting.CreateAsks.as_view(), name="vast-machine-list"),
-    path("machines/<int:pk>/asks/", hosting.MachineAsks.as_view(), name="vast-machine-unlist"),
+    path("machines/<id:pk>/asks/", hosting.MachineAsks.as_view(), name="vast-machine-unlist"),
     path(
-        "machines/<int:pk>/dnotify/",
+        "machines/<id:pk>/dnotify/",
         hosting.MachineMaintenance.as_view(),
         name="vast-machine-maintenance",
     ),

@@ -20,8 +20,9 @@ from rest_framework.views import APIView
 from billing.money import MICRO_PER_DOLLAR
 from billing.selectors import team_balance
 from marketplace import offer_query
-from marketplace.api.fields import dollars
+from marketplace.api.fields import clamped_whole, dollars
 from marketplace.api.offers import MAX_PAGE, search_offers
+from marketplace.api.parsers import json_body
 from marketplace.api.permissions import api_team
 from marketplace.api.rentals import RentSerializer
 from marketplace.models import ApiKey, Offer, SshKey
@@ -152,7 +153,7 @@ class Ask(RenterView):
         fields = shapes.rental_fields(body)
         offer = Offer.objects.filter(machine_id=offer_id).first()
         if offer is None:
-            raise Refused(f"There is no offer {offer_id}; search offers for current ids.")
+            raise NotFound(f"There is no offer {offer_id}; search offers for current ids.")
         gpus = max(offer.num_gpus, offer.min_gpus, 1)
         if body.get("price") is not None:  # --bid_price: an interruptible rental
             fields["bid_price"] = dollars(shapes.bid_per_gpu(body["price"], gpus, "--bid_price"))
@@ -260,10 +261,9 @@ class InstanceLogs(RenterView):
     )
     def put(self, request, pk: int):
         instance = self.instance(pk)
-        tail = self.body().get("tail") or 1000
         try:
-            tail = min(max(int(tail), 1), 5000)
-        except (TypeError, ValueError):
+            tail = clamped_whole(self.body().get("tail") or 1000, 1, 5000)
+        except ValueError:
             raise Refused("--tail is a whole number of lines.", field="tail") from None
         if self.body().get("filter") or self.body().get("daemon_logs"):
             raise Refused("--filter and --daemon-logs are not supported.", field="filter")
@@ -323,7 +323,7 @@ class SshKeys(VastView):
         if not isinstance(public_key, str):
             raise Refused("ssh_key is one OpenSSH public key line.", field="ssh_key")
         parts = public_key.split()
-        name = parts[2] if len(parts) > 2 else "added with vastai"
+        name = (parts[2] if len(parts) > 2 else "added with vastai")[:80]  # the comment
         key = ssh_key_add(team=self.team, name=name, public_key=public_key)
         return Response({"success": True, **ssh_key_row(key)})
 
@@ -463,13 +463,11 @@ def for_vastai_cli(v1_list_view):
 
 
 def json_param(request, name: str) -> Any:
-    import json
-
     raw = request.query_params.get(name)
     if raw in (None, ""):
         return None
     try:
-        return json.loads(raw)
+        return json_body(raw)  # bounded in depth, as a body is (a RecursionError was a 500)
     except ValueError:
         raise Refused(f"{name} is JSON.", field=name) from None
 

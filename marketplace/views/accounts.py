@@ -105,12 +105,16 @@ def _safe_next(request: HttpRequest) -> str | None:
 @require_POST
 def team_create(request: HttpRequest) -> HttpResponse:
     form = TeamForm(request.POST)
-    if form.is_valid():
-        team = services.team_create(name=form.cleaned_data["name"], owner=request.user)
-        request.session[ACTIVE_TEAM_SESSION_KEY] = team.id
-        messages.success(request, f"Team {team.name} created; you are its owner.")
-    else:
+    if not form.is_valid():
         messages.error(request, "A team needs a name of at most 80 characters.")
+        return redirect("team-settings")
+    try:
+        team = services.team_create(name=form.cleaned_data["name"], owner=request.user)
+    except ValidationError as error:
+        messages.error(request, f"Could not create the team: {error_text(error)}")
+        return redirect("team-settings")
+    request.session[ACTIVE_TEAM_SESSION_KEY] = team.id
+    messages.success(request, f"Team {team.name} created; you are its owner.")
     return redirect("team-settings")
 
 

@@ -180,6 +180,6 @@ def cluster_action(request: HttpRequest, pk: int, action: str) -> HttpResponse:
 
 urlpatterns = [
     path("clusters/", clusters, name="clusters"),
-    path("clusters/<int:pk>/", cluster_detail, name="cluster-detail"),
-    path("clusters/<int:pk>/<str:action>/", cluster_action, name="cluster-action"),
+    path("clusters/<id:pk>/", cluster_detail, name="cluster-detail"),
+    path("clusters/<id:pk>/<str:action>/", cluster_action, name="cluster-action"),
 ]

@@ -206,11 +206,11 @@ def deployment_replica_stop(request: HttpRequest, pk: int, replica_id: int) -> H
 urlpatterns = [
     path("deployments/", deployments, name="deployments"),
     path("deployments/matching/", deployments_matching, name="deployments-matching"),
-    path("deployments/<int:pk>/", deployment_detail, name="deployment-detail"),
+    path("deployments/<id:pk>/", deployment_detail, name="deployment-detail"),
     path(
-        "deployments/<int:pk>/replicas/<int:replica_id>/stop/",
+        "deployments/<id:pk>/replicas/<id:replica_id>/stop/",
         deployment_replica_stop,
         name="deployment-replica-stop",
     ),
-    path("deployments/<int:pk>/<str:action>/", deployment_action, name="deployment-action"),
+    path("deployments/<id:pk>/<str:action>/", deployment_action, name="deployment-action"),
 ]

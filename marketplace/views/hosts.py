@@ -302,7 +302,7 @@ def machine_usage(request: HttpRequest, pk: int) -> HttpResponse:
 urlpatterns = [
     path("machines/", machines, name="machines"),
     path("machines/add/", machine_add, name="machine-add"),
-    path("machines/<int:pk>/", machine_detail, name="machine-detail"),
-    path("machines/<int:pk>/usage/", machine_usage, name="machine-usage"),
-    path("machines/<int:pk>/<str:action>/", machine_action, name="machine-action"),
+    path("machines/<id:pk>/", machine_detail, name="machine-detail"),
+    path("machines/<id:pk>/usage/", machine_usage, name="machine-usage"),
+    path("machines/<id:pk>/<str:action>/", machine_action, name="machine-action"),
 ]

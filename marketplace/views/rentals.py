@@ -455,11 +455,11 @@ def ssh_keys(request: HttpRequest) -> HttpResponse:
 
 urlpatterns = [
     path("offers/", offers, name="offers"),
-    path("offers/<int:machine_id>/rent/", rent, name="rent"),
+    path("offers/<id:machine_id>/rent/", rent, name="rent"),
     path("instances/", instances, name="instances"),
-    path("instances/<int:pk>/", instance_detail, name="instance-detail"),
-    path("instances/<int:pk>/logs/", instance_logs, name="instance-logs"),
-    path("instances/<int:pk>/exec/", instance_exec, name="instance-exec"),
-    path("instances/<int:pk>/<str:action>/", instance_action, name="instance-action"),
+    path("instances/<id:pk>/", instance_detail, name="instance-detail"),
+    path("instances/<id:pk>/logs/", instance_logs, name="instance-logs"),
+    path("instances/<id:pk>/exec/", instance_exec, name="instance-exec"),
+    path("instances/<id:pk>/<str:action>/", instance_action, name="instance-action"),
     path("ssh-keys/", ssh_keys, name="ssh-keys"),
 ]

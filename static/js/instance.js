@@ -12,6 +12,8 @@
   var socket = null;
   var delay = 500;
   var opened = false;
+  var failedOpens = 0;
+  var MAX_FAILED_OPENS = 10;  // handshakes in a row that never opened, then no more tries
   var greeted = false;  // the first "hello" came (later ones follow a reconnect)
 
   function logBox() {
@@ -76,7 +78,10 @@
   function connect() {
     var scheme = location.protocol === "https:" ? "wss://" : "ws://";
     socket = new WebSocket(scheme + location.host + path);
+    var thisOpened = false;
     socket.onopen = function () {
+      thisOpened = true;
+      failedOpens = 0;
       if (opened) {  // events sent while we were away are lost: read the page again
         document.body.dispatchEvent(new CustomEvent("instance:reconnected"));
         logsChanged(null);
@@ -110,6 +115,9 @@
     socket.onclose = function (event) {
       socket = null;
       if (event.code === 4404 || event.code === 4401 || event.code === 4403) return;  // not ours to watch
+      // A handshake refused again and again (the browser shows it as 1006, like a network
+      // failure) is given up on too, rather than retried for as long as the page is open.
+      if (!thisOpened && ++failedOpens >= MAX_FAILED_OPENS) return;
       setTimeout(connect, delay);
       delay = Math.min(delay * 2, 15000);
     };

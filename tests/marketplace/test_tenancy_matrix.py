@@ -1184,8 +1184,13 @@ def test_every_route_is_in_the_matrix():
 # subscription is refused before accept.
 WEBSOCKET_TENANCY: dict[str, str] = {
     "ws/events/": "tests.marketplace.test_websocket:test_member_receives_own_team_events_only",
-    "ws/instances/<int:instance_id>/": (
+    "ws/instances/<id:instance_id>/": (
         "tests.marketplace.test_websocket:test_instance_socket_is_refused_for_another_teams_instance"
+    ),
+    # Every other path: closed with 4404, whoever asks (it serves nothing of any team).
+    "": (
+        "tests.marketplace.test_hostile_sockets:"
+        "test_another_teams_instance_and_a_missing_one_close_alike_with_4404"
     ),
 }
 

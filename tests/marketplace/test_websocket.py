@@ -143,8 +143,10 @@ async def test_instance_socket_is_refused_for_another_teams_instance(teammate, t
     instance = await sync_to_async(rented_instance)()
     for active in (None, team.id):  # their own team, or a smuggled-in id of Acme's
         cookie = await sync_to_async(session_cookie_for)(outsider, active)
-        connected, code = await instance_socket(cookie, instance.pk).connect()
-        assert (connected, code) == (False, 4404)
+        refused = instance_socket(cookie, instance.pk)
+        assert (await refused.connect())[0]  # accepted, so the page sees the code
+        closed = await refused.receive_output(timeout=5)
+        assert closed == {"type": "websocket.close", "code": 4404}
     cookie = await sync_to_async(session_cookie_for)(teammate, team.id)
     ws = instance_socket(cookie, instance.pk)
     connected, _ = await ws.connect()
