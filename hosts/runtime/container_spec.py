@@ -65,6 +65,9 @@ NO_PING_SOCKETS = "net.ipv4.ping_group_range=1 0"
 
 # Docker's reference grammar: [registry[:port]/]path[:tag][@digest], lower-case path.
 _COMPONENT = r"[a-z0-9]+(?:(?:\.|_|__|-+)[a-z0-9]+)*"
+# What Docker takes for a local image's id (or a prefix of one): `sha256:<hex>`. A bare hex
+# name is safe: docker_run_argv gives it a tag, and `3f2a:latest` is a name.
+_IMAGE_ID = re.compile(r"^sha256:[a-f0-9]+$")
 _IMAGE = re.compile(
     rf"^(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*(?::[0-9]{{1,5}})?/)?"
     rf"{_COMPONENT}(?:/{_COMPONENT})*(?::[A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}})?(?:@sha256:[a-f0-9]{{64}})?$"
@@ -116,6 +119,15 @@ def validate_image(image: str) -> None:
     if not _IMAGE.fullmatch(image):
         raise InvalidContainerSpec(
             "image", f"'{image[:60]}' is not a Docker image name like 'pytorch/pytorch:2.3.0'"
+        )
+    if _IMAGE_ID.fullmatch(image):
+        # Docker runs a local image by its id or a prefix of it, which would pass by the
+        # checks a name gets: another team's committed image, a private one whose registry
+        # refuses this team.
+        raise InvalidContainerSpec(
+            "image",
+            f"'{image[:60]}' is an image id, which Docker would run from the machine's local "
+            "copies; give the image's name",
         )
 
 

@@ -13,7 +13,7 @@ from hosts.runtime import (
     image_reference,
     image_repository,
 )
-from hosts.runtime.container_spec import RENTAL_CAPABILITIES
+from hosts.runtime.container_spec import RENTAL_CAPABILITIES, validate_image
 
 NASTY = [
     "$(reboot)",
@@ -482,3 +482,18 @@ def test_the_disk_is_capped_only_where_the_host_enforces_it():
     assert "gpumkt.disk_gb=7" in capped
     plain = docker_run_argv(ContainerSpec(**spec), machine_id=1, nvidia_runtime=False)
     assert "--storage-opt" not in plain and "gpumkt.disk_gb=7" in plain
+
+
+@pytest.mark.parametrize("image", ["sha256:" + "0" * 64, "sha256:abc"])
+def test_an_image_id_is_refused_as_an_image(image):
+    """Docker runs a local image by its id or a prefix of it (``docker run sha256:<id>``
+    runs on this engine), past the checks a name gets."""
+    with pytest.raises(InvalidContainerSpec) as caught:
+        validate_image(image)
+    assert caught.value.field == "image" and "image id" in str(caught.value)
+
+
+@pytest.mark.parametrize("image", ["abcdef", "abcdef:latest", "deadbeef/app"])
+def test_hex_names_are_names(image):
+    """Given a tag by docker_run_argv (``abcdef:latest``), Docker reads them as names."""
+    validate_image(image)

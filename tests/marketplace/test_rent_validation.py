@@ -38,6 +38,8 @@ def nothing_written() -> bool:
         ("ports", [0]),
         ("label", "two\nlines"),
         ("label", "x" * 101),
+        # An image id (or a prefix of one) runs a local copy past every check a name gets.
+        ("image", "sha256:" + "a" * 64),
     ],
 )
 def test_the_renting_service_refuses_bad_specs_naming_the_field(funded_team, machine, field, value):
