@@ -19,7 +19,7 @@ from django.db import connection
 from prometheus_client.parser import text_string_to_metric_families
 
 from marketplace.celery import app as celery_app
-from tests.observability.test_probes import closed_port
+from tests.ports import serve_on_a_free_port
 
 pytestmark = [
     pytest.mark.django_db,
@@ -75,10 +75,12 @@ def test_a_worker_exports_its_childrens_task_metrics_and_logs_the_queuing_reques
     tmp_path,
 ):
     celery_app.control.purge()
-    port, log = closed_port(), tmp_path / "worker.log"
+    log = tmp_path / "worker.log"
     (tmp_path / "metrics").mkdir()
     (tmp_path / "metrics" / "counter_99999.db").write_bytes(b"stale")  # emptied at start
-    worker = start_worker(log, port, tmp_path / "metrics")
+    worker, port = serve_on_a_free_port(
+        lambda port: start_worker(log, port, tmp_path / "metrics"), timeout=90
+    )
     try:
         request_id = f"test-request-{uuid.uuid4().hex[:8]}"
         with structlog.contextvars.bound_contextvars(request_id=request_id):
