@@ -95,6 +95,11 @@ class Machine(models.Model):
     # Whether the last probe found the tenant firewall in place (None: never checked), and
     # what it found.
     tenant_firewall = models.BooleanField(null=True)
+    # The ranges this machine's last good probe refused on its host: one the provider drops
+    # later is deleted by this machine's next probe. A rule is never deleted because this
+    # machine does not want it: the host's iptables may hold another machine's (a host shared
+    # by simulated machines; another installation).
+    firewall_ranges = models.JSONField(default=list, blank=True)
     tenant_firewall_detail = models.CharField(max_length=300, blank=True)
     # GPU sharing (fractional GPUs): the provider lets renters take slices of a card (compute
     # percent and memory), enforced on the host by CUDA MPS; the probe says whether MPS is there.

@@ -102,9 +102,11 @@ class RegistryLoginRefused(CommandFailed):
 
     def __str__(self) -> str:
         said = self.stderr.strip().splitlines()[-1][:300] if self.stderr.strip() else ""
+        # Refused or unreachable: Docker's own words (last line) tell which.
         return (
-            f"the registry {self.registry} did not accept the login given as registry_username "
-            f"and registry_password ({said or f'docker login exited {self.exit_code}'})"
+            f"could not log in to the registry {self.registry} with the login given as "
+            f"registry_username and registry_password "
+            f"({said or f'docker login exited {self.exit_code}'})"
         )
 
 

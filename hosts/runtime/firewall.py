@@ -29,6 +29,7 @@ from __future__ import annotations
 import ipaddress
 import secrets
 import shlex
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -152,10 +153,15 @@ def isolation_rules(blocked: list[str], resolvers: list[str]) -> list[Rule]:
     return forward + host
 
 
-def stale_rules(listing: str, wanted: list[Rule]) -> list[list[str]]:
+def stale_rules(
+    listing: str, wanted: list[Rule], dropped: Iterable[str] | None = None
+) -> list[list[str]]:
     """``iptables -D`` arguments for each rule of ours in an ``iptables -S`` listing that is
-    no longer wanted, told by its comment; rules of anyone else are never named."""
+    no longer wanted, told by its comment; rules of anyone else are never named. A range's
+    refusal is stale only when it is among ``dropped`` (ranges this machine set and its
+    provider dropped): another machine on the same host may want it."""
     wanted_comments = {(rule.chain, rule.comment) for rule in wanted}
+    dropped_comments = {f"{COMMENT}: refuse {r}" for r in (dropped or ())}
     stale = []
     for line in listing.splitlines():
         try:
@@ -165,8 +171,11 @@ def stale_rules(listing: str, wanted: list[Rule]) -> list[list[str]]:
         if len(words) < 2 or words[0] != "-A" or "--comment" not in words:
             continue
         comment = words[words.index("--comment") + 1] if words[-1] != "--comment" else ""
-        if comment.startswith(COMMENT) and (words[1], comment) not in wanted_comments:
-            stale.append(["-D", *words[1:]])
+        if not comment.startswith(COMMENT) or (words[1], comment) in wanted_comments:
+            continue
+        if comment.startswith(f"{COMMENT}: refuse ") and comment not in dropped_comments:
+            continue  # another machine's range, perhaps: not this probe's to delete
+        stale.append(["-D", *words[1:]])
     return stale
 
 
@@ -245,7 +254,8 @@ def firewall_ensure(machine: Machine) -> FirewallState:
     resolv, _, rest = read.stdout.partition("--- rules\n")
     listing, _, networks = rest.partition("--- networks\n")
     rules = isolation_rules(blocked, parse_resolvers(resolv))
-    script = install_script(rules, stale_rules(listing, rules))
+    dropped = set(machine.firewall_ranges or []) - set(blocked)
+    script = install_script(rules, stale_rules(listing, rules, dropped))
     done = ssh.run(machine, ["sh", "-c", script], check=False)
     if done.exit_code != 0:
         return FirewallState(False, f"Tenant firewall incomplete: {_failure(done)}")

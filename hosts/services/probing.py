@@ -65,6 +65,10 @@ def machine_probe(*, machine_id: int) -> Machine:
     # (rules gone) gets them again. Missing rules are told on the machine, not a problem
     # that takes it out of service.
     firewall = firewall_ensure(machine)
+    if firewall.ok:
+        Machine.objects.filter(pk=machine_id).update(
+            firewall_ranges=list(machine.blocked_ranges or [])
+        )
     result = replace(result, tenant_firewall=firewall.ok, tenant_firewall_detail=firewall.detail)
     return machine_apply_probe(machine_id=machine_id, result=result)
 

@@ -155,7 +155,7 @@ def test_a_wrong_registry_password_fails_the_launch_and_pulls_nothing(funded_tea
 
     assert instance.state == "failed"
     message = instance.status_message
-    assert f"the registry {registry.address} did not accept the login" in message
+    assert f"could not log in to the registry {registry.address}" in message
     assert "registry_username and registry_password" in message
     assert wrong not in message and right not in message
     assert shown["status_message"] == message and wrong not in str(shown)

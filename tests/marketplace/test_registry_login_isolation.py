@@ -95,7 +95,7 @@ def test_a_made_up_login_fails_only_its_own_rental_and_blocks_no_one(
     assert bogus.state == "failed"
     message = shown(funded_team, bogus)["status_message"]
     assert "registry_username" in message and "registry_password" in message, message
-    assert "did not accept the login" in message and MADE_UP[1] not in message
+    assert "could not log in to the registry" in message and MADE_UP[1] not in message
     assert containers_named(bogus.container_name) == []
     assert not GpuAllocation.objects.filter(instance=bogus, released_at=None).exists()
     # The registry was asked about that login only, and gave nothing out.

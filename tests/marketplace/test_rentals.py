@@ -444,7 +444,7 @@ def test_private_registry_login_is_stored_encrypted_and_used_for_the_pull(funded
     assert "registry_password" not in body and secret not in str(body)
     # The login to the (absent) loopback registry fails; the message says so, not the secret.
     assert instance.state == "failed"
-    assert "could not pull 127.0.0.1:5999/team/private:1" in instance.status_message
+    assert "could not log in to the registry 127.0.0.1:5999" in instance.status_message
     assert secret not in instance.status_message
     half = rent(client, machine, num_gpus=1, registry_username="robot")
     assert half.status_code == 400 and "registry_username" in half.json()["error"]["fields"]

@@ -209,7 +209,8 @@ def test_a_socket_on_web_a_sees_a_rental_made_through_web_b(installation):
     port_a = inst.cluster.web_ports[0]
     headers = {
         "Cookie": f"sessionid={renter['session']}",
-        "Origin": "https://localhost",
+        # As the front proxy passes it on: the browser's page is the site's HTTPS origin.
+        "Origin": f"https://localhost:{inst.cluster.https_port}",
         "Host": "localhost",
     }
     url = f"ws://127.0.0.1:{port_a}/ws/events/"
