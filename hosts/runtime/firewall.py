@@ -33,8 +33,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from django.conf import settings
+
 from hosts import ssh
-from hosts.runtime.container_spec import PLATFORM_LABEL, InvalidContainerSpec
+from hosts.runtime.container_spec import MACHINE_LABEL, PLATFORM_LABEL, InvalidContainerSpec
 
 if TYPE_CHECKING:
     from hosts.models import Machine
@@ -189,7 +191,9 @@ for f in "$@"; do [ -r "$f" ] && cat "$f"; done; echo "--- rules"
 iptables -w -S DOCKER-USER && iptables -w -S INPUT || exit 5
 echo "--- networks"
 docker network ls --quiet --filter label={PLATFORM_LABEL}=1 | while read -r id; do
-  docker network inspect --format '{{{{.Name}}}} {{{{index .Options "{BRIDGE_NAME_OPTION}"}}}}' "$id"
+  printf '%s %s\n' \
+    "$(docker network inspect --format '{{{{.Name}}}} {{{{index .Options "{BRIDGE_NAME_OPTION}"}}}}' "$id")" \
+    "$(docker ps --quiet --filter network="$id" $OURS | wc -l)"
 done
 """
 
@@ -233,14 +237,25 @@ def _failure(result: ssh.CommandResult) -> str:
 
 
 def uncovered_networks(listing: str) -> list[str]:
-    """Platform networks (``name bridge`` lines) whose bridge the rules do not match: made
-    before the firewall, they are made again once no container uses them."""
+    """Platform networks (``name bridge containers`` lines: the last, how many of this
+    machine's containers run on it) whose bridge the rules do not match while containers of
+    this machine use them: made before the firewall, they are made again once none does. One
+    no container of ours uses holds no rental to keep apart (and on a host several machines
+    or installations share, it may be another's)."""
     names = []
     for line in listing.splitlines():
-        name, _, bridge = line.strip().partition(" ")
-        if name and not is_platform_bridge(bridge.strip()):
-            names.append(name)
+        words = line.split()
+        if len(words) < 2 or not words[-1].isdigit() or int(words[-1]) == 0:
+            continue
+        if not is_platform_bridge(words[1] if len(words) == 3 else ""):
+            names.append(words[0])
     return names
+
+
+def _ours_filters(machine: Machine) -> str:
+    """``docker ps`` filters for this machine's containers (and this installation's labels)."""
+    labels = {MACHINE_LABEL: str(machine.pk), **getattr(settings, "CONTAINER_EXTRA_LABELS", {})}
+    return " ".join(f"--filter=label={k}={v}" for k, v in sorted(labels.items()))
 
 
 def firewall_ensure(machine: Machine) -> FirewallState:
@@ -248,7 +263,11 @@ def firewall_ensure(machine: Machine) -> FirewallState:
     and the machine's ``blocked_ranges``; say whether they are all in place. Only losing the
     machine (HostUnreachable, HostKeyMismatch) raises."""
     blocked = validate_blocked_ranges(list(machine.blocked_ranges or []))
-    read = ssh.run(machine, ["sh", "-c", _READ, "sh", *RESOLV_FILES], check=False)
+    read = ssh.run(
+        machine, ["sh", "-c", f"OURS={shlex.quote(_ours_filters(machine))}\n" + _READ, "sh",
+                  *RESOLV_FILES],
+        check=False,
+    )  # fmt: skip
     if read.exit_code != 0:
         return FirewallState(False, f"Tenant firewall not installed: {_failure(read)}")
     resolv, _, rest = read.stdout.partition("--- rules\n")

@@ -129,5 +129,9 @@ def test_platform_bridges_are_named_for_the_rules_and_older_networks_are_told():
     name = new_bridge_name()
     assert is_platform_bridge(name) and len(name) == 15 and name != new_bridge_name()
     assert not is_platform_bridge("br-0123456789ab") and not is_platform_bridge("gpumkt-qd0")
-    listing = "gpumkt-tenants gpumkt-br1a2b3c\ngpumkt-group-7 \ngpumkt-old <no value>\n"
+    listing = (
+        "gpumkt-tenants gpumkt-br1a2b3c 3\ngpumkt-group-7  1\ngpumkt-old <no value> 2\n"
+        "gpumkt-unused <no value> 0\n"
+    )
+    # Only networks this machine's containers use count: an unused one keeps no one apart.
     assert uncovered_networks(listing) == ["gpumkt-group-7", "gpumkt-old"]

@@ -483,7 +483,7 @@ def test_a_network_made_before_the_firewall_is_told_and_made_again_inside_it_onc
     )  # fmt: skip
     holder = subprocess.run(
         ["docker", "run", "--detach", "--label", sim_container_label(), "--network", group,
-         IMAGE, "sleep", "600"],
+         "--label", f"gpumkt.machine={machine.pk}", IMAGE, "sleep", "600"],
         capture_output=True, text=True, check=True,
     ).stdout.strip()  # fmt: skip
     try:
