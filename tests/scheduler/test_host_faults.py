@@ -21,20 +21,15 @@ import pytest
 from hosts.services import machine_heartbeat
 from marketplace.models import Offer, Rental, Role
 from scheduler import services as scheduler
-from scheduler.models import GpuAllocation, Instance
+from scheduler.models import GpuAllocation
 from tests.billing.ledger_checks import assert_ledger_consistent
 from tests.conftest import key_client, sim_container_label
 from tests.factories import TeamFactory, UserFactory, add_member
 from tests.marketplace.conftest import containers_named, docker, fund, machine_for
+from tests.marketplace.test_rental_lifecycle import live_gpus, rent, rented
 
 pytestmark = [pytest.mark.system, pytest.mark.django_db(transaction=True)]
 
-# Exits at once on `docker stop` (a bare `sleep` as PID 1 ignores SIGTERM for 10 s).
-QUICK_STOP = ["-c", "trap 'exit 0' TERM; echo up; while :; do sleep 1; done"]
-RENT = {
-    "num_gpus": 1, "image": "gpumkt/busybox:latest", "duration_hours": 2, "disk_gb": 10,
-    "entrypoint": "sh", "args": QUICK_STOP, "ports": [],
-}  # fmt: skip
 DAEMON_DOWN = (
     "Cannot connect to the Docker daemon at unix:///var/run/docker.sock. "
     "Is the docker daemon running?"
@@ -69,18 +64,6 @@ class DockerRefuses:
         self.counter.unlink(missing_ok=True)
 
 
-def rented(client, machine) -> Instance:
-    response = client.post("/api/v1/instances/", {**RENT, "machine_id": machine.pk}, format="json")
-    assert response.status_code == 201, response.content
-    instance = Instance.objects.get(pk=response.json()["id"])
-    assert instance.state == "running", instance.status_message
-    return instance
-
-
-def live_gpus(instance: Instance) -> int:
-    return GpuAllocation.objects.filter(instance=instance, released_at=None).count()
-
-
 def container_running(ref: str) -> bool:
     found = docker("inspect", ref, check=False)
     return found.returncode == 0 and json.loads(found.stdout)[0]["State"]["Running"]
@@ -113,9 +96,7 @@ def test_a_destroy_the_hosts_docker_did_not_confirm_keeps_its_gpu_from_everyone(
         # The renter stopped paying when asking; the GPU stays out of everyone's reach.
         rental = Rental.objects.get(instance=instance)
         assert rental.gpu_clock_since is None
-        refused = other.post(
-            "/api/v1/instances/", {**RENT, "machine_id": machine.pk}, format="json"
-        )
+        refused = rent(other, machine)
         assert refused.status_code == 409, refused.content
         # Tried again while Docker still does not answer: still waiting, nothing released.
         assert scheduler.instance_destroy(instance_id=instance.pk).state == "retry"
@@ -131,12 +112,7 @@ def test_a_destroy_the_hosts_docker_did_not_confirm_keeps_its_gpu_from_everyone(
     assert not containers_named(instance.container_name)
     assert live_gpus(instance) == 0
     assert instance.events.last().reason == "Destroyed: the container and its data are removed"
-    assert (
-        other.post(
-            "/api/v1/instances/", {**RENT, "machine_id": machine.pk}, format="json"
-        ).status_code
-        == 201
-    )
+    assert rent(other, machine).status_code == 201
     assert_ledger_consistent()
 
 
@@ -175,9 +151,7 @@ def test_with_docker_failing_one_call_in_three_no_gpu_has_two_tenants(
                 break
             assert live_gpus(instance) == 1
             assert container_running(instance.container_id)
-            refused = other.post(
-                "/api/v1/instances/", {**RENT, "machine_id": machine.pk}, format="json"
-            )
+            refused = rent(other, machine)
             assert refused.status_code == 409, refused.content
             scheduler.instance_destroy(instance_id=instance.pk)
         instance.refresh_from_db()
@@ -185,12 +159,7 @@ def test_with_docker_failing_one_call_in_three_no_gpu_has_two_tenants(
         # Confirmed by Docker, then given back: the container is gone for real.
         assert live_gpus(instance) == 0
     assert not containers_named(instance.container_name)
-    assert (
-        other.post(
-            "/api/v1/instances/", {**RENT, "machine_id": machine.pk}, format="json"
-        ).status_code
-        == 201
-    )
+    assert rent(other, machine).status_code == 201
     assert_ledger_consistent()
 
 
