@@ -142,7 +142,14 @@ def _resolve_unknown(host: DockerHost, instance: Instance, container: ContainerS
             "could not be reached"
         )
     else:
-        return _follow_container(instance, container)
+        moved = instance_transition(
+            instance_id=instance.pk,
+            to_state=InstanceState.EXITED,
+            reason=f"Its host answers again; the container had exited ({container.status})",
+            only_from={InstanceState.UNKNOWN},
+            exit_code=exit_code_of(container.status),
+        )
+        return moved is not None
     moved = instance_transition(
         instance_id=instance.pk,
         to_state=to_state,

@@ -17,11 +17,12 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from django.utils import timezone
 
-from hosts.services import machine_heartbeat
+from hosts.services import machine_heartbeat, offline_bound_seconds
 from marketplace.models import Offer, Rental, Role
 from scheduler import services as scheduler
-from scheduler.models import GpuAllocation
+from scheduler.models import GpuAllocation, Instance
 from tests.billing.ledger_checks import assert_ledger_consistent
 from tests.conftest import key_client, sim_container_label
 from tests.factories import TeamFactory, UserFactory, add_member
@@ -257,3 +258,24 @@ def test_a_docker_outage_is_seen_not_charged_and_the_killed_container_starts_aga
     assert rental.gpu_clock_since >= instance.state_changed_at - timedelta(seconds=1)
     assert rental.gpu_seconds == int((outage_from - charged_since).total_seconds())
     assert_ledger_consistent()
+
+
+def test_a_container_that_exited_before_the_outage_stays_exited(
+    funded_team, sim_host_factory, provider_team
+):
+    """Its host answers again, and its container had finished well before the host could
+    have stopped answering: the renter's command ended on its own, so it is exited (as
+    charged today), not started again."""
+    host = sim_host_factory(gpus=1)
+    machine = machine_for(host, provider_team)
+    instance = rented(key_client(funded_team), machine)
+    docker("stop", instance.container_id)  # exits 0 on TERM (QUICK_STOP)
+    scheduler.machine_instances_unknown(machine_id=machine.pk, reason="missed 3 heartbeats")
+    # It became unknown long after it finished: later than any unnoticed outage could reach.
+    later = timezone.now() + timedelta(seconds=offline_bound_seconds() + 60)
+    Instance.objects.filter(pk=instance.pk).update(state_changed_at=later)
+    scheduler.machine_reconcile(machine_id=machine.pk)
+    instance.refresh_from_db()
+    assert instance.state == "exited", instance.status_message
+    assert instance.exit_code == 0
+    assert not container_running(instance.container_id)
