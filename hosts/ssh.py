@@ -225,12 +225,17 @@ class Connection:
         self.client.close()
 
     def _dropped_midway(self, argv: list[str]) -> HostUnreachable | None:
-        """After a channel ended without an exit status: was the connection lost (rather than
-        the command killed by a signal)? The transport notes why it died before it closes
-        its channels, so this is not a race."""
+        """After a channel ended without an exit status: was the connection lost, or was the
+        command killed by a signal (paramiko drops sshd's exit-signal)? A dying sshd can close
+        the channel a moment before the connection resets, so a transport that still looks
+        alive is asked to prove it: it must open a new session within the connect timeout."""
         transport = self.client.get_transport()
         if transport is not None and transport.is_active() and transport.saved_exception is None:
-            return None
+            try:
+                transport.open_session(timeout=CONNECT_TIMEOUT).close()
+                return None
+            except (paramiko.SSHException, OSError, EOFError):
+                pass
         return HostUnreachable(
             f"The connection to {self.address}:{self.port} dropped while {argv[0]} ran; it may "
             "or may not have finished."
