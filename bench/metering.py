@@ -319,7 +319,7 @@ def main() -> None:
               f" {capturing[0]:.2f}–{worst:.2f} s (median {statistics.median(capturing):.2f} s);"
               f" worst = {worst / BUDGET_S:.2f} × budget"
               f" ({'within' if worst <= BUDGET_S else 'OVER'} budget)")  # fmt: skip
-        if again != 0 or wrong:
+        if again != 0 or wrong or worst > BUDGET_S:
             sys.exit(1)
     print(f"{'kept' if keep else 'dropped'} scratch database {name}")
 

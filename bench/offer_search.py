@@ -208,6 +208,8 @@ def main() -> None:
     print(f"  load average {os.getloadavg()[0]:.2f} (2 cores shared)")
     within = p50 <= P50_BUDGET_MS and p99 <= P99_BUDGET_MS
     print("  within budget" if within else "  OVER BUDGET")
+    if not within:
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -96,6 +96,8 @@ def main() -> None:
         f"  rent → running / same line      {ratio:.2f}×   budget ≤ {BUDGET}×   ratio {ratio / BUDGET:.2f}"
     )
     print("  within budget" if ratio <= BUDGET else "  OVER BUDGET")
+    if ratio > BUDGET:
+        sys.exit(1)
 
 
 LABEL = ["--label", "gpumkt.bench=1"]

@@ -60,7 +60,10 @@ def main() -> None:
     print(
         f"  pooled beside {ssh.MAX_STREAMS_PER_HOST} open streams {b:6.2f} ms   budget ≤ 50 ms   ratio {b / 50:.2f}"
     )
-    print("  within budget" if max(p, b) <= 50 and f / p >= 5 else "  OVER BUDGET")
+    within = max(p, b) <= 50 and f / p >= 5
+    print("  within budget" if within else "  OVER BUDGET")
+    if not within:
+        sys.exit(1)
 
 
 def _beside_streams(ssh, machine) -> list[float]:

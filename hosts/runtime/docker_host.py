@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -60,13 +59,11 @@ _NETWORK_CREATE = (
 _BRIDGE_FORMAT = f'{{{{index .Options "{BRIDGE_NAME_OPTION}"}}}}'
 
 # A platform network found (or made) isolated on a machine is trusted by this process's
-# launches there for this long, instead of asked about before every `docker run`: the
-# `docker network inspect` is a second Docker command per launch, a large share of a
-# launch's time (figures in docs/benchmarks.md). A network removed meanwhile fails the run
-# at its start (exit 125), and the launch then makes it again and runs once more; one
-# re-made with containers allowed to talk is caught at the next check, at most this long after.
-NETWORK_CHECK_SECONDS = 300.0
-_networks_checked: dict[tuple[int, str, int, str], float] = {}
+# launches there by its id, instead of asked about before every `docker run` (a second Docker
+# command per launch, a large share of a launch's time). Launches name the network by that
+# id: one removed or re-made meanwhile (a re-made one has a new id, whatever it allows) fails
+# the run at its start (exit 125), and the launch checks the network again and runs once more.
+_networks_checked: dict[tuple[int, str, int, str], str] = {}
 
 # What `docker run` exits with (Docker's documented codes): 125 the daemon refused (no such
 # image under --pull=never, a port taken, a name in use); 126 the command cannot be invoked;
@@ -125,10 +122,16 @@ def _logged_in(credentials: tuple[str, str], registry: str, then: str) -> tuple[
     return ["sh", "-c", script, "sh", user, registry], password.encode()
 
 
-def _inside_firewall(found: tuple[str, dict[str, str]]) -> bool:
+def _inside_firewall(found: tuple[str, str, dict[str, str]]) -> bool:
     """Whether a network's bridge is one the host's tenant firewall matches (one made before
     the firewall is not, and is made again when no container uses it)."""
-    return is_platform_bridge(found[1].get(BRIDGE_NAME_OPTION, ""))
+    return is_platform_bridge(found[2].get(BRIDGE_NAME_OPTION, ""))
+
+
+def _on_network(argv: list[str], network_id: str) -> list[str]:
+    """``docker run`` argv naming its network by the id that was checked, not by name."""
+    at = argv.index("--network") + 1
+    return [*argv[:at], network_id, *argv[at + 1 :]]
 
 
 class NetworkNotIsolated(ValueError):
@@ -186,27 +189,26 @@ class DockerHost:
         )
         if not pull:
             argv.insert(argv.index("--detach"), "--pull=never")
-        trusted = self._network_checked_recently(spec.network)
-        if not trusted:
-            self.network_ensure(spec.network)
+        trusted = _networks_checked.get(self._network_key(spec.network))
+        network_id = trusted or self._network_checked(spec.network)
         if spec.gpu_slice is not None:
             self.mps_daemon_ensure()  # its pipe directory is the slice's mount source
         self.volumes_ensure([name for name, _ in spec.volumes])
         try:
-            return self._run(argv).stdout.strip()
+            return self._run(_on_network(argv, network_id)).stdout.strip()
         except CommandFailed as error:
-            if not (
-                trusted
-                and error.exit_code == EXIT_DOCKER_ERROR
-                and self.network_ensure(spec.network)
-            ):
+            if not (trusted and error.exit_code == EXIT_DOCKER_ERROR):
                 raise self._why_not_started(spec, error, pulled=pull) from error
-        # The network was gone: it is made again, isolated, and the run tried once more. The
-        # refused run left its container made but never started; a plain `docker rm` removes
-        # that one and never a running container of the name (another launcher's, adopted).
+            network_id = self._network_checked(spec.network)
+            if network_id == trusted:
+                raise self._why_not_started(spec, error, pulled=pull) from error
+        # The network was removed or made again: it is checked (made again, isolated, where
+        # it was gone) and the run tried once more. The refused run left its container made
+        # but never started; a plain `docker rm` removes that one and never a running
+        # container of the name (another launcher's, adopted).
         self._run(["docker", "rm", _container_ref(spec.name)], check=False)
         try:
-            return self._run(argv).stdout.strip()
+            return self._run(_on_network(argv, network_id)).stdout.strip()
         except CommandFailed as error:
             raise self._why_not_started(spec, error, pulled=pull) from error
 
@@ -269,31 +271,32 @@ class DockerHost:
             if found is None:
                 raise CommandFailed(["docker", "network"], 1, f"network {name} was not made")
             made = before is None or _inside_firewall(found)
-        driver, options = found
+        network_id, driver, options = found
         if name == TENANT_NETWORK and (driver != "bridge" or options.get(ICC_OPTION) != "false"):
             raise NetworkNotIsolated(
                 f"the machine's network {name} lets containers reach each other; the provider "
                 f"must remove it (docker network rm {name}) for the platform to make it again"
             )
-        _networks_checked[self._network_key(name)] = time.monotonic()
+        _networks_checked[self._network_key(name)] = network_id
         return made
+
+    def _network_checked(self, name: str) -> str:
+        """The id of the platform network ``name``, made or checked isolated just now."""
+        self.network_ensure(name)
+        return _networks_checked[self._network_key(name)]
 
     def _network_key(self, name: str) -> tuple[int, str, int, str]:
         return (self.machine.pk, self.machine.address, self.machine.port, name)
 
-    def _network_checked_recently(self, name: str) -> bool:
-        checked = _networks_checked.get(self._network_key(name))
-        return checked is not None and time.monotonic() - checked < NETWORK_CHECK_SECONDS
-
-    def _network_options(self, name: str) -> tuple[str, dict[str, str]] | None:
-        """(driver, options) of the network ``name``, or None when the machine has none."""
+    def _network_options(self, name: str) -> tuple[str, str, dict[str, str]] | None:
+        """(id, driver, options) of the network ``name``, or None when the machine has none."""
         result = self._run(
             ["docker", "network", "inspect", "--format", "{{json .}}", name], check=False
         )
         if result.exit_code != 0:
             return None
         network = json.loads(result.stdout.splitlines()[0])
-        return network.get("Driver", ""), network.get("Options") or {}
+        return network.get("Id", ""), network.get("Driver", ""), network.get("Options") or {}
 
     def network_remove(self, name: str) -> bool:
         """Remove a group's network once no container uses it; True when it is gone. The

@@ -23,7 +23,12 @@ import pytest
 
 from hosts.models import Machine
 from hosts.runtime import TENANT_NETWORK, ContainerSpec, DockerHost
-from hosts.runtime.firewall import COMMENT, firewall_ensure
+from hosts.runtime.firewall import (
+    BRIDGE_NAME_OPTION,
+    COMMENT,
+    firewall_ensure,
+    is_platform_bridge,
+)
 from hosts.services import machine_probe
 from marketplace.models import Role
 from scheduler.models import Instance, PortAllocation
@@ -128,7 +133,8 @@ def test_one_tenant_cannot_reach_anothers_container_but_its_published_port_answe
     for instance in (a, b):
         networks = docker_inspect(instance.container_id)["NetworkSettings"]["Networks"]
         assert list(networks) == [TENANT_NETWORK]
-        assert docker_inspect(instance.container_id)["HostConfig"]["NetworkMode"] == TENANT_NETWORK
+        mode = docker_inspect(instance.container_id)["HostConfig"]["NetworkMode"]
+        assert mode not in ("default", "bridge", "host")  # the tenants' network, by its id
 
 
 def label() -> dict[str, str]:
@@ -222,6 +228,39 @@ def test_a_network_removed_behind_the_platforms_back_is_made_again_at_the_next_r
     try:
         assert docker_inspect(second)["State"]["Running"] is True
         assert group in docker_inspect(second)["NetworkSettings"]["Networks"]
+    finally:
+        host.remove(second)
+        assert host.network_remove(group) is True
+
+
+def test_a_network_made_again_behind_the_platforms_back_is_checked_before_a_container_joins(
+    sim_host_factory, provider_team
+):
+    """A launch names the network it checked by its id, so one re-made by hand under the same
+    name (here outside the tenant firewall) is not joined on trust: the run is refused, the
+    network checked, made again inside the firewall, and the container joins that one."""
+    machine = machine_for(sim_host_factory(gpus=1), provider_team)
+    host = DockerHost(machine)
+    group = f"gpumkt-remade-t{machine.pk}-{int(time.time() * 1000) % 10**9}"
+
+    def spec(suffix: str) -> ContainerSpec:
+        return ContainerSpec(
+            name=f"gpumkt-t-{machine.pk}-{suffix}", image=IMAGE, cpus=0.5, memory_mb=64,
+            shm_mb=8, labels=label(), network=group, entrypoint="sleep", args=["600"],
+        )  # fmt: skip
+
+    host.remove(host.run(spec("remade-1")))
+    subprocess.run(["docker", "network", "rm", group], check=True, capture_output=True)
+    subprocess.run(["docker", "network", "create", group], check=True, capture_output=True)
+    second = host.run(spec("remade-2"))
+    try:
+        joined = docker_inspect(second)["NetworkSettings"]["Networks"][group]["NetworkID"]
+        bridge = subprocess.run(
+            ["docker", "network", "inspect", "--format",
+             f'{{{{index .Options "{BRIDGE_NAME_OPTION}"}}}}', joined],
+            check=True, capture_output=True, text=True,
+        ).stdout.strip()  # fmt: skip
+        assert is_platform_bridge(bridge), bridge
     finally:
         host.remove(second)
         assert host.network_remove(group) is True
