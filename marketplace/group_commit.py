@@ -27,6 +27,10 @@ Each caller's context variables (its request's log context) travel with its orde
 (``contexts``), so what the batch function does on an order's behalf can run in that order's
 context. A caller already inside a transaction is served alone, in it: its order cannot share
 a transaction its caller may still roll back.
+
+Off switch. ``enabled`` (read per order, a setting) turned off serves each order alone in a
+transaction of its own, as if no other caller were there: the plain path, for telling whether
+a fault or a figure comes from the batching.
 """
 
 from __future__ import annotations
@@ -79,8 +83,10 @@ class GroupCommit(Generic[Order]):
         gather: Callable[[], float] = lambda: 0.0,
         recently: float = RECENTLY,
         sizes: SizeObserver | None = None,
+        enabled: Callable[[], bool] = lambda: True,
     ):
         self._batch = batch
+        self._enabled = enabled
         self._limit = limit
         self._gather = gather  # seconds, read when a leader gathers (a setting may change)
         self._recently = recently
@@ -104,6 +110,9 @@ class GroupCommit(Generic[Order]):
         if connection.in_atomic_block:
             return _raised(self._batch([order], [contextvars.copy_context()])[0])
         waiting = _Waiting(order, contextvars.copy_context())
+        if not self._enabled():
+            self._run([waiting])
+            return _raised(waiting.outcome)
         with self._lock:
             self._queue.append(waiting)
             self._arrived.notify_all()

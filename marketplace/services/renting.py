@@ -562,6 +562,7 @@ def rental_extend(*, rental: Rental, hours: float) -> Rental:
 _renting_together = GroupCommit(
     rentals_create,
     gather=lambda: settings.RENT_GATHER_MS / 1000,
+    enabled=lambda: settings.RENT_GROUP_COMMIT,
     sizes=Histogram(
         "gpumkt_rent_batch_orders",
         "Rent orders placed by one transaction (concurrent rents at a web process go together).",

@@ -185,3 +185,25 @@ def test_a_caller_inside_a_transaction_is_served_alone_within_it():
         raise Undo
     assert written() == []  # undone with its caller's transaction
     assert scenario.batches == [["inside"]]
+
+
+def test_switched_off_each_order_is_placed_alone_without_waiting_for_a_running_batch():
+    """RENT_GROUP_COMMIT=0: orders arriving while a batch runs neither queue behind it nor
+    join each other; each is placed in a transaction of its own at once."""
+    scenario = Scenario(team_per_order)
+    scenario.group = GroupCommit(scenario._batch, enabled=lambda: False)
+    first = threading.Thread(target=scenario.call, args=("first",))
+    first.start()
+    until(lambda: scenario.batches == [["first"]])
+    others = [threading.Thread(target=scenario.call, args=(name,)) for name in ("a", "b")]
+    for thread in others:
+        thread.start()
+    for thread in others:
+        thread.join(timeout=30)
+    # Placed and committed while the first order's transaction is still open.
+    assert sorted(scenario.batches[1:]) == [["a"], ["b"]]
+    assert written() == ["a", "b"]
+    scenario.gate.set()
+    first.join(timeout=30)
+    assert scenario.outcomes == {"first": "placed first", "a": "placed a", "b": "placed b"}
+    assert written() == ["a", "b", "first"]
