@@ -408,3 +408,18 @@ def ledger_problems() -> list[str]:
     if negative:
         problems.append(f"{negative} accounts below zero")
     return problems
+
+
+def spend_by_day(entries: QuerySet[Entry], *, since: date) -> list[tuple[date, int]]:
+    """(day, usage charged that day) for every day from ``since`` to today, oldest first; a
+    day without charges is there with 0, so a chart of it has no gaps."""
+    rows = (
+        _charges(entries.filter(created_at__gte=day_start(since)))
+        .annotate(day=TruncDate("created_at"))
+        .values("day")
+        .annotate(total=Sum("amount"))
+    )
+    charged = {_as_date(row["day"]): -row["total"] for row in rows}
+    today = timezone.localdate()
+    days = (today - since).days + 1
+    return [(day, charged.get(day, 0)) for day in (since + timedelta(n) for n in range(days))]

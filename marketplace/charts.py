@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import date
 from typing import TYPE_CHECKING, Any
 
 from billing.money import format_usd
@@ -141,6 +142,26 @@ def daily_earnings_chart(rows: Sequence[EarningsRow]) -> dict[str, Any]:
             "label": f"{row.key:%m-%d}", "show_label": slot.show_label,
             "gross": format_usd(row.gross), "fee": format_usd(row.fee),
             "net": format_usd(row.net), "empty": not row.gross,
+        })  # fmt: skip
+    return frame.chart(grid, bars=bars)
+
+
+def daily_spend_chart(days: Sequence[tuple[date, int]]) -> dict[str, Any]:
+    """One bar per day of usage charged (day, micro-dollars); grid lines at $0, half and a
+    round top above the largest day. Nothing charged in the days shown: no bars."""
+    frame = DAILY_USD
+    top = max([amount for _, amount in days] + [0])
+    scale = nice_ceiling(top) if top else EMPTY_EARNINGS_SCALE
+    grid = frame.grid(lambda share: format_usd(int(scale * share)))
+    if not top:
+        return frame.chart(grid, bars=[])
+    bars = []
+    for (day, amount), slot in zip(days, bar_slots(frame, len(days)), strict=True):
+        height = amount / scale * frame.plot_height
+        bars.append({
+            "x": slot.x, "w": slot.width, "y": bar_top(frame, height), "h": round(height, 1),
+            "label": f"{day:%m-%d}", "show_label": slot.show_label,
+            "amount": format_usd(amount), "empty": not amount,
         })  # fmt: skip
     return frame.chart(grid, bars=bars)
 

@@ -22,6 +22,7 @@ from marketplace.views import billing as billing_views
 from marketplace.views import clusters as clusters_views
 from marketplace.views import deployments as deployments_views
 from marketplace.views import hosts as hosts_views
+from marketplace.views import overview as overview_views
 from marketplace.views import rentals as rentals_views
 from marketplace.views import volumes as volumes_views
 
@@ -66,7 +67,7 @@ urlpatterns = [
     path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("accounts/signup/", views.signup, name="signup"),
-    path("", views.console_home, name="console-home"),
+    path("", overview_views.overview, name="console-home"),
     path("team/", views.team_settings, name="team-settings"),
     path("team/switch/", views.team_switch, name="team-switch"),
     path("team/new/", views.team_create, name="team-create"),

@@ -40,3 +40,10 @@ def balance_chart(points: Sequence[Any], *, label: str) -> dict[str, Any]:
     """Available and total credit per day (``BalancePoint``s), or a sentence when there was
     never any."""
     return {"chart": charts.balance_chart(points), "label": label}
+
+
+@register.inclusion_tag("charts/daily_spend.html")
+def daily_spend_chart(days: Sequence[Any], *, label: str) -> dict[str, Any]:
+    """One bar per day of usage charged ((day, micro-dollars) pairs), or a sentence when
+    nothing was charged in those days."""
+    return {"chart": charts.daily_spend_chart(days), "label": label, "days": len(days)}

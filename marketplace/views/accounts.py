@@ -51,11 +51,6 @@ def login_locked_out(request: HttpRequest, original_response=None, credentials=N
 
 
 @login_required
-def console_home(request: HttpRequest) -> HttpResponse:
-    return render(request, "marketplace/home.html", {})
-
-
-@login_required
 def team_settings(request: HttpRequest) -> HttpResponse:
     team = request.team
     context = {
