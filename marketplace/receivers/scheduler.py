@@ -6,7 +6,8 @@ import logging
 
 from django.dispatch import receiver
 
-from marketplace.events import publish_instance_event
+from hosts.models import Machine
+from marketplace.events import publish_instance_event, publish_team_event
 from marketplace.services.bids import bids_waiting, interrupted_note, machine_bids_resolve
 from marketplace.services.clocks import rental_follow_instance
 from marketplace.services.offers import offer_refresh
@@ -45,6 +46,13 @@ def on_instance_state_changed(
     # Also on a same-state event: it may be GPUs released once a container was seen stopped.
     if not launched_as_asked:
         offer_refresh(machine_id=machine_id)
+    if to_state not in GPU_HOLDING_STATES:
+        # GPUs may have come free: the provider's machine pages count them.
+        provider = Machine.objects.filter(pk=machine_id).values_list("team_id", flat=True)
+        for provider_team_id in provider:
+            publish_team_event(
+                provider_team_id, "machine.changed", {"id": machine_id, "what": "rentals"}
+            )
     publish_instance_event(
         team_id,
         instance_id,

@@ -487,6 +487,15 @@ def _tell_consoles(instances: list[Instance]) -> None:
         data.update({"id": ids[0]} if len(ids) == 1 else {"ids": ids})
         events.append((team_id, data))
     publish_team_events("instance.state", events)
+    # The providers' machine pages count what is rented: theirs changed too.
+    machines = {instance.machine_id: instance.machine.team_id for instance in instances}
+    publish_team_events(
+        "machine.changed",
+        [
+            (team_id, {"id": machine_id, "what": "rentals"})
+            for machine_id, team_id in machines.items()
+        ],
+    )
 
 
 def _instance_for(accepted: _Accepted, credential: dict[str, str], now: datetime) -> Instance:
