@@ -33,6 +33,14 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 
+def gpu_family_matches(wanted: str, name: str) -> bool:
+    """Whether the GPU model ``name`` is ``wanted`` or one of its family, as a renter means it:
+    "A100" is "A100-SXM4-80GB" and "A100 PCIE 40GB" too; "RTX 4090" is not "RTX 40". Case is
+    ignored."""
+    wanted, name = wanted.strip().upper(), name.strip().upper()
+    return name == wanted or name.startswith((f"{wanted}-", f"{wanted} "))
+
+
 @dataclass(frozen=True)
 class MachineSnapshot:
     machine_id: int
@@ -306,7 +314,7 @@ class Planner:
         if not (request.gpu_name or request.gpu_names):
             return self._names
         wanted = {*(request.gpu_names or ()), *([request.gpu_name] if request.gpu_name else [])}
-        return sorted(wanted & self._names)
+        return sorted(n for n in self._names if any(gpu_family_matches(w, n) for w in wanted))
 
     def _first_fit(self, bucket, request: PlacementRequest, avoid: frozenset[int]):
         """The first machine of a price-sorted bucket that meets the request's conditions and

@@ -25,7 +25,7 @@ def cluster_quote(
     """The cheapest way to place ``replicas`` now: each replica on the cheapest machine with
     room left (the placement may spread them over dearer ones; each replica's own hold is
     then its machine's rate)."""
-    probe = Deployment(gpu_names=gpu_names, gpus_per_replica=gpus_per_replica)
+    probe = Deployment(gpu_names=gpu_names, gpus_per_replica=gpus_per_replica, disk_gb=disk_gb)
     offers = matching_offers(probe).order_by("price_per_gpu_hour", "pk")
     hold, placed, highest = 0, 0, None
     for offer in offers.values("price_per_gpu_hour", "storage_cost", "num_gpus"):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 
 from django.db.models import Max, Min, Q, QuerySet
 
@@ -14,7 +15,7 @@ from marketplace.models import Deployment, Offer
 from marketplace.models.deployments import PlacementPolicy
 from marketplace.services.offers import short_gpu_name
 from scheduler.models import Instance
-from scheduler.placement import BINPACK, SPREAD, PlacementRequest
+from scheduler.placement import BINPACK, SPREAD, PlacementRequest, gpu_family_matches
 
 
 def gpu_model(name: str) -> str:
@@ -23,9 +24,12 @@ def gpu_model(name: str) -> str:
 
 
 def _models_filter(deployment: Deployment) -> Q:
+    """Any of the named models or their families (``gpu_family_matches``)."""
     q = Q()
     for name in deployment.gpu_names:
-        q |= Q(gpu_name__iexact=gpu_model(name))
+        model = gpu_model(name)
+        q |= Q(gpu_name__iexact=model)
+        q |= Q(gpu_name__istartswith=f"{model}-") | Q(gpu_name__istartswith=f"{model} ")
     return q
 
 
@@ -113,7 +117,10 @@ def instance_meets_conditions(deployment: Deployment, instance: Instance) -> boo
     )
     return (
         same_size
-        and (not deployment.gpu_names or model in {gpu_model(n) for n in deployment.gpu_names})
+        and (
+            not deployment.gpu_names
+            or any(gpu_family_matches(gpu_model(n), model) for n in deployment.gpu_names)
+        )
         and (
             deployment.max_price_per_gpu_hour is None
             or rental.price_per_gpu_hour <= deployment.max_price_per_gpu_hour
@@ -233,3 +240,21 @@ def queue_reason(deployment: Deployment) -> str:
             f"for {_plural(gpus, 'GPU')}"
         )
     return f"{head}; the matching machines were taken meanwhile"
+
+
+def disk_that_fits(wanted_gb: int, *, gpus: int = 1) -> int:
+    """A form's default disk: ``wanted_gb``, or less when no listed machine gives a replica
+    of ``gpus`` GPUs that much (a default that matches nothing reads as "no machine fits"
+    before the renter typed anything); at least 1 GB."""
+    largest = _listed_offers().aggregate(most=Max("disk_per_unit"))["most"]
+    if largest is None:
+        return wanted_gb
+    return max(1, min(wanted_gb, int(largest * gpus)))
+
+
+def listed_gpu_models() -> list[str]:
+    """The GPU models listed machines offer, and their families ("A100" beside
+    "A100-SXM4-80GB"): the choices a form shows for its GPU models."""
+    names = set(_listed_offers().values_list("gpu_name", flat=True).distinct())
+    families = {re.split(r"[- ]", name, maxsplit=1)[0] for name in names if "-" in name}
+    return sorted(names | families)

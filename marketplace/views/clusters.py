@@ -25,6 +25,7 @@ from marketplace.clusters.services import (
     cluster_scale,
     cluster_stop,
 )
+from marketplace.deployments.conditions import disk_that_fits, listed_gpu_models
 from marketplace.forms.base import whole_number
 from marketplace.forms.clusters import ClusterForm
 from marketplace.models import Cluster, Role
@@ -33,7 +34,8 @@ from marketplace.tenancy import team_object_or_404, team_objects
 from marketplace.views.console import error_text, require_role
 from marketplace.views.deployments import _refused, _replica_rows
 
-DEFAULTS = {"replicas": "2", "gpus_per_replica": "1", "duration_hours": "1", "disk_gb": "10"}
+DEFAULTS = {"replicas": "2", "gpus_per_replica": "1", "duration_hours": "1"}
+DEFAULTS_DISK_GB = 10  # or less, when no listed machine gives a replica that much
 
 
 def _clusters(request: HttpRequest):
@@ -47,6 +49,7 @@ def _list_page(request: HttpRequest, values, *, quote=None, status: int = 200) -
         # The API's figures, with the end as a datetime for the page's date format.
         "clusters": [{**row, "ends": c.ends_at} for row, c in zip(rows, clusters, strict=True)],
         "values": values,
+        "gpu_models": listed_gpu_models(),
         "quote": quote,
         "can_act": request.membership.allows(Role.MEMBER),
     }
@@ -57,7 +60,7 @@ def _list_page(request: HttpRequest, values, *, quote=None, status: int = 200) -
 def clusters(request: HttpRequest) -> HttpResponse:
     """GET lists; POST without ``confirm`` shows what it would hold; with it, creates."""
     if request.method != "POST":
-        return _list_page(request, DEFAULTS)
+        return _list_page(request, {**DEFAULTS, "disk_gb": str(disk_that_fits(DEFAULTS_DISK_GB))})
     require_role(request, Role.MEMBER)
     try:
         spec = ClusterForm(request.POST).spec()

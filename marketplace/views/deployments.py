@@ -16,7 +16,7 @@ from django.urls import path
 from django.views.decorators.http import require_POST
 
 from marketplace.api.deployments import RENAMED, DeploymentSerializer, ReplicaSerializer
-from marketplace.deployments.conditions import matching_offers
+from marketplace.deployments.conditions import disk_that_fits, listed_gpu_models, matching_offers
 from marketplace.deployments.services import (
     DeploymentSpec,
     deployment_create,
@@ -65,6 +65,7 @@ def _list_page(request: HttpRequest, values, status: int = 200) -> HttpResponse:
     context = {
         "deployments": DeploymentSerializer(deployments, many=True).data,
         "values": values,
+        "gpu_models": listed_gpu_models(),
         "modes": DeploymentMode.choices,
         "launch_modes": LaunchMode.choices,
         "policies": PlacementPolicy.choices,
@@ -76,7 +77,8 @@ def _list_page(request: HttpRequest, values, status: int = 200) -> HttpResponse:
 @login_required
 def deployments(request: HttpRequest) -> HttpResponse:
     if request.method != "POST":
-        return _list_page(request, FORM_DEFAULTS)
+        defaults = {**FORM_DEFAULTS, "disk_gb": str(disk_that_fits(int(FORM_DEFAULTS["disk_gb"])))}
+        return _list_page(request, defaults)
     require_role(request, Role.MEMBER)
     try:
         deployment = deployment_create(team=request.team, spec=DeploymentForm(request.POST).spec())
