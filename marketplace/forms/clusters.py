@@ -44,3 +44,22 @@ class ClusterForm(SerializerForm):
 
     def spec(self) -> ClusterSpec:
         return ClusterSpec(**self.validated())
+
+
+class ClusterUpdateForm(SerializerForm):
+    """What a running cluster's replicas run, changed from its page: only the fields the
+    renter changed go to ``cluster_update`` (the form shows the current values)."""
+
+    serializer_class = ClusterInputSerializer
+    partial = True
+
+    image = forms.CharField(required=False)
+    entrypoint = forms.CharField(required=False)
+    args = TextFormatField(args_from_shell_words)
+    env = TextFormatField(env_from_lines)
+
+    def serializer_data(self) -> dict[str, Any]:
+        return {name: value for name, value in self.cleaned_data.items() if name in self.data}
+
+    def changes(self) -> dict[str, Any]:
+        return dict(self.validated())

@@ -76,6 +76,7 @@ class SerializerForm(ConsoleForm):
     """A console form whose fields, once read from text, are checked by an API serializer."""
 
     serializer_class: type[serializers.Serializer]
+    partial = False  # True: only the fields sent are checked (a change, not a whole spec)
 
     def serializer_data(self) -> dict[str, Any]:
         return dict(self.cleaned_data)
@@ -84,7 +85,7 @@ class SerializerForm(ConsoleForm):
         cleaned = super().clean()
         if self.errors:  # text that did not parse; the serializer would only repeat it
             return cleaned
-        self.serializer = self.serializer_class(data=self.serializer_data())
+        self.serializer = self.serializer_class(data=self.serializer_data(), partial=self.partial)
         if not self.serializer.is_valid():
             for field, detail in self.serializer.errors.items():
                 self._add_serializer_error(field, serializer_messages(detail))

@@ -4,6 +4,7 @@ state. Writes go through ``marketplace.clusters.services``; figures are the API'
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Callable
 
 from django.contrib import messages
@@ -24,12 +25,14 @@ from marketplace.clusters.services import (
     cluster_resume,
     cluster_scale,
     cluster_stop,
+    cluster_update,
 )
-from marketplace.deployments.conditions import disk_that_fits, listed_gpu_models
+from marketplace.deployments.conditions import disk_that_fits, listed_gpu_models, spec_hash
 from marketplace.forms.base import whole_number
-from marketplace.forms.clusters import ClusterForm
+from marketplace.forms.clusters import ClusterForm, ClusterUpdateForm
 from marketplace.models import Cluster, Role
 from marketplace.models.clusters import ClusterState
+from marketplace.models.deployments import ReplicaState
 from marketplace.tenancy import team_object_or_404, team_objects
 from marketplace.views.console import error_text, require_role
 from marketplace.views.deployments import _refused, _replica_rows
@@ -93,9 +96,23 @@ def clusters(request: HttpRequest) -> HttpResponse:
     return redirect("cluster-detail", pk=cluster.pk)
 
 
+def _roll_progress(cluster: Cluster) -> tuple[int, int] | None:
+    """(replicas running what the cluster now asks for, replicas live) while a change rolls
+    out; None when every live replica runs it."""
+    live = [r for r in cluster.deployment.replicas.all() if r.is_live]
+    wanted = spec_hash(cluster.deployment)
+    if all(r.spec_hash in ("", wanted) for r in live):  # "": queued, placed as asked now
+        return None
+    current = sum(r.spec_hash == wanted and r.state == ReplicaState.RUNNING for r in live)
+    return current, cluster.replicas
+
+
 def _detail_context(request: HttpRequest, cluster: Cluster) -> dict[str, object]:
     replicas = _replica_rows(cluster.deployment)
     return {
+        "roll": _roll_progress(cluster),
+        "args_text": shlex.join(cluster.deployment.args),
+        "env_text": "\n".join(f"{k}={v}" for k, v in cluster.deployment.env.items()),
         "cluster": ClusterSerializer(cluster).data,
         "ends": cluster.ends_at,
         "replicas": replicas,
@@ -139,6 +156,20 @@ def _endpoint_close(request, cluster):
     messages.info(request, "The URL is closed.")
 
 
+def _update(request, cluster):
+    """What the replicas run (image, entrypoint, arguments, environment): rolled out one
+    replica at a time, as the API's PATCH does."""
+    asked = ClusterUpdateForm(request.POST).changes()
+    changes = {k: v for k, v in asked.items() if getattr(cluster.deployment, k) != v}
+    if not changes:
+        messages.info(request, "Nothing changed: the replicas keep running what they run.")
+        return
+    cluster_update(cluster=cluster, changes=changes)
+    messages.success(
+        request, "Rolling out: one replica at a time is replaced; the URL keeps answering."
+    )
+
+
 def _stop(request, cluster):
     cluster_stop(cluster=cluster)
     messages.info(request, "Stopped: every replica's rental settled. Resume keeps the same URL.")
@@ -159,6 +190,7 @@ CLUSTER_ACTIONS: dict[str, Callable[[HttpRequest, Cluster], None]] = {
     "endpoint": _endpoint,
     "endpoint-close": _endpoint_close,
     "stop": _stop,
+    "update": _update,
     "resume": _resume,
     "extend": _extend,
 }

@@ -184,3 +184,36 @@ def test_a_clusters_deployment_is_changed_only_through_the_cluster(funded):
             f"/api/v1/clusters/{cluster['id']}/" in refused.json()["error"]["fields"]["cluster"][0]
         )
     assert Deployment.objects.filter(pk=deployment.pk).values().get() == before
+
+
+def test_the_console_rolls_out_a_change_of_image_arguments_and_environment(funded, owner_client):
+    created = key_client(funded).post("/api/v1/clusters/", WAITING, format="json").json()
+    cluster = Cluster.objects.get(pk=created["id"])
+    page = owner_client.get(f"/clusters/{cluster.pk}/").content.decode()
+    assert 'name="image" value="busybox:latest"' in page and 'id="roll-progress"' not in page
+    url = f"/clusters/{cluster.pk}/update/"
+
+    refused = owner_client.post(url, {"image": "bad image name!"}, follow=True)
+    assert "image" in refused.content.decode().lower()
+    cluster.deployment.refresh_from_db()
+    assert cluster.deployment.image == "busybox:latest"  # nothing written
+
+    changed = owner_client.post(
+        url,
+        {"image": "busybox:1.36", "entrypoint": "sh", "args": "-c 'echo hi'", "env": "MODE=fast"},
+        follow=True,
+    )
+    assert "Rolling out" in changed.content.decode()
+    cluster.deployment.refresh_from_db()
+    assert (cluster.deployment.image, cluster.deployment.args) == (
+        "busybox:1.36",
+        ["-c", "echo hi"],
+    )
+    assert cluster.deployment.env == {"MODE": "fast"}
+    # Its replicas wait for a machine: they will be placed with the new spec, nothing rolls.
+    shown = owner_client.get(f"/clusters/{cluster.pk}/").content.decode()
+    assert 'name="image" value="busybox:1.36"' in shown and 'id="roll-progress"' not in shown
+    assert "MODE=fast" in shown
+
+    same = owner_client.post(url, {"image": "busybox:1.36"}, follow=True)
+    assert "Nothing changed" in same.content.decode()
