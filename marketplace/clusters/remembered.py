@@ -62,16 +62,21 @@ def key_passed(cluster_id: int, key: str) -> None:
     remember the key if it does not yet."""
     if not settings.GATEWAY_ADMIN or not key.startswith(f"{API_KEY_PREFIX}_"):
         return
-    digest = _digest(key)
-    try:
-        traffic.redis_client().set(_seen_key(digest), 1, ex=settings.GATEWAY_REMEMBER_SECONDS)
-    except redis.RedisError:
-        logger.warning("could not note a key the gateway let through (Redis)")
-    if (cluster_id, digest) in _pushed:
+    seen_now(key)
+    if (cluster_id, _digest(key)) in _pushed:
         return
     with _lock:
         _pending.setdefault(cluster_id, set()).add(key)
     _pusher_wake()
+
+
+def seen_now(key: str) -> None:
+    """Note that a web process let ``key`` through now (by its digest, for
+    ``GATEWAY_REMEMBER_SECONDS``)."""
+    try:
+        traffic.redis_client().set(_seen_key(_digest(key)), 1, ex=settings.GATEWAY_REMEMBER_SECONDS)
+    except redis.RedisError:
+        logger.warning("could not note a key the gateway let through (Redis)")
 
 
 def _pusher_wake() -> None:
