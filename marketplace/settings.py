@@ -310,6 +310,9 @@ GATEWAY_LISTEN = os.environ.get("GATEWAY_LISTEN", "")
 # How long the gateway's auth answers are remembered per credential: a revoked key or a
 # removed member stops working within this many seconds.
 GATEWAY_AUTH_CACHE_SECONDS = float(os.environ.get("GATEWAY_AUTH_CACHE_SECONDS", "2"))
+# While no web process answers, the gateway lets through by itself the keys a web process let
+# through within this many seconds (marketplace/clusters/remembered.py).
+GATEWAY_REMEMBER_SECONDS = int(os.environ.get("GATEWAY_REMEMBER_SECONDS", "900"))
 # Autoscaling: grow on the mean rate of the last UP seconds, shrink on the busiest of the
 # last DOWN seconds.
 CLUSTER_SCALE_UP_WINDOW = int(os.environ.get("CLUSTER_SCALE_UP_WINDOW", "10"))

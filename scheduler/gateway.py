@@ -2,6 +2,10 @@
 
 The gateway is Caddy 2 (a real reverse proxy from Debian). Its config is JSON pushed over its
 admin API; every change reloads gracefully (connections in flight finish on the old config).
+A reload closes the old listening socket (Caddy 2.6 listens anew with SO_REUSEPORT), and the
+kernel resets the connections still queued on it unless ``net.ipv4.tcp_migrate_req`` is 1
+(the Caddy unit's drop-in sets it; tests/clusters/test_gateway_reload.py): so a push is one
+reload (routes and error routes in one request) and none when nothing changed.
 Each cluster with a service port gets one route, ``/clusters/<id>/service/*``:
 
 1. ``forward_auth``: a sub-request to the web servers' ``/gateway/auth/<id>/`` with the
@@ -16,6 +20,13 @@ Each cluster with a service port gets one route, ``/clusters/<id>/service/*``:
 
 Anything else under ``/clusters/`` answers the same 401 as a refused request: a caller
 without access cannot tell a cluster that exists from one that does not.
+
+While no web process answers the sub-request (a deploy, a crash), the gateway still lets
+through the API keys the web processes let through recently: each cluster's route has a
+fallback among the server's error routes (``cluster-<id>-remembered``) that matches those
+keys' ``Authorization`` headers exactly and goes on to step 2. The keys are the ones the web
+processes pushed (marketplace/clusters/routes.py), each push checking every one again, so a
+revoked key leaves the fallback with the push its revocation makes.
 
 This module builds the config (pure) and speaks to the admin API (stdlib HTTP); which
 clusters exist and who may call them is the marketplace's business.
@@ -38,6 +49,9 @@ OTHER_CLUSTERS = "clusters-other"
 UNAUTHORIZED_BODY = '{"detail": "Authentication required."}'
 # Caddy's durations are nanoseconds.
 SECOND = 1_000_000_000
+# The variable naming the cluster whose forward-auth sub-request is under way: set before
+# it, cleared once it passes, so only a sub-request that failed reaches the fallback.
+AUTH_PENDING = "gateway_auth_pending"
 
 
 @dataclass(frozen=True)
@@ -45,6 +59,9 @@ class ClusterRoute:
     cluster_id: int
     upstreams: tuple[str, ...]  # "address:port" of each running replica's published port
     running: bool = True  # a stopped cluster keeps its URL: authenticated, then 503
+    # "Bearer gpk_…" of each key the gateway lets through by itself while no web process
+    # answers its sub-request
+    remembered: tuple[str, ...] = ()
 
 
 def replica_upstreams(instance_ids: Iterable[int], service_port: int) -> dict[int, str]:
@@ -110,7 +127,9 @@ def _forward_auth(cluster_id: int, auth_upstream: str) -> dict:
     return {
         "handler": "reverse_proxy",
         "upstreams": [{"dial": dial} for dial in dials],
-        "load_balancing": {"try_duration": 2 * SECOND, "try_interval": SECOND // 20},
+        # A web process restarting is waited for a little; past that, the remembered keys'
+        # fallback answers (the error routes) and any other caller gets the 502.
+        "load_balancing": {"try_duration": SECOND // 2, "try_interval": SECOND // 20},
         "rewrite": {"method": "GET", "uri": f"/gateway/auth/{cluster_id}/"},
         "headers": {
             "request": {
@@ -177,26 +196,14 @@ def cluster_routes(
     """The gateway server's routes for these clusters, then the 401 for any other cluster."""
     out = []
     for route in sorted(routes, key=lambda r: r.cluster_id):
-        prefix = f"/clusters/{route.cluster_id}/service"
+        prefix = _prefix(route.cluster_id)
         handle: list[dict] = [
             {"handler": "rewrite", "strip_path_prefix": prefix},
+            {"handler": "vars", AUTH_PENDING: str(route.cluster_id)},
             _forward_auth(route.cluster_id, auth_upstream),
+            {"handler": "vars", AUTH_PENDING: ""},
+            *_serve(route, session_cookie, health_path),
         ]
-        if route.running and route.upstreams:
-            handle += [
-                {"handler": "subroute", "routes": _strip_platform_credentials(session_cookie)},
-                _balancer(route.upstreams, health_path),
-            ]
-        else:
-            why = "is stopped" if not route.running else "has no replica answering yet"
-            handle.append(
-                {
-                    "handler": "static_response",
-                    "status_code": 503,
-                    "headers": {"Content-Type": ["application/json"], "Retry-After": ["5"]},
-                    "body": json.dumps({"detail": f"The cluster {why}."}),
-                }
-            )
         out.append(
             {
                 "@id": f"cluster-{route.cluster_id}",
@@ -208,6 +215,78 @@ def cluster_routes(
     out.append(
         {"@id": OTHER_CLUSTERS, "match": [{"path": ["/clusters/*"]}], "handle": [_unauthorized()]}
     )
+    return out
+
+
+def _prefix(cluster_id: int) -> str:
+    return f"/clusters/{cluster_id}/service"
+
+
+def _serve(route: ClusterRoute, session_cookie: str, health_path: str) -> list[dict]:
+    """What an authenticated request to the cluster's URL meets."""
+    if route.running and route.upstreams:
+        return [
+            {"handler": "subroute", "routes": _strip_platform_credentials(session_cookie)},
+            _balancer(route.upstreams, health_path),
+        ]
+    why = "is stopped" if not route.running else "has no replica answering yet"
+    return [
+        {
+            "handler": "static_response",
+            "status_code": 503,
+            "headers": {"Content-Type": ["application/json"], "Retry-After": ["5"]},
+            "body": json.dumps({"detail": f"The cluster {why}."}),
+        }
+    ]
+
+
+def remembered_id(cluster_id: int) -> str:
+    return f"cluster-{cluster_id}-remembered"
+
+
+def fallback_routes(
+    routes: Iterable[ClusterRoute], *, session_cookie: str, health_path="/"
+) -> list[dict]:
+    """The server's error routes for these clusters: a request whose forward-auth sub-request
+    failed (no web process answered) and that carries one of the cluster's remembered keys
+    is served as if the sub-request had passed; any other error is answered as it is."""
+    out = []
+    for route in sorted(routes, key=lambda r: r.cluster_id):
+        if not route.remembered:
+            continue
+        out.append(
+            {
+                "@id": remembered_id(route.cluster_id),
+                "match": [
+                    {
+                        "vars": {AUTH_PENDING: [str(route.cluster_id)]},
+                        "header": {"Authorization": sorted(route.remembered)},
+                    }
+                ],
+                "handle": [
+                    # Caddy gives error routes the request as it came in: the prefix again.
+                    {"handler": "rewrite", "strip_path_prefix": _prefix(route.cluster_id)},
+                    {"handler": "vars", AUTH_PENDING: ""},
+                    *_serve(route, session_cookie, health_path),
+                ],
+                "terminal": True,
+            }
+        )
+    return out
+
+
+def remembered_keys(errors: list[dict]) -> dict[int, set[str]]:
+    """The ``Authorization`` values each cluster's fallback lets through now."""
+    out: dict[int, set[str]] = {}
+    for route in errors:
+        route_id = route.get("@id", "")
+        if not (route_id.startswith("cluster-") and route_id.endswith("-remembered")):
+            continue
+        cluster_id = int(route_id.split("-")[1])
+        for matcher in route.get("match", []):
+            out.setdefault(cluster_id, set()).update(
+                matcher.get("header", {}).get("Authorization", [])
+            )
     return out
 
 
@@ -224,11 +303,12 @@ def merged_routes(existing: list[dict], clusters: list[dict]) -> list[dict]:
     return clusters + [r for r in existing if not is_cluster_route(r)]
 
 
-def server_config(*, listen: str, routes: list[dict]) -> dict:
+def server_config(*, listen: str, routes: list[dict], errors: list[dict] = ()) -> dict:
     """The gateway's own HTTP server on ``listen``."""
     return {
         "listen": [listen],
         "routes": routes,
+        "errors": {"routes": list(errors)},
         "automatic_https": {"disable": True},
         "metrics": {},
     }
@@ -237,7 +317,8 @@ def server_config(*, listen: str, routes: list[dict]) -> dict:
 def gateway_config(*, admin: str, listen: str, routes: list[dict]) -> dict:
     """A whole Caddy config: the admin API on ``admin``, one HTTP server on ``listen``."""
     return {
-        "admin": {"listen": admin},
+        # Not saved to disk: the remembered keys' fallback holds keys as callers send them.
+        "admin": {"listen": admin, "config": {"persist": False}},
         "apps": {"http": {"servers": {SERVER: server_config(listen=listen, routes=routes)}}},
     }
 
@@ -302,6 +383,14 @@ class CaddyAdmin:
 
     def set_routes(self, routes: list[dict], server: str = SERVER) -> None:
         self._call("PATCH", f"/config/apps/http/servers/{server}/routes", routes)
+
+    def server(self, server: str = SERVER) -> dict:
+        raw = self._call("GET", f"/config/apps/http/servers/{server}")
+        return json.loads(raw or b"null") or {}
+
+    def set_server(self, config: dict, server: str = SERVER) -> None:
+        """Replace the whole server (routes and error routes at once: one reload, not two)."""
+        self._call("PATCH", f"/config/apps/http/servers/{server}", config)
 
     def upstreams(self) -> list[dict]:
         """Caddy's view of every upstream: address, requests in flight, recent fails."""

@@ -32,6 +32,7 @@ from django.http.cookie import parse_cookie
 from django.utils.module_loading import import_string
 
 from marketplace.clusters import traffic
+from marketplace.clusters.remembered import key_passed
 from marketplace.models import ApiKey, Cluster, Membership
 from marketplace.services.accounts import api_key_authenticate
 
@@ -130,6 +131,8 @@ def check(request: HttpRequest, cluster_id: int) -> bool:
         allowed = False
     elif credential.startswith(b"k"):
         allowed = _key_allows(token, team_id)
+        if allowed:
+            key_passed(cluster_id, token)  # the gateway's own memory, for a web outage
     else:
         allowed = _session_allows(request, team_id)
     with _lock:

@@ -4,7 +4,9 @@ changes, a cluster stops, resumes or goes.
 
 Pushed on commit, from the transaction that changed things, and level-triggered (the whole
 route list is computed from the database each time), so pushes never drift and a missed one
-is mended by the next (the beat's ``gateway_routes_write`` too). A replica that ends is taken
+is mended by the next (the beat's ``gateway_routes_write`` too). Each push also checks again
+the keys the gateway lets through by itself while the web processes are down
+(``remembered``), and adds those a web process in this process let through since. A replica that ends is taken
 out of the gateway before its container is stopped: the reconciler tells us before it
 queues the destroy, and this push runs first on commit. A replica that starts running is
 added only once it answers (``scheduler.gateway.answering``); from then on Caddy's own health
@@ -22,7 +24,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from marketplace.clusters import traffic
+from marketplace.clusters import remembered, traffic
 from marketplace.deployments import reconciler, rolling
 from marketplace.models import Cluster, Replica
 from marketplace.models.clusters import ClusterState
@@ -119,31 +121,44 @@ def routes_push() -> bool:
 
 
 def _push(admin: gateway.CaddyAdmin) -> tuple[bool, set[int]]:
+    new_keys = remembered.pending_take()
     try:
         if settings.GATEWAY_LISTEN and admin.server_ensure(settings.GATEWAY_LISTEN):
             logger.info("gateway server added to the proxy on %s", settings.GATEWAY_LISTEN)
-        existing = admin.routes(settings.GATEWAY_SERVER)
+        server = admin.server(settings.GATEWAY_SERVER)
+        existing = server.get("routes") or []
+        existing_errors = (server.get("errors") or {}).get("routes") or []
         known = gateway.routed_upstreams([r for r in existing if gateway.is_cluster_route(r)])
         wanted, running = current_routes()
+        keys = _remembered_keys(gateway.remembered_keys(existing_errors), new_keys)
         routes = []
         for route in wanted:
             ready = gateway.answering(route.upstreams, known)
             upstreams = tuple(u for u in route.upstreams if u in ready)
-            routes.append(gateway.ClusterRoute(route.cluster_id, upstreams, route.running))
+            headers = remembered.as_headers(keys.get(route.cluster_id, ()))
+            routes.append(gateway.ClusterRoute(route.cluster_id, upstreams, route.running, headers))
         ours = gateway.cluster_routes(
             routes,
             auth_upstream=settings.GATEWAY_AUTH_UPSTREAM,
             session_cookie=settings.SESSION_COOKIE_NAME,
         )
+        fallback = gateway.fallback_routes(routes, session_cookie=settings.SESSION_COOKIE_NAME)
         merged = gateway.merged_routes(existing, ours)
-        if merged != existing:  # every change reloads Caddy's config: none when nothing changed
-            admin.set_routes(merged, settings.GATEWAY_SERVER)
+        merged_errors = gateway.merged_routes(existing_errors, fallback)
+        # Every change reloads Caddy's config: none when nothing changed, one when both did.
+        if merged != existing or merged_errors != existing_errors:
+            errors = {**(server.get("errors") or {}), "routes": merged_errors}
+            admin.set_server(
+                {**server, "routes": merged, "errors": errors}, settings.GATEWAY_SERVER
+            )
+        remembered.pushed(keys)
         routed = {u for r in routes for u in r.upstreams}
         gone = known - routed
         if gone:
             gateway.drained(admin, gone)
     except gateway.GatewayUnavailable as error:
         logger.warning("gateway routes not pushed: %s", error)
+        remembered.pending_put_back(new_keys)
         return False, set()
     newly = [r for r in running if not r.ready and r.upstream in routed]
     if newly:
@@ -154,6 +169,24 @@ def _push(admin: gateway.CaddyAdmin) -> tuple[bool, set[int]]:
         len(r.upstreams) == len(w.upstreams) for r, w in zip(routes, wanted, strict=True)
     )
     return complete, {r.deployment_id for r in newly}
+
+
+def _remembered_keys(
+    remembered_now: dict[int, set[str]], new_keys: dict[int, set[str]]
+) -> dict[int, set[str]]:
+    """The keys each cluster's fallback lets through after this push: those it remembers
+    and those a web process just let through, each checked again."""
+    candidates = remembered.from_headers(remembered_now)
+    for cluster_id, keys in new_keys.items():
+        candidates.setdefault(cluster_id, set()).update(keys)
+    if not any(candidates.values()):
+        return {}
+    teams = dict(
+        Cluster.objects.filter(pk__in=list(candidates))
+        .exclude(state=ClusterState.ENDED)
+        .values_list("pk", "team_id")
+    )
+    return remembered.still_allowed(candidates, teams)
 
 
 def _push_on_commit() -> None:

@@ -152,6 +152,15 @@ def membership_remove(*, actor: Membership, target: Membership) -> None:
     if target.role == Role.OWNER:
         _ensure_another_owner(target)
     target.delete()
+    _gateway_keys_changed()
+
+
+def _gateway_keys_changed() -> None:
+    """The cluster gateway drops keys that no longer pass from what it lets through by itself
+    while the web processes are down (marketplace/clusters/remembered.py): on commit."""
+    from marketplace.clusters import routes  # the clusters app builds on accounts
+
+    routes.routes_changed()
 
 
 def _ensure_another_owner(target: Membership) -> None:
@@ -212,6 +221,7 @@ def api_key_revoke(*, membership: Membership, api_key: ApiKey) -> ApiKey:
     # Conditional update: revoking twice keeps the first revocation time.
     ApiKey.objects.filter(pk=api_key.pk, revoked_at=None).update(revoked_at=timezone.now())
     api_key.refresh_from_db()
+    _gateway_keys_changed()
     return api_key
 
 

@@ -17,6 +17,7 @@ from scheduler import gateway as gw
 from tests.marketplace.conftest import (  # noqa: F401 - fixtures used by name
     _label_test_containers,
     funded_team,
+    machine_for,
     provider_team,
 )
 from tests.ports import bind_a_free_port, serve_on_a_free_port
@@ -75,8 +76,20 @@ def gateway(caddy, live_server, settings) -> Caddy:
     settings.GATEWAY_ADMIN = caddy.admin
     settings.GATEWAY_URL = caddy.url
     settings.GATEWAY_AUTH_UPSTREAM = live_server.url.removeprefix("http://")
-    from marketplace.clusters import auth, routes
+    from marketplace.clusters import auth, remembered, routes
 
     auth.forget()
+    remembered.forget()
     routes.routes_push()
     return caddy
+
+
+@pytest.fixture(scope="session")
+def cluster_hosts(sim_host_factory):
+    """Three 2-GPU simulated hosts shared by the tests here (each lists its own machines)."""
+    return [sim_host_factory(gpus=2) for _ in range(3)]
+
+
+@pytest.fixture
+def machines(cluster_hosts, provider_team):  # noqa: F811 - the fixture imported above
+    return [machine_for(host, provider_team) for host in cluster_hosts]

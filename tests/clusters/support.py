@@ -8,6 +8,8 @@ import time
 from dataclasses import dataclass, field
 
 from marketplace.clusters import routes
+from marketplace.models import ApiKey, Cluster
+from marketplace.services.accounts import api_key_create
 from scheduler import gateway as gw
 
 IMAGE = "gpumkt/busybox:latest"
@@ -129,3 +131,43 @@ class Load:
     @property
     def failed(self) -> list[tuple[object, str]]:
         return [r for r in self.results if r[0] != 200]
+
+
+def bearer(secret: str) -> dict:
+    return {"Authorization": f"Bearer {secret}"}
+
+
+def key_secret(team, access=ApiKey.Access.READ) -> str:
+    membership = team.memberships.filter(role="owner").first()
+    return api_key_create(membership=membership, name="svc", access=access).secret
+
+
+def create(client, **overrides) -> dict:
+    response = client.post("/api/v1/clusters/", {**CLUSTER, **overrides}, format="json")
+    assert response.status_code == 201, response.content
+    return response.json()
+
+
+def path_of(url: str) -> str:
+    return "/" + url.split("/", 3)[3]
+
+
+@dataclass
+class Serving:
+    """A cluster made through the API whose replicas are all routed by the gateway."""
+
+    path: str
+    routed: set[str]
+    key: dict
+    cluster: Cluster
+
+
+def serving(client, team, gateway, **overrides) -> Serving:
+    created = create(client, **overrides)
+    routed_now = routes_settle(gateway.admin, created["id"], created["replicas"])
+    return Serving(
+        path=path_of(created["url"]),
+        routed=routed_now,
+        key=bearer(key_secret(team)),
+        cluster=Cluster.objects.get(pk=created["id"]),
+    )

@@ -7,7 +7,6 @@ from __future__ import annotations
 import subprocess
 import time
 from collections import Counter
-from dataclasses import dataclass
 
 import pytest
 from django.test import Client
@@ -16,86 +15,38 @@ from billing.models import Hold
 from billing.selectors import team_balance
 from marketplace.clusters import routes
 from marketplace.models import ApiKey, Cluster, Rental
-from marketplace.services.accounts import api_key_create, api_key_revoke, membership_remove
+from marketplace.services.accounts import api_key_revoke, membership_remove
 from marketplace.services.pricing import quote_at
 from marketplace.tasks import clusters_tick
 from scheduler import services as scheduler
 from scheduler.models import PortAllocation
 from tests.billing.ledger_checks import assert_ledger_consistent
 from tests.clusters.support import (
-    CLUSTER,
     IMAGE,
     SERVE_NAME,
     Load,
+    bearer,
     call,
+    create,
+    key_secret,
+    path_of,
     pushing_until,
     rolled,
     routed,
     routes_settle,
+    serving,
 )
 from tests.conftest import key_client
 from tests.factories import TeamFactory, UserFactory, add_member
 from tests.marketplace.conftest import (
     PRICE_PER_GPU_HOUR,
     STORAGE_PER_GB_MONTH,
-    machine_for,
     until,
 )
 
 pytestmark = [pytest.mark.system, pytest.mark.django_db(transaction=True)]
 
 NEW_IMAGE = "gpumkt/busybox:rolled"
-
-
-@pytest.fixture(scope="session")
-def cluster_hosts(sim_host_factory):
-    """Three 2-GPU simulated hosts shared by the tests here (each lists its own machines)."""
-    return [sim_host_factory(gpus=2) for _ in range(3)]
-
-
-@pytest.fixture
-def machines(cluster_hosts, provider_team):
-    return [machine_for(host, provider_team) for host in cluster_hosts]
-
-
-def bearer(secret: str) -> dict:
-    return {"Authorization": f"Bearer {secret}"}
-
-
-def key_secret(team, access=ApiKey.Access.READ) -> str:
-    membership = team.memberships.filter(role="owner").first()
-    return api_key_create(membership=membership, name="svc", access=access).secret
-
-
-def create(client, **overrides) -> dict:
-    response = client.post("/api/v1/clusters/", {**CLUSTER, **overrides}, format="json")
-    assert response.status_code == 201, response.content
-    return response.json()
-
-
-def path_of(url: str) -> str:
-    return "/" + url.split("/", 3)[3]
-
-
-@dataclass
-class Serving:
-    """A cluster made through the API whose replicas are all routed by the gateway."""
-
-    path: str
-    routed: set[str]
-    key: dict
-    cluster: Cluster
-
-
-def serving(client, team, gateway, **overrides) -> Serving:
-    created = create(client, **overrides)
-    routed_now = routes_settle(gateway.admin, created["id"], created["replicas"])
-    return Serving(
-        path=path_of(created["url"]),
-        routed=routed_now,
-        key=bearer(key_secret(team)),
-        cluster=Cluster.objects.get(pk=created["id"]),
-    )
 
 
 def moved_to_8081(admin: str, cluster_id: int, first_instances: list[int]) -> bool:
