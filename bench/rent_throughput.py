@@ -1,14 +1,15 @@
-"""Committed rentals per second: 8 API clients over 2 web processes on PostgreSQL.
+"""Committed rentals per second: 4, 8 and 32 API clients over 2 web processes on PostgreSQL.
 
 Two web processes are started from the production recipe's unit (deploy/, uvicorn) on a
-scratch PostgreSQL database and a private Redis. The database holds 200 machines of 8 GPUs
-each (listed, online, with their offers, as ``offer_refresh`` would compute them; no host is
-reached: renting commits before any launch, which a worker does after commit) and 8 renter
-teams with credit and a write API key each. Eight client threads, four on each web process,
-each on one keep-alive connection, rent 1 GPU of a random machine (``POST /api/v1/instances/``)
-as fast as they are answered, for ``--seconds``. A refusal because another client took the
-machine's last GPU first (409) is counted, not failed. The launch tasks the rentals queue wait
-in Redis (no worker runs).
+scratch PostgreSQL database and a private Redis. The database holds 800 machines of 8 GPUs
+each (listed, online, with their offers as ``offers_refresh`` computes them; no host is
+reached: renting commits before any launch, which a worker does after commit) and a renter
+team with credit and a write API key per client. Each run's client threads, split over the two
+web processes, each on one keep-alive connection, rent 1 GPU of a random machine
+(``POST /api/v1/instances/``) as fast as they are answered (closed loop), for ``--seconds``.
+A refusal because another client took the machine's last GPU first (409) is counted, not
+failed. The launch tasks the rentals queue wait in Redis (no worker runs). Fresh web
+processes for each run.
 
 Afterwards: no GPU has two live allocations, and billing's ledger check finds nothing wrong.
 It also prints the CPU each rent request cost the web processes, PostgreSQL (the bench database's
@@ -16,9 +17,10 @@ backends), Redis and the clients (from /proc): on a machine shared with other wo
 follows the load, the CPU per request does not, and two cores give at most 2,000 ms of it a
 second.
 
-Budget (DESIGN.md): ≥ 200 committed rentals/s, 0 double allocations.
+Budget (DESIGN.md): ≥ 200 committed rentals/s at 8 and at 32 clients (4 is printed for the
+curve), 0 double allocations.
 
-    .venv/bin/python bench/rent_throughput.py [--seconds 5]
+    .venv/bin/python bench/rent_throughput.py [--seconds 5] [--clients 4 8 32]
 """
 
 from __future__ import annotations
@@ -48,17 +50,18 @@ from bench_common import (  # noqa: E402
 REDIS = web_bench_environment("rent")
 
 BUDGET = 200.0
-MACHINES, GPUS_EACH, CLIENTS = 200, 8, 8
+MACHINES, GPUS_EACH = 800, 8  # room for every sweep's rentals without running out of GPUs
+SWEEP = (4, 8, 32)  # clients; the budget holds at 8 and 32
 
 
-def populate() -> tuple[list[int], list[str]]:
+def populate(clients: int) -> tuple[list[int], list[str]]:
     from django.db import transaction
 
     from billing.credits import credit_grant
     from hosts.models import Gpu, Machine
-    from marketplace.models import Membership, Offer, Role, Team, User
+    from marketplace.models import Membership, Role, Team, User
     from marketplace.services.accounts import api_key_create
-    from marketplace.services.offers import offer_score
+    from marketplace.services.offers import offers_refresh
 
     provider = Team.objects.create(name="bench provider")
     with transaction.atomic():
@@ -76,20 +79,9 @@ def populate() -> tuple[list[int], list[str]]:
             for m in machines
             for n in range(GPUS_EACH)
         )  # fmt: skip
-        Offer.objects.bulk_create(
-            Offer(
-                machine=m, provider_team=provider, rentable=True, gpu_name="RTX 4090",
-                num_gpus=GPUS_EACH, total_gpus=GPUS_EACH, min_gpus=1, gpu_ram=24.0,
-                cpu_cores_per_unit=16, cpu_ram_per_unit=62.5, disk_per_unit=500.0,
-                price_per_gpu_hour=400_000, dph_total=400_000 * GPUS_EACH, storage_cost=100_000,
-                reliability=0.99, geolocation="US", driver_version="550.54.14", cuda_max_good=12.4,
-                verified=False,
-                score=offer_score(reliability=0.99, gpu_total_ram_gb=24.0 * GPUS_EACH, dph_total=400_000 * GPUS_EACH),
-            )
-            for m in machines
-        )  # fmt: skip
+    offers_refresh([m.pk for m in machines], machines=machines)
     keys = []
-    for number in range(CLIENTS):
+    for number in range(clients):
         user = User.objects.create_user(
             username=f"renter{number}", email=f"renter{number}@bench.invalid", password=None
         )
@@ -178,33 +170,46 @@ def cpu_per_request(before: dict[str, float], after: dict[str, float], requests:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=float, default=5.0)
-    parser.add_argument("--clients", type=int, default=CLIENTS, help="API clients (budget: 8)")
+    parser.add_argument(
+        "--clients", type=int, nargs="+", default=list(SWEEP),
+        help="closed-loop API clients per run, e.g. --clients 8 32 (budget: at 8 and 32)",
+    )  # fmt: skip
+    args = parser.parse_args()
     with private_redis(REDIS), scratch_database():
-        run(parser.parse_args())
+        machines, keys = populate(max(args.clients))
+        over = [
+            clients for clients in args.clients if not run(args.seconds, clients, machines, keys)
+        ]
+    if over:
+        sys.exit(f"over budget or wrong at {over} clients")
 
 
-def run(args) -> None:
+def run(seconds: float, clients: int, machines: list[int], keys: list[str]) -> bool:
+    """One run of ``clients`` closed-loop clients; True when it met the budget (clients below
+    8 are printed for the curve and not judged) and left the books right."""
     from django.db import connection
 
     from billing.selectors import ledger_problems
 
-    machines, keys = populate()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM marketplace_rental")
+        (rentals_before,) = cursor.fetchone()
     with web_processes(REDIS, overrides={"API_THROTTLE_WRITE": "10000000/min"}) as cluster:
         stop = threading.Event()
-        tallies = [{"rented": 0, "refused": 0, "failed": 0} for _ in range(args.clients)]
+        tallies = [{"rented": 0, "refused": 0, "failed": 0} for _ in range(clients)]
         threads = [
             threading.Thread(
                 target=client,
                 args=(cluster.web_ports[n % 2], keys[n], machines, stop, tallies[n]),
             )
-            for n in range(args.clients)
+            for n in range(clients)
         ]
-        print(f"renting for {args.seconds:g} s …", flush=True)
+        print(f"{clients} clients renting for {seconds:g} s …", flush=True)
         cpu_before = cpu_now(cluster)
         started = time.monotonic()
         for thread in threads:
             thread.start()
-        time.sleep(args.seconds)
+        time.sleep(seconds)
         stop.set()
         for thread in threads:
             thread.join(timeout=60)
@@ -221,11 +226,12 @@ def run(args) -> None:
         (doubled,) = cursor.fetchone()
         cursor.execute("SELECT count(*) FROM marketplace_rental")
         (rentals,) = cursor.fetchone()
+    rentals -= rentals_before
     problems = ledger_problems()
     rate = rented / elapsed
     load = os.getloadavg()[0]
     print(
-        f"{args.clients} clients over 2 web processes, {args.seconds:g} s: {rented} rentals committed "
+        f"{clients} clients over 2 web processes, {seconds:g} s: {rented} rentals committed "
         f"({rentals} in the database), {refused} refused (409: taken), {failed} failed; "
         f"{rate:.0f} rentals/s; double allocations {doubled}; ledger "
         f"{'; '.join(problems) or 'consistent'} (load average {load:.2f})"
@@ -233,9 +239,13 @@ def run(args) -> None:
     print(cpu_per_request(cpu_before, cpu_after, rented + refused + failed))
     for error in [e for t in tallies for e in t.get("errors", [])][:5]:
         print("  failed:", error)
-    print(f"budget ≥ {BUDGET:.0f} rentals/s, 0 double allocations: {rate / BUDGET:.2f}× the budget")
-    if rate < BUDGET or doubled or failed or problems or rentals != rented:
-        sys.exit(1)
+    judged = clients >= 8
+    print(
+        f"budget ≥ {BUDGET:.0f} rentals/s, 0 double allocations: {rate / BUDGET:.2f}× the budget"
+        + ("" if judged else " (not judged below 8 clients)")
+    )
+    wrong = bool(doubled or failed or problems or rentals != rented)
+    return not wrong and (rate >= BUDGET or not judged)
 
 
 if __name__ == "__main__":

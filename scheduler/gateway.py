@@ -377,6 +377,15 @@ class CaddyAdmin:
             path, node = f"{path}/{key}", node[key]
         return False
 
+    def persist_off(self) -> None:
+        """Caddy saves every config change to disk (autosave.json) unless told not to, and
+        the remembered keys' fallback holds API keys as callers send them: a Caddy started
+        from a Caddyfile (production's; 2.6 has no Caddyfile option for it) is told before
+        any key is pushed. Its admin address stays as it is."""
+        admin = json.loads(self._call("GET", "/config/admin") or b"null")
+        if isinstance(admin, dict) and (admin.get("config") or {}).get("persist") is not False:
+            self._call("POST", "/config/admin/config", {"persist": False})
+
     def routes(self, server: str = SERVER) -> list[dict]:
         raw = self._call("GET", f"/config/apps/http/servers/{server}/routes")
         return json.loads(raw or b"null") or []

@@ -92,6 +92,7 @@ $py manage.py demo_data --simhosts "$([ $simulated = 1 ] && echo var/simhosts/ho
 # The gateway runs as a plain process (no systemd), its state under var/caddy; its config is
 # pushed over the admin API once the database is ready (gateway_load below).
 if command -v caddy >/dev/null; then
+  tune_kernel_for_caddy
   mkdir -p var/caddy
   printf '{"admin": {"listen": "%s"}}' "$GATEWAY_ADMIN" > var/caddy/boot.json
   XDG_DATA_HOME="$PWD/var/caddy" XDG_CONFIG_HOME="$PWD/var/caddy" \

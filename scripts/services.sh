@@ -159,3 +159,20 @@ stop_dockerd() {
   for _ in $(seq 150); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.2; done
   echo "!! dockerd (pid $pid) is still stopping"
 }
+
+# The gateway's Caddy reloads its config on every route push and, in 2.6, closes its old
+# listening socket; unless the kernel migrates the connections queued on it to the new one,
+# it resets them (a client sees "connection reset" during a rolling update). The production
+# unit sets this before Caddy starts (deploy/systemd/caddy.service.d/gpumkt.conf); `make run`
+# and `make test` run Caddy too, so they set it as well. It only changes what happens to
+# connections queued on a closing SO_REUSEPORT listener (Linux 5.14+), nothing else.
+tune_kernel_for_caddy() {
+  local setting=/proc/sys/net/ipv4/tcp_migrate_req
+  [ -e "$setting" ] || return 0
+  [ "$(cat "$setting")" = 1 ] && return 0
+  if [ "$(id -u)" = 0 ]; then
+    echo 1 > "$setting" && echo "==> net.ipv4.tcp_migrate_req=1 (Caddy reloads keep queued connections)"
+  else
+    echo "!! net.ipv4.tcp_migrate_req is 0 and this is not root: a rolling update may reset a connection."
+  fi
+}

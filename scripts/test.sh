@@ -19,6 +19,7 @@ test_redis_url="${TEST_REDIS_URL:-redis://127.0.0.1:6391/0}"
 start_postgres
 start_redis_for_url "$test_redis_url" var/test-redis
 start_dockerd
+tune_kernel_for_caddy
 
 echo "==> ruff"
 .venv/bin/ruff check .

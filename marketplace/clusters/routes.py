@@ -123,6 +123,7 @@ def routes_push() -> bool:
 def _push(admin: gateway.CaddyAdmin) -> tuple[bool, set[int]]:
     new_keys = remembered.pending_take()
     try:
+        admin.persist_off()
         if settings.GATEWAY_LISTEN and admin.server_ensure(settings.GATEWAY_LISTEN):
             logger.info("gateway server added to the proxy on %s", settings.GATEWAY_LISTEN)
         server = admin.server(settings.GATEWAY_SERVER)
