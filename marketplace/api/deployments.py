@@ -14,6 +14,7 @@ from marketplace.api.base import TeamScopedViewSet
 from marketplace.api.fields import DollarsField, FiniteFloatField
 from marketplace.api.rentals import GpuShareSerializer
 from marketplace.deployments.reconciler import replica_counts, wanted_live
+from marketplace.deployments.scaling import unreachable
 from marketplace.deployments.services import (
     MAX_DISK_GB,
     MAX_GPUS_PER_REPLICA,
@@ -171,12 +172,13 @@ class ReplicaSerializer(serializers.ModelSerializer):
     machine_id = serializers.SerializerMethodField()
     gpus = serializers.SerializerMethodField()
     container_name = serializers.SerializerMethodField()
+    unreachable_since = serializers.SerializerMethodField()
 
     class Meta:
         model = Replica
         fields = [
             "id", "state", "reason", "instance_id", "machine_id", "gpus", "container_name",
-            "exit_code", "created_at", "started_at", "ended_at",
+            "exit_code", "created_at", "started_at", "ended_at", "unreachable_since",
         ]  # fmt: skip
         read_only_fields = fields
 
@@ -191,6 +193,15 @@ class ReplicaSerializer(serializers.ModelSerializer):
 
     def get_container_name(self, replica) -> str | None:
         return replica.instance.container_name if replica.instance else None
+
+    @extend_schema_field(serializers.DateTimeField(allow_null=True))
+    def get_unreachable_since(self, replica) -> str | None:
+        """Since when a live replica's host has not answered (it is kept for
+        REPLICA_UNREACHABLE_GRACE_MINUTES, and a replica set places others meanwhile); null
+        while its host answers."""
+        if not replica.is_live or not unreachable(replica):
+            return None
+        return serializers.DateTimeField().to_representation(replica.instance.state_changed_at)
 
 
 class DeploymentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScopedViewSet):

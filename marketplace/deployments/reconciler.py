@@ -5,10 +5,11 @@ A pass compares what the deployment wants with what its replicas' instances show
 replicas follow their instances; an ended replica's rental is destroyed (an elastic
 container's data goes when it stops); replicas that no longer meet changed conditions (or a
 job's changed spec) are replaced; a replica set rolls to a changed spec, a new replica running
-before an old one stops (``rolling``); the number of live replicas is brought to what is wanted (new ones queued, the
-newest extras stopped); queued replicas are placed as rentals. Anything can wake a pass (an
-instance's state, a machine's status or listing, the beat sweep); a pass that finds nothing
-to do writes nothing and wakes nothing.
+before an old one stops (``rolling``); the number of live replicas is brought to what is
+wanted (new ones queued, the newest extras stopped; replicas whose host does not answer are
+kept and surged past: ``scaling``); queued replicas are placed as rentals. Anything can wake
+a pass (an instance's state, a machine's status or listing, the beat sweep); a pass that
+finds nothing to do writes nothing and wakes nothing.
 
 Safe with many workers: the whole pass runs in one transaction holding the deployment's row
 lock, so two passes over one deployment never interleave and never count the same live
@@ -32,7 +33,7 @@ from django.db.models import Count
 from django.utils import timezone
 
 from hosts.models import MachineStatus
-from marketplace.deployments import rolling
+from marketplace.deployments import rolling, scaling
 from marketplace.deployments.conditions import (
     instance_meets_conditions,
     replica_runs_spec,
@@ -174,15 +175,18 @@ def _observe_and_want(deployment: Deployment, reads: _Reads) -> _Pass:
         return this
     this.current = spec_hash(deployment)
     changed = _replace_mismatched(deployment, live, this.current)
+    # Replicas on a host that does not answer are kept, neither counted nor stopped: others
+    # are placed for them (``scaling``).
     live = [r for r in live if r.is_live]
-    old = rolling.old_replicas(deployment, live, this.current)
+    counted = scaling.serving(deployment, live)
+    old = rolling.old_replicas(deployment, counted, this.current)
     this.rolling = bool(old)
     if old:
         this.readiness = rolling.readiness(deployment)
-        plan = rolling.plan_roll(live, old, wanted_live(deployment), gated=bool(this.readiness))
-        changed |= _apply(deployment, plan)
+        plan = rolling.plan_roll(counted, old, wanted_live(deployment), gated=bool(this.readiness))
     else:
-        changed |= _scale(deployment, live)
+        plan = scaling.plan_scale(counted, wanted_live(deployment))
+    changed |= _apply(deployment, plan)
     # What ended stops before anything new is placed (a surge of one, not two).
     if this.changed or changed or deployment.pk in reads.leftovers:
         changed |= _destroy_ended_rentals(deployment)
@@ -374,8 +378,8 @@ def _live_replicas():
 
 def _replace_mismatched(deployment: Deployment, live: list[Replica], current: str) -> bool:
     """Replicas placed before the conditions changed, that no longer meet them, end (and a
-    job's replicas placed before its spec changed); ``_scale`` queues their replacements. A
-    replica set's replicas of an old spec are rolled instead (``rolling``)."""
+    job's replicas placed before its spec changed); ``scaling.plan_scale`` queues their
+    replacements. A replica set's replicas of an old spec are rolled instead (``rolling``)."""
     changed = False
     for replica in live:
         if replica.instance is None:
@@ -401,7 +405,7 @@ def _roll_in_place(deployment: Deployment, current: str, reason: str) -> tuple[b
     """A rolling replica set whose new replica found no room beside the old ones: one old
     replica stops, so the new one takes its place once its GPUs are free. Not while failures
     back off (a spec that keeps failing must not take the old replicas down with it)."""
-    live = _live(deployment)
+    live = scaling.serving(deployment, _live(deployment))
     old = rolling.old_replicas(deployment, live, current)
     if not old or not reason:
         return False, reason
@@ -415,26 +419,6 @@ def _roll_in_place(deployment: Deployment, current: str, reason: str) -> tuple[b
         f"rolling update, replacing in place (replica {victim.pk} stopped): no room for a "
         f"replica of the new spec beside the old ones: {reason}"
     )
-
-
-def _scale(deployment: Deployment, live: list[Replica]) -> bool:
-    """Queue replicas up to what is wanted, or stop the extras: queued ones first, then the
-    newest placed ones."""
-    wanted = wanted_live(deployment)
-    if len(live) < wanted:
-        Replica.objects.bulk_create(
-            [Replica(deployment=deployment) for _ in range(wanted - len(live))]
-        )
-        return True
-    if len(live) > wanted:
-        newest_queued_first = sorted(
-            live, key=lambda r: (r.state == R.QUEUED, r.created_at, r.pk), reverse=True
-        )
-        extras = newest_queued_first
-        for replica in extras[: len(live) - wanted]:
-            replica_end(replica, R.STOPPED, "Scaled down")
-        return True
-    return False
 
 
 # --- placing --------------------------------------------------------------------------------

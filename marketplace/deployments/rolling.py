@@ -67,7 +67,7 @@ def _launching_first_then_oldest(replicas: list[Replica]) -> list[Replica]:
     return sorted(replicas, key=lambda r: (r.state == R.RUNNING, r.created_at, r.pk))
 
 
-def _queued_first_then_newest(replicas: list[Replica]) -> list[Replica]:
+def queued_first_then_newest(replicas: list[Replica]) -> list[Replica]:
     return sorted(replicas, key=lambda r: (r.state == R.QUEUED, r.created_at, r.pk), reverse=True)
 
 
@@ -92,7 +92,7 @@ def plan_roll(
         plan.stop.append((replica, REPLACED if new_running else SCALED_DOWN))
     old_left = ordered_old[max(len(old) - keep_old, 0) :]
     # Scaled down meanwhile: new ones past what is wanted stop, queued and newest first.
-    ordered_new = _queued_first_then_newest(new)
+    ordered_new = queued_first_then_newest(new)
     for replica in ordered_new[: max(len(new) - wanted, 0)]:
         plan.stop.append((replica, SCALED_DOWN))
     new_left = ordered_new[max(len(new) - wanted, 0) :]

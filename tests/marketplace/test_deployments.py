@@ -305,8 +305,9 @@ def test_a_replica_whose_machine_stops_answering_is_kept_for_the_grace_then_repl
     funded_team, provider_team, three_hosts, settings
 ):
     """Offline is no proof that the container died: the replica is kept (its instance
-    unknown, its rental going on) for REPLICA_UNREACHABLE_GRACE_MINUTES; past that it is lost,
-    replaced elsewhere, and its rental destroyed."""
+    unknown, its rental going on) for REPLICA_UNREACHABLE_GRACE_MINUTES, and a surge replica
+    keeps the count serving elsewhere meanwhile; past the grace it is lost and its rental
+    destroyed, and the surge replica is its replacement."""
     first = machine_for(three_hosts[0], provider_team)
     client = key_client(funded_team)
     created = deploy(client, replicas=1)
@@ -323,15 +324,18 @@ def test_a_replica_whose_machine_stops_answering_is_kept_for_the_grace_then_repl
     deployments_sweep()
     after = {r["id"]: r for r in replicas_of(client, created["id"])}
     assert after[replica["id"]]["state"] == "running"
-    assert len(live(list(after.values()))) == 1  # nothing destroyed, nothing doubled
+    assert after[replica["id"]]["unreachable_since"] is not None
+    [surge] = [r for r in live(list(after.values())) if r["id"] != replica["id"]]
+    assert (surge["state"], surge["machine_id"]) == ("running", second.pk)
+    deployments_sweep()  # settled: no second surge
+    assert len(live(replicas_of(client, created["id"]))) == 2
 
     settings.REPLICA_UNREACHABLE_GRACE_MINUTES = 0
     deployments_sweep()
     after = {r["id"]: r for r in replicas_of(client, created["id"])}
     assert after[replica["id"]]["state"] == "lost"
     assert after[replica["id"]]["reason"].startswith("Its machine has been offline for too long")
-    [replacement] = live(list(after.values()))
-    assert (replacement["state"], replacement["machine_id"]) == ("running", second.pk)
+    assert [r["id"] for r in live(list(after.values()))] == [surge["id"]]
     # The lost replica's rental ended: nothing is charged for it any more.
     kept.refresh_from_db()
     assert kept.state in ("destroying", "destroyed")

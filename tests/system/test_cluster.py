@@ -29,23 +29,38 @@ REFUSALS = {409, 402}
 
 
 class Installation:
-    def __init__(self, root: Path, hosts: list, docker_gate: Path):
+    """A whole installation (``webs`` web processes, ``workers`` workers, beat, Caddy) on a
+    PostgreSQL and a Redis of its own, with the simulated ``hosts`` listed by demo accounts.
+    ``overrides`` go into its environment file (the fault matrix shortens heartbeats)."""
+
+    def __init__(
+        self,
+        root: Path,
+        hosts: list,
+        docker_gate: Path,
+        *,
+        webs: int = 2,
+        workers: int = 3,
+        overrides: dict[str, str] | None = None,
+    ):
         self.root, self.hosts, self.docker_gate = root, hosts, docker_gate
         self.postgres = Postgres().start()
         self.redis = Redis(root / "redis").start()
         try:
-            self._start(root, hosts)
+            self._start(root, hosts, webs=webs, workers=workers, overrides=overrides or {})
         except BaseException:
             self.stop()  # nothing this module started outlives a failed start
             raise
 
-    def _start(self, root: Path, hosts: list) -> None:
+    def _start(
+        self, root: Path, hosts: list, *, webs: int, workers: int, overrides: dict[str, str]
+    ) -> None:
         self.cluster = LocalCluster(
             root / "cluster",
             database_url=self.postgres.url,
             redis_url=self.redis.url,
-            webs=2,
-            workers=3,
+            webs=webs,
+            workers=workers,
             worker_concurrency=2,
             overrides={
                 "HOST_ALLOW_LOOPBACK": "1",
@@ -54,6 +69,7 @@ class Installation:
                 "WORK_LEASE_SECONDS": "6",
                 "API_THROTTLE_WRITE": "100000/min",
                 "DB_POOL_MAX": "6",
+                **overrides,
             },
         )
         self.cluster.start()
@@ -73,6 +89,16 @@ class Installation:
             self.cluster.stop()
         self.redis.stop()
         self.postgres.remove()
+
+    def wait_listed(self, count: int, timeout: float = 60) -> None:
+        """Until ``count`` machines are offered (probed, listed and rentable)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            status, body = self.api("GET", "/offers/?q=num_gpus>=1", self.renters[0]["key"])
+            if status == 200 and len(body["offers"]) == count:
+                return
+            time.sleep(0.5)
+        raise AssertionError(f"offers: {status} {body}")
 
     # --- the API ------------------------------------------------------------------------------
     def api(
@@ -135,15 +161,7 @@ def installation(sim_host_factory, tmp_path_factory):
     wrapper.chmod(0o755)
     made = Installation(root, hosts, gate)
     try:
-        for renter in made.renters[:1]:  # both machines probed, listed and rentable
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
-                status, body = made.api("GET", "/offers/?q=num_gpus>=1", renter["key"])
-                if status == 200 and len(body["offers"]) == 2:
-                    break
-                time.sleep(0.5)
-            else:
-                raise AssertionError(f"offers: {status} {body}")
+        made.wait_listed(2)  # both machines probed, listed and rentable
         yield made
     finally:
         wrapper.unlink(missing_ok=True)
