@@ -383,11 +383,6 @@ def _caddy_killed(inst: Installation, renter: dict, cluster: dict) -> None:
         assert seen["instances"][str(instance_id)]["charged_since"] != ""
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 29 §4: the gateway asks the web process to authenticate every request, so "
-    "a web outage takes every cluster URL down (502)",
-)
 def test_the_web_down_leaves_cluster_urls_serving(installation):
     """§4: every web process stops (a deploy, a crash): a cluster URL whose key was used a
     moment before keeps answering through the gateway; the replicas are untouched."""
