@@ -40,3 +40,12 @@ def balance_chart(points: Sequence[Any], *, label: str) -> dict[str, Any]:
     """Available and total credit per day (``BalancePoint``s), or a sentence when there was
     never any."""
     return {"chart": charts.balance_chart(points), "label": label}
+
+
+@register.inclusion_tag("charts/figure_history.html")
+def figure_history_chart(
+    points: Sequence[Any], *, label: str, empty: str, top: float | None = None
+) -> dict[str, Any]:
+    """One bar per measurement (``charts.FigurePoint``), failed ones drawn as bad; ``empty``
+    is said when there is none yet."""
+    return {"chart": charts.figure_history_chart(points, top=top), "label": label, "empty": empty}
