@@ -286,7 +286,9 @@ def test_demo_step_waits_for_a_host_whose_first_probes_fail(sim_host_factory, db
     assert machine.status == MachineStatus.ONLINE and machine.listed
 
 
-def test_demo_step_names_a_host_that_never_comes_online(sim_host_factory, db, monkeypatch):
+def test_demo_step_names_a_host_that_never_comes_online(
+    sim_host_factory, db, monkeypatch, demo_images
+):
     """Past the deadline the demo says which machine is not ready and why, lists the others,
     and the command goes on (make run still starts)."""
     from hosts import demo

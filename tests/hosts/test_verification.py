@@ -9,9 +9,10 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from hosts import services
 from hosts.devtools.simulation import ensure_gpu_bench_image
 from hosts.models import BenchmarkRun, HeartbeatSample, Machine, MachineEvent
-from hosts.services import reliability_figures
+from hosts.services import machine_container_killed, reliability_figures
 from hosts.verification import services as verification
 from marketplace.models import Offer
 from tests.conftest import sim_container_label
@@ -170,3 +171,46 @@ def test_reliability_is_the_share_of_rented_time_that_was_runnable(team, setting
     sample(False, 2, 2)
     sample(True, 2, 1)
     assert reliability_figures(machine, now=now) == (round(4 / 6, 4), 180, 120)
+    # A container the host killed costs an hour of runnable time (here all there was).
+    machine_container_killed(machine_id=machine.pk, container="c0ffee", reason="it vanished")
+    assert reliability_figures(machine, now=timezone.now()) == (0.0, 180, 0)
+    assert MachineEvent.objects.filter(machine=machine, kind="container_killed").count() == 1
+
+
+def test_a_reprobe_that_finds_other_hardware_makes_verification_due_again(
+    team, sim_host_factory, bench_settings
+):
+    host = sim_host_factory(gpus=2)
+    machine = verification.machine_verify(machine_id=online_machine(team, host).pk, labels=labels())
+    assert machine.verified and machine.verification_due_at > timezone.now()
+    assert machine.pk not in verification.machines_due_verification()
+    host.set_gpus(host.spec.gpus[:1])  # a GPU fell off the bus
+    services.machine_probe(machine_id=machine.pk)
+    machine.refresh_from_db()
+    assert machine.verification_due_at <= timezone.now()
+    assert MachineEvent.objects.filter(machine=machine, kind="hardware_changed").exists()
+    assert verification.machines_due_verification() == [machine.pk]
+    assert verification.machines_due_verification() == []  # claimed once
+
+
+def test_reliability_below_the_threshold_takes_the_mark_away_at_the_next_heartbeat(
+    team, sim_host_factory, bench_settings
+):
+    bench_settings.HOST_VERIFY_MIN_RELIABILITY = 0.95
+    machine = verification.machine_verify(
+        machine_id=online_machine(team, sim_host_factory(gpus=1)).pk, labels=labels()
+    )
+    assert machine.verified
+    # A rented GPU whose machine missed half its heartbeats lately.
+    HeartbeatSample.objects.bulk_create(
+        HeartbeatSample(machine=machine, ok=i % 2 == 0, gpus_rented=1, gpus_total=1)
+        for i in range(10)
+    )
+    machine = services.machine_heartbeat(machine_id=machine.pk)
+    assert machine.verified is False
+    # 5 of the 10 rented heartbeats runnable (the one just answered found nothing rented).
+    assert machine.verification_detail == "reliability 50.0% fell below the required 95%"
+    assert verification_events(machine)[-1] == (
+        "No longer verified: reliability 50.0% fell below the required 95%"
+    )
+    assert Offer.objects.get(machine=machine).verified is False
