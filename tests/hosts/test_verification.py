@@ -15,7 +15,7 @@ from hosts.models import BenchmarkRun, HeartbeatSample, Machine, MachineEvent
 from hosts.services import machine_container_killed, reliability_figures
 from hosts.verification import services as verification
 from marketplace.models import Offer
-from tests.conftest import sim_container_label
+from tests.conftest import client_for, sim_container_label
 from tests.hosts.support import containers, online_machine
 
 pytestmark = [pytest.mark.system, pytest.mark.django_db(transaction=True)]
@@ -52,7 +52,7 @@ def verification_events(machine) -> list[str]:
 
 
 def test_a_machine_is_verified_loses_it_to_a_failing_benchmark_and_gets_it_back(
-    team, sim_host_factory, bench_settings
+    client, team, owner, sim_host_factory, bench_settings
 ):
     machine = online_machine(team, sim_host_factory(gpus=2))
     assert machine.verified is False
@@ -101,6 +101,14 @@ def test_a_machine_is_verified_loses_it_to_a_failing_benchmark_and_gets_it_back(
     assert len(events) == 3
     assert BenchmarkRun.objects.filter(machine=machine).count() == 3
     assert containers("label=gpumkt.benchmark=1", f"label=gpumkt.machine={machine.pk}") == []
+    # The machine's page: the reason, the figures marked simulated, a bar per run (one bad).
+    client_for(client, owner, team)
+    page = client.get(f"/machines/{machine.pk}/").content.decode()
+    assert 'id="verification-reason">self-test and benchmark passed (GPU figures simulated)' in (
+        page
+    )
+    assert "GPU figures simulated" in page and 'aria-label="dlperf per GPU' in page
+    assert page.count('class="bar-bad"><title>') == 1
 
 
 def test_gpus_measured_well_below_their_model_lose_the_mark(team, sim_host_factory, bench_settings):
