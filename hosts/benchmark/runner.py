@@ -181,9 +181,8 @@ def _disk(host: DockerHost, container: str, result: BenchmarkResult, machine: Ma
     if machine.disk_enforced:  # stay well inside the unit's capped disk
         megabytes = max(min(megabytes, machine.unit_disk_gb * 1024 // 4), 1)
     write = [f"of={BENCH_FILE}", "if=/dev/zero", "bs=1M", f"count={megabytes}"]
-    wrote = _dd(host, container, [*write, "oflag=direct"], megabytes) or _dd(
-        host, container, [*write, "conv=fsync"], megabytes
-    )
+    wrote_direct = _dd(host, container, [*write, "oflag=direct"], megabytes)
+    wrote = wrote_direct or _dd(host, container, [*write, "conv=fsync"], megabytes)
     if wrote is None:
         result.step("disk write", False, f"dd could not write {megabytes} MB in the container")
         return
@@ -198,7 +197,9 @@ def _disk(host: DockerHost, container: str, result: BenchmarkResult, machine: Ma
     result.step(
         "disk",
         True,
-        f"{megabytes} MB in the container: write {wrote:g} MB/s, read {read:g} MB/s"
+        f"{megabytes} MB in the container: write {wrote:g} MB/s"
+        + ("" if wrote_direct else " (synced: no direct I/O here)")
+        + f", read {read:g} MB/s"
         + ("" if direct else " (from the page cache: no direct I/O here)"),
     )
 
