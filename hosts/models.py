@@ -118,9 +118,29 @@ class Machine(models.Model):
     # reachability) and what the last one could not read.
     probe_failures = models.PositiveSmallIntegerField(default=0)
     probe_problems = models.JSONField(default=list, blank=True)
+    # Verified: it passed its last self-test and benchmark, is reliable enough and measures
+    # near its GPU model's typical figures (hosts.verification); an operator may revoke or
+    # restore it by hand (``verification_by_operator``), which the next automatic run keeps.
     verified = models.BooleanField(
-        default=False, help_text="Set by an operator after checking the machine."
+        default=False, help_text="Set by verification runs, or by an operator with a reason."
     )
+    verified_changed_at = models.DateTimeField(null=True, blank=True)
+    verification_detail = models.CharField(max_length=500, blank=True)
+    # "auto" (decided by runs) or "revoked" / "restored" by an operator, who then owns it.
+    verification_override = models.CharField(max_length=12, default="auto")
+    verification_due_at = models.DateTimeField(null=True, blank=True)
+    # The last benchmark's figures, per GPU where they are a GPU's, for offers and search.
+    bench_at = models.DateTimeField(null=True, blank=True)
+    bench_gpu_simulated = models.BooleanField(default=False)
+    compute_cap = models.PositiveSmallIntegerField(default=0, help_text="e.g. 890 for 8.9")
+    tflops_per_gpu = models.FloatField(default=0, help_text="FP32 TFLOPS of one GPU")
+    gpu_mem_bw = models.FloatField(default=0, help_text="GB/s of one GPU's memory")
+    dlperf_per_gpu = models.FloatField(default=0)
+    disk_write_mbps = models.FloatField(default=0, help_text="MB/s inside a rental's container")
+    disk_read_mbps = models.FloatField(default=0, help_text="MB/s inside a rental's container")
+    inet_up = models.FloatField(default=0, help_text="Mbit/s host → platform")
+    inet_down = models.FloatField(default=0, help_text="Mbit/s platform → host")
+    docker_start_ms = models.PositiveIntegerField(default=0)
     # The last self-test: a probe plus a real container whose limits are read back.
     self_test_at = models.DateTimeField(null=True, blank=True)
     self_test_passed = models.BooleanField(null=True)
@@ -259,3 +279,57 @@ class HeartbeatSample(models.Model):
 
     def __str__(self) -> str:
         return f"{'ok' if self.ok else 'miss'} at {self.created_at:%H:%M:%S}"
+
+
+class BenchmarkRun(models.Model):
+    """One benchmark of a machine: every figure it measured, when, and whether it passed.
+
+    GPU figures come from the benchmark image run on the machine's GPUs; ``gpu_simulated``
+    marks a run whose GPUs are stand-ins (the simulated hosts): their figures are the GPU
+    model's typical ones, not measurements. Everything else is always measured.
+    """
+
+    machine = models.ForeignKey(Machine, on_delete=models.CASCADE, related_name="benchmarks")
+    measured_at = models.DateTimeField(db_index=True)
+    passed = models.BooleanField()
+    reason = models.CharField(max_length=500, blank=True)
+    gpu_simulated = models.BooleanField(default=False)
+    gpu_count = models.PositiveSmallIntegerField(default=0)
+    compute_cap = models.PositiveSmallIntegerField(default=0)
+    tflops_per_gpu = models.FloatField(null=True, blank=True)
+    fp16_tflops_per_gpu = models.FloatField(null=True, blank=True)
+    gpu_mem_bw = models.FloatField(null=True, blank=True)
+    disk_write_mbps = models.FloatField(null=True, blank=True)
+    disk_read_mbps = models.FloatField(null=True, blank=True)
+    inet_up = models.FloatField(null=True, blank=True)
+    inet_down = models.FloatField(null=True, blank=True)
+    docker_start_ms = models.PositiveIntegerField(null=True, blank=True)
+    dlperf_per_gpu = models.FloatField(null=True, blank=True)
+    # Each step as {"name", "ok", "detail"} (like the self-test's checks), GPUs one by one.
+    steps = models.JSONField(default=list, blank=True)
+
+    class Meta:
+        ordering = ["-measured_at", "-pk"]
+        indexes = [models.Index(fields=["machine", "measured_at"], name="benchmark_machine_time")]
+
+    def __str__(self) -> str:
+        return f"benchmark {'passed' if self.passed else 'failed'} at {self.measured_at:%Y-%m-%d %H:%M}"
+
+
+class ReliabilityRecord(models.Model):
+    """A machine's reliability as computed at a moment: its history, drawn on its page."""
+
+    machine = models.ForeignKey(
+        Machine, on_delete=models.CASCADE, related_name="reliability_history"
+    )
+    recorded_at = models.DateTimeField(db_index=True)
+    reliability = models.FloatField()
+    rented_seconds = models.PositiveBigIntegerField(default=0)
+    runnable_seconds = models.PositiveBigIntegerField(default=0)
+
+    class Meta:
+        ordering = ["-recorded_at"]
+        indexes = [models.Index(fields=["machine", "recorded_at"], name="reliability_machine_time")]
+
+    def __str__(self) -> str:
+        return f"{self.reliability:.1%} at {self.recorded_at:%Y-%m-%d %H:%M}"

@@ -10,7 +10,15 @@ from django.db.models import Avg, Count, Max, Q
 from django.db.models.functions import TruncHour
 from django.utils import timezone
 
-from hosts.models import Gpu, HeartbeatSample, Machine, MachineStatus, MaintenanceWindow
+from hosts.models import (
+    BenchmarkRun,
+    Gpu,
+    HeartbeatSample,
+    Machine,
+    MachineStatus,
+    MaintenanceWindow,
+    ReliabilityRecord,
+)
 
 # Higher rooms register how to tell which GPUs are rented (hosts does not import them):
 # fn(machine_ids) -> {gpu_id: "rented"}.
@@ -122,3 +130,19 @@ def hourly_history(machine: Machine, hours: int = 24) -> list[HourPoint]:
 def heartbeat_series(machine: Machine, hours: int = 24) -> list[tuple[str, float, int]]:
     """(hour label, share answered, samples) per hour over the last ``hours``."""
     return [(p.label, p.answered, p.samples) for p in hourly_history(machine, hours)]
+
+
+def benchmark_history(machine: Machine, *, limit: int = 30) -> list[BenchmarkRun]:
+    """The machine's last ``limit`` benchmark runs, oldest first (for its chart)."""
+    runs = list(
+        BenchmarkRun.objects.filter(machine=machine).order_by("-measured_at", "-pk")[:limit]
+    )
+    return runs[::-1]
+
+
+def reliability_history(machine: Machine, *, limit: int = 48) -> list[ReliabilityRecord]:
+    """The machine's last ``limit`` reliability records, oldest first."""
+    records = list(
+        ReliabilityRecord.objects.filter(machine=machine).order_by("-recorded_at")[:limit]
+    )
+    return records[::-1]

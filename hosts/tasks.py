@@ -9,6 +9,7 @@ from celery import shared_task
 from hosts import services, ssh
 from hosts.models import Machine, MachineStatus
 from hosts.runtime import DockerHost
+from hosts.verification import services as verification
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +39,24 @@ def machine_self_test(machine_id: int) -> str:
         return "nothing to do"
     machine = services.machine_self_test(machine_id=machine_id)
     return "passed" if machine.self_test_passed else "failed"
+
+
+@shared_task(name="hosts.tasks.machine_verify")
+def machine_verify(machine_id: int) -> str:
+    """A verification run: self-test, benchmark, verdict (hosts.verification)."""
+    if not Machine.objects.filter(pk=machine_id).exclude(host_key="").exists():
+        return "nothing to do"
+    machine = verification.machine_verify(machine_id=machine_id)
+    return "verified" if machine.verified else "not verified"
+
+
+@shared_task(name="hosts.tasks.verifications_due")
+def verifications_due() -> int:
+    """Queue a run for each machine due one (claimed first, so no machine is queued twice)."""
+    claimed = verification.machines_due_verification()
+    for machine_id in claimed:
+        machine_verify.delay(machine_id)
+    return len(claimed)
 
 
 @shared_task(name="hosts.tasks.heartbeats")

@@ -7,6 +7,7 @@ the bar charts give each point one slot of equal width along the x axis."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import date
@@ -162,6 +163,42 @@ def daily_spend_chart(days: Sequence[tuple[date, int]]) -> dict[str, Any]:
             "x": slot.x, "w": slot.width, "y": bar_top(frame, height), "h": round(height, 1),
             "label": f"{day:%m-%d}", "show_label": slot.show_label,
             "amount": format_usd(amount), "empty": not amount,
+        })  # fmt: skip
+    return frame.chart(grid, bars=bars)
+
+
+@dataclass(frozen=True)
+class FigurePoint:
+    """One measurement of a figure: its label on the x axis, its value (None: the run that
+    should have measured it failed, drawn as a bad mark at the baseline) and a title."""
+
+    label: str
+    value: float | None
+    title: str
+
+
+FIGURES = Frame(width=560, height=130, left=44, top=6, bottom=16)
+
+
+def figure_history_chart(
+    points: Sequence[FigurePoint], *, top: float | None = None
+) -> dict[str, Any]:
+    """One bar per measurement, oldest first, on a round scale above the largest (or ``top``);
+    a failed one is a thin bad bar. Grid lines at 0, half and the top."""
+    frame = FIGURES
+    largest = max([p.value for p in points if p.value is not None] + [0.0])
+    scale = top if top is not None else nice_ceiling(math.ceil(largest) or 1)
+    grid = frame.grid(lambda share: f"{scale * share:g}")
+    if not points:
+        return frame.chart(grid, bars=[])
+    bars = []
+    for point, slot in zip(points, bar_slots(frame, len(points)), strict=True):
+        share = min(max((point.value or 0.0) / scale, 0.0), 1.0)
+        height = max(share * frame.plot_height, MIN_BAR)
+        bars.append({
+            "x": slot.x, "w": slot.width, "y": bar_top(frame, height), "h": round(height, 1),
+            "label": point.label, "show_label": slot.show_label, "title": point.title,
+            "bad": point.value is None,
         })  # fmt: skip
     return frame.chart(grid, bars=bars)
 

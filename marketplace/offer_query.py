@@ -72,6 +72,16 @@ FIELDS: dict[str, FieldSpec] = {
     "min_bid": FieldSpec(
         "money", "min_bid", "lowest bid per GPU-hour for an interruptible rental (unset: no bids)"
     ),
+    # The machine's last passing benchmark (hosts.benchmark; GPU figures of simulated hosts
+    # are their model's typical ones).
+    "total_flops": FieldSpec("float", "total_flops", "FP32 TFLOPS of the offer's GPUs"),
+    "compute_cap": FieldSpec("int", "compute_cap", "CUDA compute capability × 100, e.g. 890"),
+    "gpu_mem_bw": FieldSpec("float", "gpu_mem_bw", "GB/s of one GPU's memory"),
+    "dlperf": FieldSpec("float", "dlperf", "dlperf-style training score of the offer's GPUs"),
+    "dlperf_per_dphtotal": FieldSpec("float", "dlperf_per_dphtotal", "dlperf per dollar-hour"),
+    "inet_up": FieldSpec("float", "inet_up", "Mbit/s out of the host (measured)"),
+    "inet_down": FieldSpec("float", "inet_down", "Mbit/s into the host (measured)"),
+    "disk_bw": FieldSpec("float", "disk_bw", "MB/s read inside a rental's container"),
 }
 
 DEFAULT_FILTERS = {"rentable": ("=", True)}

@@ -487,3 +487,21 @@ HOST_ALLOW_LOOPBACK = env_bool("HOST_ALLOW_LOOPBACK", DEBUG)
 HOST_SELFTEST_IMAGE = os.environ.get(
     "HOST_SELFTEST_IMAGE", "gpumkt/busybox:latest" if DEBUG else "busybox:1.36"
 )
+# Verification (hosts/verification): how often a verified machine is measured again, how soon
+# a failed one is retried, and what it must keep: reliability, and GPU figures at least this
+# share of its model's typical ones (hosts/benchmark/typical.py).
+HOST_VERIFY_EVERY_HOURS = float(os.environ.get("HOST_VERIFY_EVERY_HOURS", "24"))
+HOST_VERIFY_RETRY_MINUTES = float(os.environ.get("HOST_VERIFY_RETRY_MINUTES", "30"))
+HOST_VERIFY_MIN_RELIABILITY = float(os.environ.get("HOST_VERIFY_MIN_RELIABILITY", "0.9"))
+HOST_VERIFY_MIN_SHARE_OF_TYPICAL = float(os.environ.get("HOST_VERIFY_MIN_SHARE_OF_TYPICAL", "0.7"))
+# The window reliability is computed over (hosts/services/heartbeats.py), in days.
+HOST_RELIABILITY_WINDOW_DAYS = float(os.environ.get("HOST_RELIABILITY_WINDOW_DAYS", "7"))
+# The benchmark (hosts/benchmark): the GPU benchmark image (its contract is in
+# hosts/benchmark/gpu.py; simulated hosts have a stand-in made without a registry), the file
+# written and read inside a rental-sized container, and the payload sent each way over SSH.
+HOST_GPU_BENCH_IMAGE = os.environ.get(
+    "HOST_GPU_BENCH_IMAGE", "gpumkt/gpu-bench-sim:latest" if DEBUG else "gpumkt/gpu-bench:1"
+)
+HOST_GPU_BENCH_TIMEOUT = float(os.environ.get("HOST_GPU_BENCH_TIMEOUT", "300"))
+HOST_BENCH_DISK_MB = int(os.environ.get("HOST_BENCH_DISK_MB", "64"))
+HOST_BENCH_TRANSFER_MB = int(os.environ.get("HOST_BENCH_TRANSFER_MB", "8"))

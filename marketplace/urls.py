@@ -11,6 +11,7 @@ from marketplace.api import billing as billing_api
 from marketplace.api import clusters as clusters_api
 from marketplace.api import deployments as deployments_api
 from marketplace.api import hosts as hosts_api
+from marketplace.api import offer_figures as offer_figures_api
 from marketplace.api import offers as offers_api
 from marketplace.api import rentals as rentals_api
 from marketplace.api import volumes as volumes_api
@@ -48,6 +49,11 @@ api_v1 = [
     path("me/", accounts_api.me, name="api-me"),
     path("offers/", offers_api.offers, name="api-offers"),
     path("offers/<id:machine_id>/quote/", offers_api.offer_quote, name="api-offer-quote"),
+    path(
+        "offers/<id:machine_id>/figures/",
+        offer_figures_api.offer_figures,
+        name="api-offer-figures",
+    ),
     path("schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     path("", include(router.urls)),

@@ -391,6 +391,39 @@ def ensure_image(tag: str = IMAGE, docker_host: str | None = None) -> str:
     return tag
 
 
+# The stand-in for the GPU benchmark image (hosts.benchmark.gpu states the contract): there
+# is no GPU to measure, so it says so for each GPU it was given, and the platform records the
+# model's typical figures marked simulated.
+GPU_BENCH_IMAGE = "gpumkt/gpu-bench-sim:latest"
+SIM_GPU_BENCH = """\
+# Simulated GPU benchmark: nothing here can run CUDA, so no figure is measured.
+for uuid in $(echo "$NVIDIA_VISIBLE_DEVICES" | tr ',' ' '); do
+  echo "{\\"uuid\\": \\"$uuid\\", \\"simulated\\": true}"
+done
+"""
+
+
+def ensure_gpu_bench_image(
+    tag: str = GPU_BENCH_IMAGE, script: str = SIM_GPU_BENCH, docker_host: str | None = None
+) -> str:
+    """Make a benchmark image whose entrypoint is ``script`` (sh) on the busybox image, with
+    no registry: the simulated stand-in by default; tests make failing or slow ones."""
+    if docker_host is not None:
+        return _copy_image(ensure_gpu_bench_image(tag, script), docker_host)
+    found = subprocess.run(["docker", "image", "inspect", tag], capture_output=True, check=False)
+    if found.returncode == 0:
+        return tag
+    base = ensure_image()
+    with tempfile.TemporaryDirectory() as tmp:
+        Path(tmp, "gpu-bench").write_text(script)
+        Path(tmp, "Dockerfile").write_text(
+            f"FROM {base}\nCOPY gpu-bench /bin/gpu-bench\n"
+            'ENTRYPOINT ["/bin/sh", "/bin/gpu-bench"]\nCMD []\n'
+        )
+        subprocess.run(["docker", "build", "-q", "-t", tag, tmp], check=True, capture_output=True)
+    return tag
+
+
 SSH_IMAGE = "gpumkt/sshbox:latest"
 SSH_KEYGEN = "/usr/bin/ssh-keygen"
 # What the image's sshd reads: keys only, the renter's keys in root's authorized_keys.

@@ -19,9 +19,11 @@ from hosts.services.heartbeats import (
     heartbeat_misses_allowed,
     heartbeat_seconds,
     heartbeats_prune,
+    machine_container_killed,
     machine_heartbeat,
     machine_reliability,
     offline_bound_seconds,
+    reliability_figures,
 )
 from hosts.services.listing import (
     MAX_PRICE_PER_GPU_HOUR,
@@ -77,6 +79,7 @@ __all__ = [
     "machine_confirm_host_key",
     "machine_fetch_host_key",
     "machine_flag_key_mismatch",
+    "machine_container_killed",
     "machine_heartbeat",
     "machine_probe",
     "machine_probe_due",
@@ -94,4 +97,5 @@ __all__ = [
     "probe_failures_allowed",
     "probe_retry_seconds",
     "register_commitments",
+    "reliability_figures",
 ]

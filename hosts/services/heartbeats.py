@@ -1,7 +1,7 @@
 """Heartbeats and reliability: one short command over the pooled connection per period that
 asks the host's Docker Engine to answer; offline after K misses, degraded while SSH answers
-and Docker does not; a sample per attempt for the 7-day reliability score and the utilization
-chart."""
+and Docker does not; a sample per attempt for the reliability score and the utilization
+chart, and the score's history."""
 
 from __future__ import annotations
 
@@ -11,18 +11,25 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Count, Q
+from django.db.models import Count, Q, Sum
 from django.utils import timezone
 
 from hosts import ssh
-from hosts.models import HeartbeatSample, Machine, MachineStatus
+from hosts.models import HeartbeatSample, Machine, MachineEvent, MachineStatus, ReliabilityRecord
 from hosts.selectors import rented_gpu_ids
-from hosts.services.events import notify_changed, set_status
+from hosts.services.events import notify_changed, record_event, set_status
+from hosts.verification.marks import machine_reliability_judge
 
 logger = logging.getLogger(__name__)
 
 
-RELIABILITY_WINDOW = timedelta(days=7)
+RELIABILITY_WINDOW = timedelta(days=float(getattr(settings, "HOST_RELIABILITY_WINDOW_DAYS", 7)))
+# How often the score is kept as history (one row per machine per period).
+RELIABILITY_RECORD_EVERY = timedelta(hours=1)
+# What a container the host killed costs its rental, in rented time that was not runnable:
+# the work since its last checkpoint is lost, and an hour is a common checkpoint interval.
+HOST_KILL_COST = timedelta(hours=1)
+CONTAINER_KILLED = "container_killed"
 
 
 def heartbeat_seconds() -> int:
@@ -107,6 +114,8 @@ def machine_heartbeat(*, machine_id: int) -> Machine:
                 )
         machine.reliability = machine_reliability(machine, now=now)
         machine.save(update_fields=["heartbeat_misses", "last_heartbeat_at", "reliability"])
+        _record_reliability(machine, now)
+        machine_reliability_judge(machine)
         notify_changed(machine, "heartbeat")
     return machine
 
@@ -136,18 +145,75 @@ def _gpus_in_use(machine: Machine) -> tuple[int, int]:
 
 
 def machine_reliability(machine: Machine, now: datetime | None = None) -> float:
-    """Answered heartbeats ÷ heartbeats sent over the last 7 days (1.0 before any were sent).
+    """The share of rented time in which the machine's rentals were runnable, over the last
+    ``RELIABILITY_WINDOW`` (``reliability_figures``); a machine rented at no moment of the
+    window is judged by its heartbeats alone (answered ÷ sent; 1.0 before any were sent)."""
+    return reliability_figures(machine, now=now)[0]
 
-    Every attempt counts the same, so an hour offline costs the same wherever it falls in
-    the window, and the score recovers as old misses leave the window.
+
+def reliability_figures(machine: Machine, now: datetime | None = None) -> tuple[float, int, int]:
+    """(reliability, rented GPU-seconds, runnable GPU-seconds) over the window.
+
+    Each heartbeat stands for one heartbeat period of each GPU rented at that moment: runnable
+    when it was answered with Docker answering (a missed heartbeat or a degraded machine is
+    not), and each container the host killed (``machine_container_killed``) takes
+    ``HOST_KILL_COST`` of runnable time off. Weighting by rented GPUs makes an outage cost as
+    much as the rentals it stopped, and an outage of an idle machine costs nothing here.
     """
-    since = (now or timezone.now()) - RELIABILITY_WINDOW
-    counts = HeartbeatSample.objects.filter(machine=machine, created_at__gte=since).aggregate(
-        total=Count("pk"), ok=Count("pk", filter=Q(ok=True))
+    now = now or timezone.now()
+    since = now - RELIABILITY_WINDOW
+    samples = HeartbeatSample.objects.filter(machine=machine, created_at__gte=since)
+    counts = samples.aggregate(
+        sent=Count("pk"),
+        answered=Count("pk", filter=Q(ok=True)),
+        rented=Sum("gpus_rented", filter=Q(gpus_rented__gt=0)),
+        runnable=Sum("gpus_rented", filter=Q(gpus_rented__gt=0, ok=True)),
     )
-    if not counts["total"]:
-        return 1.0
-    return round(counts["ok"] / counts["total"], 4)
+    period = heartbeat_seconds()
+    rented = (counts["rented"] or 0) * period
+    if not rented:
+        if not counts["sent"]:
+            return 1.0, 0, 0
+        return round(counts["answered"] / counts["sent"], 4), 0, 0
+    killed = MachineEvent.objects.filter(
+        machine=machine, kind=CONTAINER_KILLED, created_at__gte=since
+    ).count()
+    runnable = max(
+        (counts["runnable"] or 0) * period - killed * int(HOST_KILL_COST.total_seconds()), 0
+    )
+    return round(runnable / rented, 4), rented, runnable
+
+
+def _record_reliability(machine: Machine, now: datetime) -> None:
+    """Keep the score as history, once per ``RELIABILITY_RECORD_EVERY``."""
+    last = (
+        ReliabilityRecord.objects.filter(machine=machine)
+        .order_by("-recorded_at")
+        .values_list("recorded_at", flat=True)
+        .first()
+    )
+    if last is not None and now - last < RELIABILITY_RECORD_EVERY:
+        return
+    score, rented, runnable = reliability_figures(machine, now=now)
+    ReliabilityRecord.objects.create(
+        machine=machine,
+        recorded_at=now,
+        reliability=score,
+        rented_seconds=rented,
+        runnable_seconds=runnable,
+    )
+
+
+@transaction.atomic
+def machine_container_killed(*, machine_id: int, container: str, reason: str) -> None:
+    """The host killed a rental's container (it vanished, or stopped while the host was away):
+    recorded as an event of the machine, which reliability counts."""
+    machine = Machine.objects.select_for_update().get(pk=machine_id)
+    record_event(machine, CONTAINER_KILLED, f"{container[:12]}: {reason}")
+    machine.reliability = machine_reliability(machine)
+    machine.save(update_fields=["reliability"])
+    machine_reliability_judge(machine)
+    notify_changed(machine, "reliability")
 
 
 def heartbeats_prune(*, older_than: timedelta = RELIABILITY_WINDOW * 2) -> int:

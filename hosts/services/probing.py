@@ -16,6 +16,7 @@ from hosts.probe import ProbeResult, probe
 from hosts.runtime.firewall import firewall_ensure
 from hosts.services.events import notify_changed, record_event, set_status
 from hosts.signals import gpu_missing
+from hosts.verification.marks import hardware_signature
 
 
 def probe_failures_allowed() -> int:
@@ -137,6 +138,7 @@ def machine_apply_probe(*, machine_id: int, result: ProbeResult) -> Machine:
     for name in PROBED_FIGURES:
         if getattr(result, name) is not None:
             setattr(machine, name, getattr(result, name))
+    hardware_was = hardware_signature(list(machine.gpus.filter(present=True)), machine.cpu_cores)
     if result.gpus is not None:
         machine.driver_version = result.gpus[0].driver_version if result.gpus else ""
         _sync_gpus(machine, result.gpus)
@@ -150,6 +152,11 @@ def machine_apply_probe(*, machine_id: int, result: ProbeResult) -> Machine:
     else:
         machine.probe_failures = min(machine.probe_failures + 1, 32767)
     machine.probe_problems = list(result.problems)
+    hardware_now = hardware_signature(list(machine.gpus.filter(present=True)), machine.cpu_cores)
+    if not first and hardware_now != hardware_was:
+        # Figures measured on other hardware say nothing about this one: measure it again now.
+        machine.verification_due_at = now
+        record_event(machine, "hardware_changed", "The hardware changed; verification runs again")
     machine.save()
     gpus = f"{len(result.gpus)} GPU(s)" if result.gpus is not None else "GPUs unknown"
     summary = (

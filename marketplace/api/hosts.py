@@ -67,7 +67,10 @@ class MachineSerializer(serializers.ModelSerializer):
             "storage_price_per_gb_month", "min_bid_price_per_gpu_hour", "min_gpus", "end_date",
             "location", "cpu_cores", "ram_mb", "disk_free_gb", "docker_version", "nvidia_runtime", "driver_version", "cuda_version",
             "os_name", "port_range_start", "port_range_end", "reliability", "last_heartbeat_at",
-            "verified", "probed_at", "probe_failures", "probe_problems", "self_test_at",
+            "verified", "verification_detail", "verified_changed_at", "bench_at",
+            "bench_gpu_simulated", "compute_cap", "tflops_per_gpu", "gpu_mem_bw",
+            "dlperf_per_gpu", "disk_write_mbps", "disk_read_mbps", "inet_up", "inet_down",
+            "docker_start_ms", "probed_at", "probe_failures", "probe_problems", "self_test_at",
             "self_test_passed", "self_test_report", "mps_available", "sharing_enabled",
             "sharing_min_core_percent", "gpus", "unit", "created_at",
         ]  # fmt: skip

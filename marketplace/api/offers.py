@@ -19,6 +19,7 @@ from marketplace.api.fields import DOLLARS_SCHEMA, DollarsField, FiniteFloatFiel
 from marketplace.api.permissions import read_only_methods
 from marketplace.api.throttling import throttle_scope
 from marketplace.models import Offer
+from marketplace.services.offer_figures import BENCHMARK_FIELDS
 from marketplace.services.pricing import rental_quote
 from marketplace.services.renting import MAX_RENTAL_HOURS, MIN_RENTAL_HOURS
 
@@ -49,7 +50,7 @@ class OfferSerializer(serializers.ModelSerializer):
             "dph_total", "dph_per_gpu", "storage_cost", "reliability", "duration", "end_date",
             "geolocation", "driver_version", "cuda_max_good", "verified", "rentable", "score",
             "sharing", "gpu_frac", "slice_core_percent", "slice_memory_mb",
-            "min_slice_core_percent", "cards", "min_bid",
+            "min_slice_core_percent", "cards", "min_bid", *BENCHMARK_FIELDS,
         ]  # fmt: skip
 
     def get_gpu_total_ram(self, offer) -> float:
@@ -100,6 +101,7 @@ OFFER_COLUMNS = (
     "price_per_gpu_hour", "dph_total", "storage_cost", "reliability", "end_date", "geolocation",
     "driver_version", "cuda_max_good", "verified", "rentable", "score", "sharing", "gpu_frac",
     "slice_core_percent", "slice_memory_mb", "min_slice_core_percent", "cards", "min_bid",
+    *BENCHMARK_FIELDS,
 )  # fmt: skip
 
 # DRF's own field writes end dates, so they read as every other date of the API does.
@@ -143,6 +145,7 @@ def offer_json(offer: Mapping, now) -> dict:
         "min_slice_core_percent": offer["min_slice_core_percent"],
         "cards": offer["cards"],
         "min_bid": _dollars(offer["min_bid"]),
+        **{name: offer[name] for name in BENCHMARK_FIELDS},
     }
 
 

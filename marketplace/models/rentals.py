@@ -170,6 +170,17 @@ class Offer(models.Model):
     # (the machine's floor, or above the highest running bid on them); None where the machine
     # takes no bids.
     min_bid = models.BigIntegerField(null=True, blank=True, help_text="micro-dollars")
+    # The machine's last passing benchmark (hosts.benchmark), for the offer's GPUs: per-GPU
+    # figures × ``num_gpus``, and the score per dollar-hour of this offer's ``dph_total``.
+    total_flops = models.FloatField(default=0, help_text="FP32 TFLOPS of the offer's GPUs")
+    compute_cap = models.PositiveSmallIntegerField(default=0, help_text="e.g. 890 for 8.9")
+    gpu_mem_bw = models.FloatField(default=0, help_text="GB/s of one GPU's memory")
+    dlperf = models.FloatField(default=0, help_text="dlperf-style score of the offer's GPUs")
+    dlperf_per_dphtotal = models.FloatField(default=0)
+    inet_up = models.FloatField(default=0, help_text="Mbit/s out of the host")
+    inet_down = models.FloatField(default=0, help_text="Mbit/s into the host")
+    disk_bw = models.FloatField(default=0, help_text="MB/s read inside a rental's container")
+    bench_simulated = models.BooleanField(default=False, help_text="GPU figures are simulated")
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
@@ -185,6 +196,12 @@ class Offer(models.Model):
         indexes = [
             models.Index(F("score").desc(), "machine", name="offer_by_score", condition=RENTABLE),
             models.Index(F("dph_total"), "machine", name="offer_by_price", condition=RENTABLE),
+            models.Index(
+                F("dlperf_per_dphtotal").desc(),
+                "machine",
+                name="offer_by_dlperf_per_dph",
+                condition=RENTABLE,
+            ),
             models.Index(
                 F("reliability").desc(), "machine", name="offer_by_reliability", condition=RENTABLE
             ),

@@ -14,6 +14,7 @@ from billing.money import MICRO_PER_DOLLAR
 from hosts.models import Gpu, Machine, MachineStatus
 from marketplace.models import Offer, Rental
 from marketplace.services.bids import min_bid
+from marketplace.services.offer_figures import BENCHMARK_FIELDS, benchmark_values
 from scheduler.models import GpuAllocation, Instance
 from scheduler.placement import Card
 from scheduler.services import INTERRUPTIBLE_STATES, machine_cards
@@ -70,6 +71,9 @@ def offers_refresh(
         values = _offer_values(machine, present, free, now)
         values["min_bid"] = min_bid(machine, list(bids[machine.pk].values()))
         values.update(_slice_values(machine, present, cards.get(machine.pk, []), values))
+        values.update(
+            benchmark_values(machine, num_gpus=values["num_gpus"], dph_total=values["dph_total"])
+        )
         offers.append(Offer(machine_id=machine.pk, **values))
     return Offer.objects.bulk_create(
         offers,
@@ -122,6 +126,7 @@ OFFER_FIELDS = (
     "price_per_gpu_hour", "dph_total", "storage_cost", "reliability", "end_date", "geolocation",
     "driver_version", "cuda_max_good", "verified", "score", "sharing", "gpu_frac",
     "slice_core_percent", "slice_memory_mb", "min_slice_core_percent", "cards", "min_bid",
+    *BENCHMARK_FIELDS,
 )  # fmt: skip
 
 

@@ -47,3 +47,12 @@ def daily_spend_chart(days: Sequence[Any], *, label: str) -> dict[str, Any]:
     """One bar per day of usage charged ((day, micro-dollars) pairs), or a sentence when
     nothing was charged in those days."""
     return {"chart": charts.daily_spend_chart(days), "label": label, "days": len(days)}
+
+
+@register.inclusion_tag("charts/figure_history.html")
+def figure_history_chart(
+    points: Sequence[Any], *, label: str, empty: str, top: float | None = None
+) -> dict[str, Any]:
+    """One bar per measurement (``charts.FigurePoint``), failed ones drawn as bad; ``empty``
+    is said when there is none yet."""
+    return {"chart": charts.figure_history_chart(points, top=top), "label": label, "empty": empty}

@@ -130,6 +130,15 @@ def offer_row(offer: Offer) -> dict[str, Any]:
         if offer.min_bid is None
         else offer.min_bid * offer.num_gpus / MICRO_PER_DOLLAR,
         "is_bid": offer.min_bid is not None,
+        # Measured (hosts.benchmark), in vast.ai's units: TFLOPS, ×100, GB/s, Mbit/s, MB/s.
+        "total_flops": float(offer.total_flops),
+        "compute_cap": offer.compute_cap,
+        "gpu_mem_bw": float(offer.gpu_mem_bw),
+        "dlperf": float(offer.dlperf),
+        "dlperf_per_dphtotal": float(offer.dlperf_per_dphtotal),
+        "inet_up": float(offer.inet_up),
+        "inet_down": float(offer.inet_down),
+        "disk_bw": float(offer.disk_bw),
     }
 
 

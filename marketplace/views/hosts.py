@@ -35,6 +35,7 @@ from marketplace.host_usage import machine_gpu_usage, machine_port_usage
 from marketplace.models import Role
 from marketplace.tenancy import team_object_or_404, team_objects
 from marketplace.views.console import error_text, require_role
+from marketplace.views.offer_figures import figures_context
 from scheduler import services as scheduler
 
 if TYPE_CHECKING:
@@ -123,6 +124,7 @@ def machine_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "heartbeat_misses": services.heartbeat_misses_allowed(),
         "offline_bound": services.offline_bound_seconds(),
         "reliability_days": services.RELIABILITY_WINDOW.days,
+        **figures_context(machine),
     }
     return render(request, "hosts/machine_detail.html", context)
 

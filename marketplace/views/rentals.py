@@ -51,6 +51,7 @@ from marketplace.services.renting import rental_create, rental_extend
 from marketplace.services.ssh_keys import ssh_key_add
 from marketplace.tenancy import team_object_or_404, team_objects
 from marketplace.views.console import error_text, require_role
+from marketplace.views.offer_figures import offer_figures
 from scheduler import services as scheduler
 from scheduler.models import Instance, InstanceState, LaunchMode
 
@@ -456,6 +457,7 @@ def ssh_keys(request: HttpRequest) -> HttpResponse:
 urlpatterns = [
     path("offers/", offers, name="offers"),
     path("offers/<id:machine_id>/rent/", rent, name="rent"),
+    path("offers/<id:machine_id>/figures/", offer_figures, name="offer-figures"),
     path("instances/", instances, name="instances"),
     path("instances/<id:pk>/", instance_detail, name="instance-detail"),
     path("instances/<id:pk>/logs/", instance_logs, name="instance-logs"),

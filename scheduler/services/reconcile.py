@@ -12,7 +12,7 @@ from django.db.models import OuterRef, Q, QuerySet
 from hosts.models import Machine, MachineStatus
 from hosts.runtime import CommandFailed, DockerHost, HostUnreachable
 from hosts.runtime.docker_host import ContainerState
-from hosts.services import offline_bound_seconds
+from hosts.services import machine_container_killed, offline_bound_seconds
 from scheduler.models import GPU_HOLDING_STATES, Instance, InstanceState
 from scheduler.services.allocations import (
     holding_gpus,
@@ -157,6 +157,8 @@ def _resolve_unknown(host: DockerHost, instance: Instance, container: ContainerS
         only_from={InstanceState.UNKNOWN},
         exit_code=None,
     )
+    if moved is not None and reason.startswith("Started again"):
+        machine_container_killed(machine_id=host.machine.pk, container=container.id, reason=reason)
     return moved is not None
 
 
@@ -199,6 +201,12 @@ def _follow_container(instance: Instance, container) -> bool:
             only_from={instance.state},
             container_stopped=True,  # `docker ps` answered, without it
         )
+        if moved is not None:
+            machine_container_killed(
+                machine_id=instance.machine_id,
+                container=instance.container_id or f"instance {instance.pk}",
+                reason="the container disappeared from the host",
+            )
     elif container.running and instance.state in (InstanceState.EXITED, InstanceState.PAUSED):
         moved = instance_transition(
             instance_id=instance.pk,

@@ -235,7 +235,18 @@ def test_terms_are_validated(team, sim_host_factory):
     assert Machine.objects.get(pk=machine.pk).price_per_gpu_hour == 0
 
 
-def test_demo_step_lists_the_simulated_hosts_and_can_run_again(sim_host_factory, db):
+@pytest.fixture
+def demo_images(settings, docker_engine):
+    """The images `make run` has: the self-test's and the stand-in GPU benchmark's."""
+    from hosts.devtools.simulation import ensure_gpu_bench_image
+
+    settings.HOST_SELFTEST_IMAGE = docker_engine
+    settings.HOST_GPU_BENCH_IMAGE = ensure_gpu_bench_image()
+    settings.HOST_BENCH_DISK_MB = 8
+    settings.HOST_BENCH_TRANSFER_MB = 1
+
+
+def test_demo_step_lists_the_simulated_hosts_and_can_run_again(sim_host_factory, db, demo_images):
     from hosts.demo import demo_step
     from tests.factories import UserFactory
 
@@ -246,11 +257,13 @@ def test_demo_step_lists_the_simulated_hosts_and_can_run_again(sim_host_factory,
     machine = Machine.objects.get(address=host.address, port=host.port)
     assert machine.team.memberships.filter(user=provider).exists()
     assert machine.listed and machine.price_per_gpu_hour == 230_000 and machine.gpu_count == 2
+    # Verified by a self-test and a benchmark, its GPU figures the model's typical ones.
+    assert machine.verified and machine.bench_gpu_simulated and machine.tflops_per_gpu == 35.6
     assert demo_step({"provider": provider}, [host.to_dict()]) == message  # idempotent
     assert Machine.objects.filter(address=host.address).count() == 1
 
 
-def test_demo_step_waits_for_a_host_whose_first_probes_fail(sim_host_factory, db):
+def test_demo_step_waits_for_a_host_whose_first_probes_fail(sim_host_factory, db, demo_images):
     """`make run` on a busy machine: a simulated host's first probes fail (here its driver
     does not answer for a while). The demo probes again until the machine is online and lists
     it, instead of stopping at a machine in error that cannot be listed."""
@@ -273,7 +286,9 @@ def test_demo_step_waits_for_a_host_whose_first_probes_fail(sim_host_factory, db
     assert machine.status == MachineStatus.ONLINE and machine.listed
 
 
-def test_demo_step_names_a_host_that_never_comes_online(sim_host_factory, db, monkeypatch):
+def test_demo_step_names_a_host_that_never_comes_online(
+    sim_host_factory, db, monkeypatch, demo_images
+):
     """Past the deadline the demo says which machine is not ready and why, lists the others,
     and the command goes on (make run still starts)."""
     from hosts import demo

@@ -183,8 +183,17 @@ def test_operators_see_machines_in_the_admin_and_mark_them_verified(client, team
     assert machine.name in client.get("/admin/hosts/machine/").content.decode()
     assert client.get(f"/admin/hosts/machine/{machine.pk}/change/").status_code == 200
     assert client.get("/admin/hosts/machineevent/").status_code == 200
+    # A reason is asked for first; without one nothing changes.
+    asked = client.post(
+        "/admin/hosts/machine/",
+        {"action": "restore_verified", "_selected_action": [machine.pk], "apply": "1"},
+    )
+    assert "A reason is required; nothing was changed." in asked.content.decode()
+    assert Machine.objects.get(pk=machine.pk).verified is False
     client.post(
         "/admin/hosts/machine/",
-        {"action": "mark_verified", "_selected_action": [machine.pk]},
+        {"action": "restore_verified", "_selected_action": [machine.pk], "reason": "checked"},
     )
-    assert Machine.objects.get(pk=machine.pk).verified is True
+    machine.refresh_from_db()
+    assert machine.verified is True
+    assert machine.verification_detail == "Verification restored by operator operator: checked"

@@ -170,10 +170,12 @@ def test_machine_page_draws_uptime_and_utilization_charts(client, team, owner, s
         services.machine_heartbeat(machine_id=machine.pk)
     client_for(client, owner, team)
     page = client.get(f"/machines/{machine.pk}/").content.decode()
-    assert page.count('<svg class="chart"') == 2
+    # Utilization, heartbeats answered, and the reliability recorded (once: hourly).
+    assert page.count('<svg class="chart"') == 3
     assert "100% answered (3 heartbeats, 4 GPUs)" in page
     assert "0% rented (3 heartbeats, 4 GPUs)" in page
-    assert "heartbeats answered ÷ heartbeats sent over the last 7 days" in page
+    assert page.count('aria-label="Reliability recorded each hour') == 1
+    assert "the share of rented GPU time over the last 7 days" in page
 
 
 def test_machines_page_queries_do_not_grow_with_machines(client, team, owner, sim_host_factory):

@@ -382,7 +382,9 @@ def test_the_api_writes_an_offer_in_this_exact_shape(api, market):
         "driver_version": "550.54.14", "cuda_max_good": 12.4, "verified": False,
         "rentable": True, "score": 29.3886, "sharing": False, "gpu_frac": 0.0,
         "slice_core_percent": 0, "slice_memory_mb": 0, "min_slice_core_percent": 0,
-        "cards": [], "min_bid": None,
+        "cards": [], "min_bid": None, "total_flops": 0.0, "compute_cap": 0, "gpu_mem_bw": 0.0,
+        "dlperf": 0.0, "dlperf_per_dphtotal": 0.0, "inet_up": 0.0, "inet_down": 0.0,
+        "disk_bw": 0.0, "bench_simulated": False,
     }  # fmt: skip
     assert offer == expected
     assert list(offer) == list(expected)

@@ -916,6 +916,9 @@ EXEMPT: dict[str, str] = {
     "stripe-webhook": "Stripe-signed and sessionless (tests/billing)",
     "api-offers": "the public market, as the console's offers page",
     "api-offer-quote": "the price of a public offer",
+    "api-offer-figures": "a public offer's measured figures; listed machines only "
+    "(tests/hosts/test_verification.py)",
+    "offer-figures": "a public offer's measured figures, as api-offer-figures",
     "api-schema": "the API's description; no data",
     "api-docs": "the API's description; no data",
     "api-root": "DRF's index of endpoints; no data",

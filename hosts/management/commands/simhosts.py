@@ -64,6 +64,7 @@ class Command(BaseCommand):
             create_host,
             default_gpus,
             ensure_dockerd,
+            ensure_gpu_bench_image,
             ensure_image,
             ensure_quota_dockerd,
             ensure_ssh_image,
@@ -75,12 +76,14 @@ class Command(BaseCommand):
         ensure_dockerd(log_path=settings.VAR_DIR / "dockerd.log")
         ensure_image()
         ensure_ssh_image()  # so SSH launch mode has an image with sshd to try
+        ensure_gpu_bench_image()  # the stand-in GPU benchmark verification runs
         quota_engine = None
         if disk_enforced > 0:
             try:
                 quota_engine = ensure_quota_dockerd(log_path=settings.VAR_DIR / "dockerd-quota.log")
                 ensure_image(docker_host=quota_engine)
                 ensure_image(SSH_IMAGE, docker_host=quota_engine)
+                ensure_gpu_bench_image(docker_host=quota_engine)
             except (RuntimeError, OSError, subprocess.CalledProcessError) as error:
                 self.stderr.write(f"no enforced-disk host: {error}")
                 quota_engine = None
