@@ -14,10 +14,15 @@ it never exists with DEBUG off or with Stripe keys (settings.TEST_CREDIT_ENABLED
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, cast
 
 from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied, ValidationError
+from django.db import models
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
@@ -39,26 +44,40 @@ from billing.models import (
 )
 from billing.money import format_usd, parse_usd
 
+if TYPE_CHECKING:
+    # django-stubs makes these generic over their model; Django's classes take no subscript at
+    # run time (django-stubs-ext's monkeypatch would add one, but it is a dev-only package).
+    _AnyModelAdmin = admin.ModelAdmin[Any]  # ReadOnlyAdmin serves several models
+    _CreditGrantAdmin = admin.ModelAdmin[CreditGrant]
+    _TransferAdmin = admin.ModelAdmin[Transfer]  # payouts: its pages show and write transfers
+    _EntryInline = admin.TabularInline[Entry, Transfer]
+    _CreditGrantForm = forms.ModelForm[CreditGrant]
+else:
+    _AnyModelAdmin = _CreditGrantAdmin = _TransferAdmin = admin.ModelAdmin
+    _EntryInline = admin.TabularInline
+    _CreditGrantForm = forms.ModelForm
 
-class ReadOnlyAdmin(admin.ModelAdmin):
+
+class ReadOnlyAdmin(_AnyModelAdmin):
     """The ledger is written by services only; the admin shows it."""
 
-    def has_add_permission(self, request, obj=None):
+    def has_add_permission(self, request: HttpRequest, obj: models.Model | None = None) -> bool:
         return False
 
-    def has_change_permission(self, request, obj=None):
+    def has_change_permission(self, request: HttpRequest, obj: models.Model | None = None) -> bool:
         return False
 
-    def has_delete_permission(self, request, obj=None):
+    def has_delete_permission(self, request: HttpRequest, obj: models.Model | None = None) -> bool:
         return False
 
 
-def _usd(field: str, label: str):
-    def show(self, obj):
+def _usd(field: str, label: str) -> Callable[[Any, models.Model], str]:
+    """A list column showing a micro-dollar field in dollars, sorted by the field."""
+
+    @admin.display(description=label, ordering=field)
+    def show(self: Any, obj: models.Model) -> str:
         return format_usd(getattr(obj, field))
 
-    show.short_description = label
-    show.admin_order_field = field
     return show
 
 
@@ -78,14 +97,17 @@ class AccountAdmin(ReadOnlyAdmin):
         return format_html('<a href="{}?account={}">Record payout…</a>', url, account.pk)
 
 
-class EntryInline(admin.TabularInline):
+_ENTRY_INLINE_FIELDS = ("account", "amount", "balance_after")
+
+
+class EntryInline(_EntryInline):
     model = Entry
-    fields = ["account", "amount", "balance_after"]
-    readonly_fields = fields
+    fields = _ENTRY_INLINE_FIELDS
+    readonly_fields = _ENTRY_INLINE_FIELDS
     extra = 0
     can_delete = False
 
-    def has_add_permission(self, request, obj=None):
+    def has_add_permission(self, request: HttpRequest, obj: Transfer | None = None) -> bool:
         return False
 
 
@@ -130,7 +152,7 @@ class StripeEventAdmin(ReadOnlyAdmin):
     search_fields = ["event_id"]
 
 
-class CreditGrantForm(forms.ModelForm):
+class CreditGrantForm(_CreditGrantForm):
     amount_usd = forms.CharField(label="Amount (USD)", help_text="For example 50 or 12.50.")
     reason = forms.CharField(
         max_length=300,
@@ -144,7 +166,7 @@ class CreditGrantForm(forms.ModelForm):
         model = CreditGrant
         fields = ["team"]
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.fields["team"].required = True
         # One grant per rendered form: submitting it twice credits once.
@@ -159,10 +181,11 @@ class CreditGrantForm(forms.ModelForm):
             raise ValidationError("The amount must be positive.")
         return amount
 
-    def clean(self):
+    def clean(self) -> dict[str, Any]:
         """A form submitted again grants nothing more; one resubmitted with other figures is
         refused here, naming the grant it already made, rather than failing in the service."""
-        data = super().clean()
+        super().clean()  # a model form's clean returns its cleaned_data
+        data = self.cleaned_data
         earlier = Transfer.objects.filter(
             idempotency_key=f"grant:{data.get('idempotency_key', '')}"
         ).first()
@@ -176,7 +199,7 @@ class CreditGrantForm(forms.ModelForm):
 
 
 @admin.register(CreditGrant)
-class CreditGrantAdmin(admin.ModelAdmin):
+class CreditGrantAdmin(_CreditGrantAdmin):
     """Grant credit to a team: a balanced transfer from the platform's grants account."""
 
     form = CreditGrantForm
@@ -186,16 +209,18 @@ class CreditGrantAdmin(admin.ModelAdmin):
     raw_id_fields = ["team"]
     amount_usd = _usd("amount", "Amount")
 
-    def get_queryset(self, request):
+    def get_queryset(self, request: HttpRequest) -> QuerySet[CreditGrant]:
         return super().get_queryset(request).filter(kind=TransferKind.GRANT)
 
-    def has_change_permission(self, request, obj=None):
+    def has_change_permission(self, request: HttpRequest, obj: CreditGrant | None = None) -> bool:
         return False
 
-    def has_delete_permission(self, request, obj=None):
+    def has_delete_permission(self, request: HttpRequest, obj: CreditGrant | None = None) -> bool:
         return False
 
-    def save_model(self, request, obj, form, change):
+    def save_model(
+        self, request: HttpRequest, obj: CreditGrant, form: CreditGrantForm, change: bool
+    ) -> None:
         data = form.cleaned_data
         transfer = credits.credit_grant(
             team_id=data["team"].pk,
@@ -208,7 +233,9 @@ class CreditGrantAdmin(admin.ModelAdmin):
         obj._state.adding = False
         messages.info(request, f"Granted {format_usd(transfer.amount)} to {data['team']}.")
 
-    def save_related(self, request, form, formsets, change):
+    def save_related(
+        self, request: HttpRequest, form: CreditGrantForm, formsets: Any, change: bool
+    ) -> None:
         pass
 
 
@@ -228,10 +255,13 @@ class PayoutForm(forms.Form):
     )
     idempotency_key = forms.CharField(widget=forms.HiddenInput)
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.fields["account"].label_from_instance = lambda account: (
-            f"{account.team} — {format_usd(account.balance)} unpaid"
+        # form.fields holds a copy of the field declared above, so still a ModelChoiceField.
+        account_field = cast("forms.ModelChoiceField[Account]", self.fields["account"])
+        # One field's labels: Django looks the method up on the instance, so this replaces it.
+        account_field.label_from_instance = lambda obj: (  # type: ignore[method-assign]
+            f"{obj.team} — {format_usd(obj.balance)} unpaid"
         )
 
     def clean_amount_usd(self) -> int:
@@ -245,7 +275,7 @@ class PayoutForm(forms.Form):
 
 
 @admin.register(Payout)
-class PayoutAdmin(admin.ModelAdmin):
+class PayoutAdmin(_TransferAdmin):
     """Record money paid out to a provider (the bank transfer itself happens elsewhere): a
     ledger transfer from their earnings, never more than they have, once per form."""
 
@@ -254,22 +284,24 @@ class PayoutAdmin(admin.ModelAdmin):
     date_hierarchy = "created_at"
     amount_usd = _usd("amount", "Amount")
 
-    def get_queryset(self, request):
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Transfer]:
         return super().get_queryset(request).filter(kind=TransferKind.PAYOUT)
 
-    def has_change_permission(self, request, obj=None):
+    def has_change_permission(self, request: HttpRequest, obj: Transfer | None = None) -> bool:
         return False
 
-    def has_delete_permission(self, request, obj=None):
+    def has_delete_permission(self, request: HttpRequest, obj: Transfer | None = None) -> bool:
         return False
 
-    def add_view(self, request, form_url="", extra_context=None):
+    def add_view(
+        self, request: HttpRequest, form_url: str = "", extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
         """A form of our own, not a model form: the service checks the earnings under the
         account's lock, and its refusal must come back as a form error, not a server error."""
         if not self.has_add_permission(request):
             raise PermissionDenied
         # One payout per rendered form: submitting it twice records it once.
-        initial = {"idempotency_key": f"admin:{uuid.uuid4()}"}
+        initial: dict[str, str | int] = {"idempotency_key": f"admin:{uuid.uuid4()}"}
         if request.GET.get("account", "").isdigit():
             initial["account"] = int(request.GET["account"])
         form = PayoutForm(request.POST or None, initial=initial)
@@ -286,7 +318,7 @@ class PayoutAdmin(admin.ModelAdmin):
         }
         return TemplateResponse(request, "billing/admin_payout.html", context)
 
-    def _record(self, request, form: PayoutForm) -> Transfer | None:
+    def _record(self, request: HttpRequest, form: PayoutForm) -> Transfer | None:
         data = form.cleaned_data
         account = data["account"]
         try:

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from billing.credits import credit_grant
 from billing.money import MICRO_PER_DOLLAR, format_usd
 
 DEMO_CREDIT = 500 * MICRO_PER_DOLLAR
 
 
-def demo_step(users: dict, simhosts: list[dict]) -> str:
-    """Give the renter's personal team $500 of demo credit, once (idempotent by key)."""
+def demo_step(users: dict[str, Any], simhosts: list[dict[str, Any]]) -> str:
+    """Give the renter's personal team $500 of demo credit, once (idempotent by key).
+
+    ``users`` are marketplace's users by role (billing imports no other app, so Any)."""
     renter = users.get("renter")
     if renter is None:
         return ""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import datetime
 from fractions import Fraction
 
 from django.conf import settings
@@ -168,7 +169,8 @@ class HoldAccounts:
         return {
             team_id: account.balance
             for (team_id, kind), account in self.accounts.items()
-            if kind == AccountKind.AVAILABLE
+            # Every available account has a team (a CHECK constraint); this tells mypy.
+            if kind == AccountKind.AVAILABLE and team_id is not None
         }
 
 
@@ -339,7 +341,7 @@ def _capture_posting(
     fee: int,
     cumulative: int,
     accounts: dict[AccountKey, Account],
-    now,
+    now: datetime,
 ) -> Posting:
     transfer = Transfer(
         kind=TransferKind.CAPTURE,

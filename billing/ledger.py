@@ -21,6 +21,7 @@ import logging
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import cast
 
 from django.db import transaction
 from django.db.models import Q
@@ -68,7 +69,8 @@ def _account_filter(keys: Iterable[AccountKey]) -> Q:
         if None in team_ids:
             query |= Q(kind=kind, team__isnull=True)
         else:
-            query |= Q(kind=kind, team_id__in=team_ids_in(team_ids))
+            # None is not among them (checked above).
+            query |= Q(kind=kind, team_id__in=team_ids_in(cast("set[int]", team_ids)))
     return query
 
 

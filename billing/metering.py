@@ -9,7 +9,7 @@ from __future__ import annotations
 import gc
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from django.db import connection, transaction
 from django.utils import timezone
@@ -25,7 +25,13 @@ from billing.ledger import (
     require_amount,
 )
 from billing.models import AccountKind, ChargeUsage, Hold, TransferKind
-from billing.pg_bulk import NewTransfer, bigint_array, bulk_set, lock_open_holds
+from billing.pg_bulk import (
+    NewTransfer,
+    SweptHoldRow,
+    bigint_array,
+    bulk_set,
+    lock_open_holds,
+)
 from billing.pg_settle import settle_batch_sql
 
 # Holds settled per transaction. Bigger batches amortise each batch's fixed round trips (lock
@@ -101,7 +107,7 @@ def holds_settle_usage(usage: Iterable[HoldUsage]) -> int:
 
 
 @transaction.atomic
-def holds_settle_usage_sql(usage_sql: str, params: dict) -> int:
+def holds_settle_usage_sql(usage_sql: str, params: dict[str, Any]) -> int:
     """``holds_settle_usage`` for the holds a SQL query names, on PostgreSQL: one transaction,
     a few statements however many holds (``billing.pg_settle``); return the total captured.
 
@@ -127,7 +133,9 @@ class _SweptHold:
         self.pk, self.captured_gpu, self.captured_storage = pk, captured_gpu, captured_storage
 
 
-def _usage_and_key(pk: int, gpu_delta: int, storage_delta: int, gpu: int, storage: int):
+def _usage_and_key(
+    pk: int, gpu_delta: int, storage_delta: int, gpu: int, storage: int
+) -> tuple[ChargeUsage, str]:
     """(usage_kind, idempotency key) of a sweep capture that brings the hold's cumulative
     captures to ``gpu`` and ``storage``. Cumulative captures only grow, so the new totals name
     the capture uniquely, and a single-kind capture gets the same key as hold_capture_usage."""
@@ -145,7 +153,7 @@ def _settle_batch(hold_ids: list[int], owed: dict[int, tuple[int, int]]) -> int:
     rows = lock_open_holds(hold_ids)
     percent = platform_fee_percent()
     # (hold row, GPU captured now, storage captured now, fee)
-    plans: list[tuple[tuple, int, int, int]] = []
+    plans: list[tuple[SweptHoldRow, int, int, int]] = []
     for row in rows:
         pk, _, _, _, _, amount, gpu, storage, released = row
         gpu_owed, storage_owed = owed[pk]

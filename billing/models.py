@@ -21,11 +21,19 @@ billing imports no other app: teams are string foreign keys, rentals are referen
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+
 from django.conf import settings
 from django.contrib.postgres.indexes import BrinIndex
 from django.db import models
 from django.db.models import F, Q
 from django.utils import timezone
+
+if TYPE_CHECKING:
+    from django.db.backends.base.schema import BaseDatabaseSchemaEditor
+    from django.db.backends.ddl_references import Statement
+
+_M = TypeVar("_M", bound=models.Model)
 
 
 class AccountKind(models.TextChoices):
@@ -108,17 +116,18 @@ class ChargeUsage(models.TextChoices):
     GPU_AND_STORAGE = "gpu+storage", "GPU time + storage"
 
 
-class ImmutableQuerySet(models.QuerySet):
+class ImmutableQuerySet(models.QuerySet[_M]):
     """Ledger rows are added, never edited: no bulk update or delete through the ORM."""
 
-    def update(self, **kwargs):
+    def update(self, **kwargs: Any) -> NoReturn:
         raise TypeError(f"{self.model.__name__} rows are immutable.")
 
-    def delete(self):
+    def delete(self) -> NoReturn:
         raise TypeError(f"{self.model.__name__} rows are immutable.")
 
-    update.queryset_only = True
-    delete.queryset_only = True
+    # Django reads this attribute to keep the methods off the manager; functions take any.
+    update.queryset_only = True  # type: ignore[attr-defined]
+    delete.queryset_only = True  # type: ignore[attr-defined]
 
 
 class ImmutableModel(models.Model):
@@ -127,12 +136,12 @@ class ImmutableModel(models.Model):
     class Meta:
         abstract = True
 
-    def save(self, *args, **kwargs):
+    def save(self, *args: Any, **kwargs: Any) -> None:
         if not self._state.adding:
             raise TypeError(f"{type(self).__name__} rows are immutable.")
         super().save(*args, **kwargs)
 
-    def delete(self, *args, **kwargs):
+    def delete(self, *args: Any, **kwargs: Any) -> NoReturn:
         raise TypeError(f"{type(self).__name__} rows are immutable.")
 
 
@@ -235,11 +244,17 @@ class AppendOrderIndex(BrinIndex):
     of recent rows need not read the unsummarized tail.
     """
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("autosummarize", True)
         super().__init__(*args, **kwargs)
 
-    def create_sql(self, model, schema_editor, using="", **kwargs):
+    def create_sql(
+        self,
+        model: type[models.Model],
+        schema_editor: BaseDatabaseSchemaEditor,
+        using: str = "",
+        **kwargs: Any,
+    ) -> Statement:
         if schema_editor.connection.vendor == "postgresql":
             return super().create_sql(model, schema_editor, using, **kwargs)
         return models.Index.create_sql(self, model, schema_editor, using, **kwargs)

@@ -15,13 +15,14 @@ never from input; every value is a parameter or streamed through COPY.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from operator import attrgetter
+from typing import Any, Protocol, TypeVar, cast
 
 import psycopg
-from django.db import connection
+from django.db import connection, models
 from django.db.models.expressions import RawSQL
 from django.utils import timezone
 from psycopg.types.json import Jsonb
@@ -46,6 +47,19 @@ SWEPT_HOLD_COLUMNS = (
     "id", "team_id", "provider_team_id", "reference", "machine_reference", "amount",
     "captured_gpu", "captured_storage", "released",
 )  # fmt: skip
+# One row of them: id, team, provider team, reference, machine reference, amount, captured
+# GPU, captured storage, released.
+SweptHoldRow = tuple[int, int, int, str, str, int, int, int, int]
+
+_M = TypeVar("_M", bound=models.Model)
+
+
+class Keyed(Protocol):
+    """What ``bulk_set`` writes from: a model instance, or anything with a ``pk``."""
+
+    @property
+    def pk(self) -> int | None: ...
+
 
 # (account, amount, balance after, transfer) of one entry.
 EntryRow = tuple[Account, int, int, "Transfer | NewTransfer"]
@@ -76,13 +90,13 @@ class NewTransfer:
         return Transfer(**{name: getattr(self, name) for name, _ in TRANSFER_COLUMNS})
 
 
-def bigint_array(values: Iterable[int]) -> str:
+def bigint_array(values: Iterable[int | None]) -> str:
     """A bigint[] parameter in PostgreSQL's array text, ``{1,2,3}`` (cast with ::bigint[]).
     psycopg would dump a list item by item in Python."""
     return "{" + ",".join("NULL" if value is None else str(value) for value in values) + "}"
 
 
-def team_ids_in(team_ids: set[int]):
+def team_ids_in(team_ids: set[int]) -> RawSQL | set[int]:
     """The right-hand side of ``team_id__in``: on PostgreSQL one array parameter (the sweep
     locks thousands of accounts, and a parameter each costs more than the query); elsewhere
     the set itself."""
@@ -110,7 +124,7 @@ def insert_transfers_and_entries(
     Entry.objects.bulk_create(
         [
             Entry(
-                transfer_id=transfer.pk,
+                transfer_id=cast(int, transfer.pk),  # bulk_create gave it one just above
                 account_id=account.pk,
                 team_id=account.team_id,
                 account_kind=account.kind,
@@ -171,14 +185,14 @@ COPY_TYPES = {
 }  # fmt: skip
 
 
-def insert_models(model, objects: list) -> None:
+def insert_models(model: type[_M], objects: list[_M]) -> None:
     """INSERT new model instances, giving each its ``pk``: on PostgreSQL, ids from the
     sequence and one binary COPY (the ORM's bulk_create spends most of its time preparing
     each value); elsewhere, or for a model with a field COPY is not taught here,
     ``bulk_create``. No signals are sent, as with ``bulk_create``."""
     fields = [f for f in model._meta.concrete_fields if not f.primary_key]
-    types = [_copy_type(f) for f in fields]
-    if connection.vendor != "postgresql" or len(objects) < 2 or None in types:
+    types = [t for t in (_copy_type(f) for f in fields) if t is not None]
+    if connection.vendor != "postgresql" or len(objects) < 2 or len(types) < len(fields):
         model._base_manager.bulk_create(objects)
         return
     for obj in objects:
@@ -199,7 +213,7 @@ def insert_models(model, objects: list) -> None:
     json_at = [n for n, t in enumerate(types) if t == "jsonb"]
     names = [f.attname for f in fields]
 
-    def row(obj) -> tuple:
+    def row(obj: _M) -> tuple[Any, ...]:
         values = [getattr(obj, name) for name in names]
         for n in json_at:
             if values[n] is not None:
@@ -210,18 +224,18 @@ def insert_models(model, objects: list) -> None:
     _copy_rows(table, columns, (row(obj) for obj in objects))
 
 
-def _copy_type(field) -> str | None:
+def _copy_type(field: models.Field[Any, Any]) -> str | None:
     kind = field.get_internal_type()
     if kind in ("ForeignKey", "OneToOneField"):
-        kind = field.target_field.get_internal_type()
-    if kind == "JSONField" and field.encoder is not None:
+        kind = _target_field(field).get_internal_type()
+    if kind == "JSONField" and cast("models.JSONField[Any]", field).encoder is not None:
         return None  # its own encoder: the ORM knows how to write it
     if kind in ("BigAutoField", "AutoField") and not field.primary_key:
         kind = "BigIntegerField"
     return COPY_TYPES.get(kind)
 
 
-def _copy_rows(table: str, columns: list[tuple[str, str]], rows: Iterable[tuple]) -> None:
+def _copy_rows(table: str, columns: list[tuple[str, str]], rows: Iterable[tuple[Any, ...]]) -> None:
     """Binary COPY of rows into a table: no value is formatted as text and parsed back, which
     the ORM's bulk_create spends most of its time on. ``columns`` name each column's type."""
     names = ", ".join(name for name, _ in columns)
@@ -235,14 +249,16 @@ def _copy_rows(table: str, columns: list[tuple[str, str]], rows: Iterable[tuple]
             copy.write_row(row)
 
 
-def bulk_set(model, fields: list[str], objects: list) -> None:
+def bulk_set(model: type[models.Model], fields: list[str], objects: Sequence[Keyed]) -> None:
     """UPDATE many rows' columns in one statement: ``unnest`` of arrays on PostgreSQL when
     every column is a big integer (a foreign key to one too) or text; ``bulk_update``
     otherwise; a plain UPDATE for one row. ``objects`` are model instances or anything with
     ``pk`` and the fields (a foreign key by its ``…_id`` name)."""
     if not objects:
         return
-    model_fields = [model._meta.get_field(name) for name in fields]
+    # ``fields`` name columns of the model (get_field could also find relations and generic
+    # foreign keys, which have none).
+    model_fields = [cast("models.Field[Any, Any]", model._meta.get_field(name)) for name in fields]
     names = [f.attname for f in model_fields]
     if len(objects) == 1:
         obj = objects[0]
@@ -283,11 +299,11 @@ def bulk_set(model, fields: list[str], objects: list) -> None:
         cursor.execute(sql, params)
 
 
-def _array_type(field) -> str | None:
+def _array_type(field: models.Field[Any, Any]) -> str | None:
     """The PostgreSQL array type ``bulk_set`` sends a column's values as, if it can."""
     kind = field.get_internal_type()
     if kind in ("ForeignKey", "OneToOneField"):
-        kind = field.target_field.get_internal_type()
+        kind = _target_field(field).get_internal_type()
     if kind in ("BigIntegerField", "BigAutoField"):
         return "bigint[]"
     if kind in ("CharField", "TextField"):
@@ -295,7 +311,13 @@ def _array_type(field) -> str | None:
     return None
 
 
-def lock_open_holds(hold_ids: list[int]) -> list[tuple]:
+def _target_field(field: models.Field[Any, Any]) -> models.Field[Any, Any]:
+    """The field a foreign key points at (callers checked its internal type: a ForeignKey or
+    OneToOneField)."""
+    return cast("models.ForeignKey[Any, Any]", field).target_field
+
+
+def lock_open_holds(hold_ids: list[int]) -> list[SweptHoldRow]:
     """Lock the open holds among ``hold_ids`` in primary-key order; rows of
     ``SWEPT_HOLD_COLUMNS``. On PostgreSQL the ids go as one array parameter (an IN list of
     thousands of parameters costs more to build than the query costs to run)."""

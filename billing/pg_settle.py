@@ -43,6 +43,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from fractions import Fraction
+from typing import Any
 
 import psycopg
 from django.db import connection
@@ -214,7 +215,7 @@ def _names() -> dict[str, str]:
 
 
 def settle_batch_sql(
-    usage_sql: str, usage_params: dict, *, percent: Fraction, now: datetime
+    usage_sql: str, usage_params: dict[str, Any], *, percent: Fraction, now: datetime
 ) -> tuple[int, list[int]]:
     """Capture, for every open hold the usage query names, what it owes beyond what was
     captured; return (total captured, the teams whose balances changed).
@@ -229,7 +230,9 @@ def settle_batch_sql(
     with psycopg.Cursor(connection.connection) as cursor:
         if _transfer_sequence is None:
             cursor.execute("SELECT pg_get_serial_sequence('billing_transfer', 'id')")
-            _transfer_sequence = cursor.fetchone()[0]
+            sequence = cursor.fetchone()
+            assert sequence is not None  # a SELECT without FROM returns one row
+            _transfer_sequence = sequence[0]
         # The planner's cost estimates for these statements pass the JIT thresholds, and
         # compiling them cost more than running them, every batch; they are simple row
         # arithmetic, which the interpreter does fast enough. For this transaction only.
@@ -271,5 +274,7 @@ def settle_batch_sql(
         cursor.execute(_ENSURE_ACCOUNTS, names)
         cursor.execute(_LOCK_ACCOUNTS, names)
         cursor.execute(_WRITE_ENTRIES, {**names, "now": now})
-        total, team_ids = cursor.fetchone()
+        summary = cursor.fetchone()
+        assert summary is not None  # its final SELECT aggregates, so returns one row
+        total, team_ids = summary
     return total, list(team_ids or [])

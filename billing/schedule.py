@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-BEAT_SCHEDULE: dict[str, dict] = {
+BEAT_SCHEDULE: dict[str, dict[str, object]] = {
     "billing-topups-expire": {
         "task": "billing.tasks.topups_expire",
         "schedule": timedelta(hours=1),

@@ -224,7 +224,7 @@ def invoice_months(entries: QuerySet[Entry]) -> list[tuple[date, int]]:
     return [(_as_date(row["month"]), -row["total"]) for row in rows]
 
 
-def _as_date(value) -> date:
+def _as_date(value: date | datetime) -> date:
     return value.date() if isinstance(value, datetime) else value
 
 
@@ -304,7 +304,7 @@ def invoice_for_month(entries: QuerySet[Entry], month: date) -> Invoice:
 
 
 class EarningsRow(NamedTuple):
-    key: object  # a machine reference or a day
+    key: str | date  # a machine reference or a day
     gross: int
     fee: int
     net: int
@@ -317,7 +317,7 @@ def _earnings(entries: QuerySet[Entry], since: date | None) -> QuerySet[Entry]:
     return query
 
 
-def _earnings_rows(query, key: str) -> list[EarningsRow]:
+def _earnings_rows(query: QuerySet[Entry], key: str) -> list[EarningsRow]:
     """Gross and fee come from each charge's transfer, counted on its one credit to the
     provider's earnings: a charge whose fee took all of it credits the gross and debits the
     fee (see ``holds.capture_legs``), and must count once."""

@@ -7,7 +7,8 @@ from celery import shared_task
 from billing import topups
 
 
-@shared_task(name="billing.tasks.topups_expire")
+# Celery ships no type hints: its decorators are untyped.
+@shared_task(name="billing.tasks.topups_expire")  # type: ignore[untyped-decorator]
 def topups_expire() -> int:
     """Top-ups whose Checkout Session can no longer be paid are marked expired."""
     return topups.topups_expire_stale()

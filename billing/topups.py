@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from datetime import timedelta
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from django.conf import settings
 from django.db import transaction
@@ -109,7 +109,7 @@ class _Ignore(Exception):
     """The event is valid but not ours to act on (recorded as ignored, answered 200)."""
 
 
-def stripe_event_process(*, payload: dict) -> StripeEventResult:
+def stripe_event_process(*, payload: dict[str, Any]) -> StripeEventResult:
     """Store a verified Stripe event once and handle it; crediting happens at most once.
 
     The event row is inserted with ON CONFLICT DO NOTHING and then locked, so concurrent
@@ -154,7 +154,7 @@ def stripe_event_process(*, payload: dict) -> StripeEventResult:
     return StripeEventResult(event, False)
 
 
-def _stripe_event_dispatch(event_type: str, payload: dict) -> str:
+def _stripe_event_dispatch(event_type: str, payload: dict[str, Any]) -> str:
     session = (payload.get("data") or {}).get("object") or {}
     if event_type == "checkout.session.completed":
         status = session.get("payment_status")
@@ -172,7 +172,7 @@ def _stripe_event_dispatch(event_type: str, payload: dict) -> str:
     raise _Ignore(f"{event_type} is not handled.")
 
 
-def _topup_for_session(session: dict) -> TopUp:
+def _topup_for_session(session: dict[str, Any]) -> TopUp:
     """The top-up a Checkout Session pays for, locked; _Ignore if it is not one of ours."""
     metadata = session.get("metadata") or {}
     topup_id, team_id = str(metadata.get("topup_id", "")), str(metadata.get("team_id", ""))
@@ -188,7 +188,7 @@ def _topup_for_session(session: dict) -> TopUp:
     return topup
 
 
-def _topup_mark(session: dict, status: str, reason: str) -> str:
+def _topup_mark(session: dict[str, Any], status: str, reason: str) -> str:
     topup = _topup_for_session(session)
     if topup.status == TopUpStatus.PAID:
         return f"Top-up {topup.pk} is already credited; {status} ignored."
@@ -200,7 +200,7 @@ def _topup_mark(session: dict, status: str, reason: str) -> str:
     return f"Top-up {topup.pk} is {status}."
 
 
-def _topup_credit(session: dict) -> str:
+def _topup_credit(session: dict[str, Any]) -> str:
     """Credit what the session collected to the team's available balance, exactly once."""
     topup = _topup_for_session(session)
     if topup.status == TopUpStatus.PAID:

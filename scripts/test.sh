@@ -24,6 +24,10 @@ tune_kernel_for_caddy
 echo "==> ruff"
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
+echo "==> mypy"
+# The Django plugin loads the settings, which want SECRET_KEY unless DEBUG=1; a type check
+# serves nothing, so DEBUG=1 rather than a made-up key. [tool.mypy] says what it checks.
+DEBUG=1 .venv/bin/mypy
 
 echo "==> pytest"
 # TEST_NAMESPACE (0-9) keeps a run beside another on this machine apart: its own databases,
