@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import re
+
 from django import template
+from django.utils.html import format_html_join
+from django.utils.safestring import SafeString
 
 from billing.money import format_usd
 from scheduler.models import InstanceState
@@ -39,3 +43,11 @@ STATE_BADGES = {
 @register.filter
 def state_badge(state: str) -> str:
     return STATE_BADGES.get(state, "")
+
+
+@register.filter
+def breakable(text: object) -> str:
+    """Long names (host addresses, image references) may wrap after a dot, @, colon or slash
+    on a narrow screen, never inside a word: an escaped copy with <wbr> after each."""
+    parts = re.split(r"(?<=[.@:/])", str(text))
+    return format_html_join(SafeString("<wbr>"), "{}", ((part,) for part in parts))
