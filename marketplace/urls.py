@@ -66,7 +66,11 @@ urlpatterns = [
     path("", include("marketplace.observability.urls")),
     path("admin/", admin.site.urls),
     # Browsers ask for /favicon.ico on pages without an icon link (the admin, the API docs).
-    path("favicon.ico", lambda request: HttpResponsePermanentRedirect(static("favicon.svg"))),
+    path(
+        "favicon.ico",
+        lambda request: HttpResponsePermanentRedirect(static("favicon.svg")),
+        name="favicon",
+    ),
     path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("accounts/signup/", views.signup, name="signup"),

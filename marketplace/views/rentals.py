@@ -146,6 +146,7 @@ def offers(request: HttpRequest) -> HttpResponse:
         "launch_modes": LaunchMode.choices,
         "can_rent": request.membership.allows(Role.MEMBER),
         "volumes": team_objects(request.team, Volume.objects.filter(state=VolumeState.READY)),
+        "has_ssh_keys": team_objects(request.team, SshKey.objects.all()).exists(),
     }
     # A bad query is the renter's error: 400, with the position, token and reason shown.
     return render(request, "marketplace/offers.html", context, status=400 if error else 200)

@@ -37,8 +37,19 @@
     return Math.min(DEFAULT_DISK_GB, maxDisk(units));
   }
 
+  // SSH mode: say before renting what would stop the renter logging in.
+  var SSH_IMAGE = "gpumkt/sshbox:latest";
+  function updateSshWarning() {
+    var ssh = form.launch_mode.value === "ssh";
+    var noSshd = ssh && /^gpumkt\/busybox(:|$)/.test(form.image.value.trim());
+    var noKey = document.getElementById("ssh-no-key");
+    document.getElementById("ssh-no-sshd").hidden = !noSshd;
+    document.getElementById("ssh-warning").hidden = !(noSshd || (ssh && noKey));
+  }
+
   function updatePrice() {
     if (!current) return;
+    updateSshWarning();
     var slice = slicing();
     document.getElementById("slice-fields").hidden = !slice;
     document.getElementById("whole-gpus").hidden = slice;
@@ -117,6 +128,10 @@
   form.addEventListener("change", function (event) {
     if (event.target.name !== "rent_kind") return;
     form.disk_gb.value = defaultDisk();
+    updatePrice();
+  });
+  document.getElementById("use-ssh-image").addEventListener("click", function () {
+    form.image.value = SSH_IMAGE;
     updatePrice();
   });
   document.getElementById("rent-cancel").addEventListener("click", function () { dialog.close(); });

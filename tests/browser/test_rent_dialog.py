@@ -1,6 +1,7 @@
 """The rent dialog in Chromium: only the chosen kind's fields show, the bid note names the
-lowest bid, and the defaults fit the chosen offer, so *Rent now* works at once on a machine
-that offers less disk than the usual default."""
+lowest bid, the defaults fit the chosen offer, so *Rent now* works at once on a machine that
+offers less disk than the usual default, and SSH mode warns before renting when no one could
+log in (no team SSH key, an image without sshd)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,9 @@ def test_rent_dialog_shows_the_chosen_kind_and_its_defaults_rent_at_once(
     Machine.objects.filter(pk=machine.pk).update(disk_free_gb=6)
     offer_refresh(machine_id=machine.pk)
     fund(team)
+    # A fresh server's first page (imports, templates) while the worker starts beside it took
+    # over the usual 20 s on a busy two-core machine: that one load gets longer.
+    page.goto(f"{live_server_url}/accounts/login/", timeout=120_000)
     log_in(page, live_server_url, owner, team)
 
     page.goto(f"{live_server_url}/offers/?q=machine_id%3D{machine.pk}")
@@ -50,6 +54,20 @@ def test_rent_dialog_shows_the_chosen_kind_and_its_defaults_rent_at_once(
     expect(dialog.locator("#slice-fields")).to_be_hidden()
     dialog.locator("input[name=rent_kind][value=whole]").check()
     expect(dialog.locator("#bid-fields")).to_be_hidden()
+
+    # SSH mode warns before renting: the team has no SSH key, and busybox has no sshd.
+    warning = dialog.locator("#ssh-warning")
+    expect(warning).to_be_hidden()
+    dialog.locator("select[name=launch_mode]").select_option("ssh")
+    expect(warning).to_contain_text("Your team has no SSH key")
+    expect(warning.locator("#ssh-no-sshd")).to_be_visible()
+    warning.get_by_role("button", name="Use gpumkt/sshbox:latest").click()
+    expect(dialog.locator("input[name=image]")).to_have_value("gpumkt/sshbox:latest")
+    expect(warning.locator("#ssh-no-sshd")).to_be_hidden()
+    expect(warning).to_contain_text("Your team has no SSH key")
+    dialog.locator("select[name=launch_mode]").select_option("entrypoint")
+    expect(warning).to_be_hidden()
+    dialog.locator("input[name=image]").fill("gpumkt/busybox:latest")
 
     # The defaults rent as they are.
     dialog.locator("#rent-confirm").click()
