@@ -112,6 +112,9 @@ def test_every_console_page_fits_a_phone_and_a_laptop(
     refused = []  # every request a page makes answers (the favicon was a 404 on every page)
     page.on("response", lambda r: r.status >= 400 and refused.append(f"{r.status} {r.url}"))
     paths = a_console_with_everything(team, owner, provider_team, sim_host_factory)
+    # A fresh server's first page (imports, templates) took over the usual 20 s on a busy
+    # two-core machine: that one load gets longer.
+    page.goto(f"{live_server_url}/accounts/login/", timeout=120_000)
     log_in(page, live_server_url, owner, team)
 
     problems = {}
