@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import logging
+import re
 import socket
 
 from django.conf import settings
@@ -115,3 +116,35 @@ def connect(address: str, port: int, timeout: float) -> socket.socket:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return sock
     raise last_error or OSError(f"{address} resolves to no address")
+
+
+# One label of a host name (RFC 1123): letters, digits and inner hyphens, at most 63.
+_LABEL = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$", re.IGNORECASE)
+ADDRESS_HINT = "A host name or IP address, like gpu1.example.com or 203.0.113.7"
+
+
+def address_syntax_problem(address: str) -> str | None:
+    """Why ``address`` is not a host name or an IP address (None: it is one). Only the form:
+    whether it answers is for the first connection to say."""
+    if "://" in address or "/" in address:
+        return f"{ADDRESS_HINT}, without a scheme or path (not {address!r})."
+    if "@" in address:
+        return f"{ADDRESS_HINT}; the SSH user goes in its own field."
+    text = address.removeprefix("[").removesuffix("]")
+    if ":" in text:
+        try:
+            ipaddress.IPv6Address(text)
+        except ValueError:
+            return f"{ADDRESS_HINT}; a port goes in the Port field."
+        return None
+    name = text.rstrip(".")
+    labels = name.split(".")
+    if all(label.isdigit() for label in labels):
+        try:
+            ipaddress.IPv4Address(name)
+        except ValueError:
+            return f"{address} is not an IP address: it has four numbers from 0 to 255."
+        return None
+    if len(name) > 253 or not all(_LABEL.match(label) for label in labels):
+        return f"{ADDRESS_HINT}: letters, digits, hyphens and dots."
+    return None

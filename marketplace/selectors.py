@@ -110,6 +110,11 @@ def instance_logs(instance: Instance, *, tail: int = 200) -> tuple[str, str]:
     """(log text, note for the reader): the container's last ``tail`` lines, or why not."""
     from hosts.runtime import CommandFailed, DockerHost, HostUnreachable
 
+    if instance.state == InstanceState.DESTROYED:
+        return instance.last_log, (
+            "The container was removed when the rental was destroyed; these are the last "
+            "lines it wrote."
+        )
     if not instance.container_id:
         return "", "The container has not started yet."
     host = DockerHost(instance.machine)

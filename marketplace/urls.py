@@ -2,6 +2,8 @@ from __future__ import annotations
 
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
+from django.http import HttpResponsePermanentRedirect
+from django.templatetags.static import static
 from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import DefaultRouter
@@ -70,6 +72,12 @@ urlpatterns = [
     path("api/v0/", include("marketplace.vast.urls")),
     path("", include("marketplace.observability.urls")),
     path("admin/", admin.site.urls),
+    # Browsers ask for /favicon.ico on pages without an icon link (the admin, the API docs).
+    path(
+        "favicon.ico",
+        lambda request: HttpResponsePermanentRedirect(static("favicon.svg")),
+        name="favicon",
+    ),
     path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("accounts/signup/", views.signup, name="signup"),

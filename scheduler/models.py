@@ -115,6 +115,9 @@ class Instance(models.Model):
     # The container's exit status, read when it is seen exited (null until then, and for
     # containers that vanished or were stopped by us): jobs count an exit 0 as done.
     exit_code = models.SmallIntegerField(null=True, blank=True)
+    # The last lines its container wrote, read just before a destroy removed the container:
+    # what an ended rental's page can still show.
+    last_log = models.TextField(blank=True, default="")
     label = models.CharField(
         max_length=100, blank=True, default="", help_text="The renter's own name for it."
     )

@@ -28,16 +28,18 @@ def machine_register(*, team_id: int, name: str, address: str, port: int, ssh_us
     errors = {}
     if (problem := name_problem(name.strip(), max_length=80, required=False)) is not None:
         errors["name"] = problem
-    address = address.strip()
+    address, port = _address_and_port(address.strip(), port)
     if (
         not address
         or any(c.isspace() for c in address)
         or address.startswith("-")
         or len(address) > 255
     ):
-        errors["address"] = "A host name or IP address, like gpu1.example.com or 203.0.113.7."
+        errors["address"] = f"{addresses.ADDRESS_HINT}."
     elif (refused := addresses.address_refusal(address)) is not None:
         errors["address"] = f"The platform does not connect to {refused}."
+    elif (problem := addresses.address_syntax_problem(address)) is not None:
+        errors["address"] = problem
     if not (1 <= port <= 65535):
         errors["port"] = "An SSH port between 1 and 65535."
     if (
@@ -56,6 +58,16 @@ def machine_register(*, team_id: int, name: str, address: str, port: int, ssh_us
     )  # fmt: skip
     record_event(machine, "registered", f"Registered {ssh_user}@{address}:{port}")
     return machine
+
+
+def _address_and_port(address: str, port: int) -> tuple[str, int]:
+    """``host:2222`` (or ``[v6]:2222``) typed into the address: the port is taken from it."""
+    host, colon, typed = address.rpartition(":")
+    if colon and typed.isdigit() and (host.count(":") == 0 or host.startswith("[")):
+        if host.startswith("[") and not host.endswith("]"):
+            return address, port
+        return host, int(typed)
+    return address, port
 
 
 # How long a first contact may take before heartbeats try it again.

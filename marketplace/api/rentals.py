@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 
+import django_filters
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_field
 from rest_framework import mixins, serializers, status
 from rest_framework.decorators import action
@@ -23,6 +24,7 @@ from marketplace.api.permissions import api_team
 from marketplace.models import CommittedImage, Rental, SshKey
 from marketplace.selectors import instance_connection, instance_logs, rental_versions
 from marketplace.services.bids import rental_bid_change
+from marketplace.services.clocks import ENDED_STATES
 from marketplace.services.rental_versions import (
     rental_commit,
     rental_new_version,
@@ -388,15 +390,53 @@ class ExecSerializer(serializers.Serializer):
     )
 
 
-class InstanceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScopedViewSet):
-    """The team's rentals. POST rents an offer; DELETE destroys (container, data, settlement)."""
+class InstanceFilter(django_filters.FilterSet):
+    """``state``: one state, or ``ended`` (failed, expired, destroying or destroyed) or ``all``.
+    Without it the list is every rental but the destroyed ones, as it always was."""
 
-    base_queryset = Instance.objects.select_related("rental", "machine").exclude(
-        state=InstanceState.DESTROYED
+    state = django_filters.ChoiceFilter(
+        choices=[
+            *InstanceState.choices,
+            ("ended", "Ended: failed, expired, destroying or destroyed"),
+            ("all", "All, the destroyed ones included"),
+        ],
+        method="state_filter",
     )
+    machine_id = django_filters.NumberFilter()
+
+    class Meta:
+        model = Instance
+        fields = ["state", "machine_id"]
+
+    def filter_queryset(self, queryset):
+        if not self.form.cleaned_data.get("state"):
+            queryset = queryset.exclude(state=InstanceState.DESTROYED)
+        return super().filter_queryset(queryset)
+
+    def state_filter(self, queryset, name, value):
+        if value == "all":
+            return queryset
+        if value == "ended":
+            return queryset.filter(state__in=ENDED_STATES)
+        return queryset.filter(state=value)
+
+
+class InstanceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScopedViewSet):
+    """The team's rentals. POST rents an offer; DELETE destroys (container, data, settlement).
+    The list keeps ended ones as history: ``?state=ended`` (or ``all``) lists the destroyed too."""
+
+    base_queryset = Instance.objects.select_related("rental", "machine")
     serializer_class = InstanceSerializer
     audience = "renter"
-    filterset_fields = ["state", "machine_id"]
+    filterset_class = InstanceFilter
+
+    def get_queryset(self):
+        # Only the list shows destroyed rentals (when asked to); one by id, or an action on
+        # one, answers 404 for them as before.
+        queryset = super().get_queryset()
+        if self.action == "list":
+            return queryset
+        return queryset.exclude(state=InstanceState.DESTROYED)
 
     @extend_schema(request=RentSerializer, responses={201: InstanceSerializer})
     def create(self, request):

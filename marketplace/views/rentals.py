@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Callable
+from datetime import timedelta
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
+from django.db.models import OuterRef, Subquery
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import path
@@ -53,7 +55,7 @@ from marketplace.tenancy import team_object_or_404, team_objects
 from marketplace.views.console import error_text, require_role
 from marketplace.views.offer_figures import offer_figures
 from scheduler import services as scheduler
-from scheduler.models import Instance, InstanceState, LaunchMode
+from scheduler.models import Instance, InstanceEvent, InstanceState, LaunchMode
 
 SORTS = [
     ("score-", "Best value"),
@@ -145,6 +147,7 @@ def offers(request: HttpRequest) -> HttpResponse:
         "launch_modes": LaunchMode.choices,
         "can_rent": request.membership.allows(Role.MEMBER),
         "volumes": team_objects(request.team, Volume.objects.filter(state=VolumeState.READY)),
+        "has_ssh_keys": team_objects(request.team, SshKey.objects.all()).exists(),
     }
     # A bad query is the renter's error: 400, with the position, token and reason shown.
     return render(request, "marketplace/offers.html", context, status=400 if error else 200)
@@ -166,21 +169,67 @@ def rent(request: HttpRequest, machine_id: int) -> HttpResponse:
     return redirect("instance-detail", pk=rental.instance_id)
 
 
-def _team_instances(request: HttpRequest):
-    return team_objects(request.team, Instance.objects.select_related("rental", "machine")).exclude(
-        state=InstanceState.DESTROYED
+# The instance list's views: what runs or can run again, what has ended, or both.
+INSTANCE_LISTS = {"current": "Current", "ended": "Ended", "all": "All"}
+# Ended rentals shown at most (the newest): the API lists them all, page by page.
+ENDED_SHOWN = 200
+
+
+def _ending(field: str):
+    """The first event that ended the instance: its ``field`` (when, or why)."""
+    return Subquery(
+        InstanceEvent.objects.filter(instance=OuterRef("pk"), to_state__in=ENDED_STATES)
+        .order_by("created_at", "pk")
+        .values(field)[:1]
     )
+
+
+def _team_instances(request: HttpRequest, shown: str = "current") -> list[Instance]:
+    instances = team_objects(request.team, Instance.objects.select_related("rental", "machine"))
+    if shown == "current":
+        return list(instances.exclude(state__in=ENDED_STATES))
+    if shown == "ended":
+        instances = instances.filter(state__in=ENDED_STATES)
+    ended = list(
+        instances.annotate(ended_at=_ending("created_at"), end_reason=_ending("reason"))[
+            :ENDED_SHOWN
+        ]
+    )
+    now = timezone.now()
+    for instance in ended:
+        if instance.state in ENDED_STATES:
+            rental = instance.rental
+            instance.final_cost = rental_owed(rental, now).total
+            instance.ran_for = timedelta(seconds=rental.gpu_seconds_at(now))
+    return ended
 
 
 @login_required
 def instances(request: HttpRequest) -> HttpResponse:
-    context = {"instances": _team_instances(request)}
+    shown = request.GET.get("show", "current")
+    if shown not in INSTANCE_LISTS:
+        shown = "current"
+    context = {
+        "instances": _team_instances(request, shown),
+        "shown": shown,
+        "lists": INSTANCE_LISTS,
+    }
     template = (
         "marketplace/_instance_rows.html"
         if request.headers.get("HX-Request")
         else "marketplace/instances.html"
     )
     return render(request, template, context)
+
+
+def _ending_facts(instance: Instance, rental, now) -> dict[str, object]:
+    """When and why an ended rental ended, how long its GPUs ran, and what it cost in all."""
+    ending = instance.events.filter(to_state__in=ENDED_STATES).order_by("created_at", "pk").first()
+    return {
+        "ended_at": ending.created_at if ending else instance.state_changed_at,
+        "end_reason": ending.reason if ending else instance.status_message,
+        "ran_for": timedelta(seconds=rental.gpu_seconds_at(now)),
+    }
 
 
 def _instance_context(request: HttpRequest, instance: Instance) -> dict[str, object]:
@@ -196,7 +245,9 @@ def _instance_context(request: HttpRequest, instance: Instance) -> dict[str, obj
         hours=1,
     )
     versions = _versions_with_diff(instance)
+    ended = instance.state in ENDED_STATES
     return {
+        **(_ending_facts(instance, rental, now) if ended else {}),
         "instance": instance,
         "rental": rental,
         "connection": instance_connection(instance),
@@ -208,7 +259,7 @@ def _instance_context(request: HttpRequest, instance: Instance) -> dict[str, obj
         "remaining": rental.ends_at - now if rental.ends_at > now else None,
         "bid_dollars": rental.price_per_gpu_hour / 1_000_000,
         "can_act": request.membership.allows(Role.MEMBER),
-        "ended": instance.state in ENDED_STATES,
+        "ended": ended,
         "versions": versions,
         "version_ports": next((v["spec"].get("ports", []) for v in versions if v["current"]), []),
         "versionable": instance.state in (InstanceState.RUNNING, InstanceState.EXITED),

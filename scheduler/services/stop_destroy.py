@@ -100,6 +100,8 @@ def _container_work(
         instance = Instance.objects.select_related("machine").get(pk=instance_id)
         try:
             host = DockerHost(instance.machine)
+            if remove:
+                _keep_log_tail(host, instance)
             container_gone_or_stopped(host, instance_container_ref(instance), remove=remove)
             if remove:
                 versions_remove_containers(host, instance)
@@ -115,3 +117,21 @@ def _container_work(
         return WorkOutcome(instance_id, moved.state if moved else state_of(instance_id))
 
     return leased(instance_id, state, work)
+
+
+# Enough lines to see how a run ended; the log itself may have been any size.
+KEPT_LOG_LINES = 200
+KEPT_LOG_CHARS = 64 * 1024
+
+
+def _keep_log_tail(host: DockerHost, instance: Instance) -> None:
+    """Save the container's last lines on the instance before the container goes, so an ended
+    rental still shows them. A container already gone (a retry, or one never made) keeps what
+    was saved before."""
+    try:
+        text = host.logs(instance_container_ref(instance), tail=KEPT_LOG_LINES)
+    except CommandFailed:
+        return
+    # PostgreSQL text holds no NUL, which a container may well have written.
+    kept = text[-KEPT_LOG_CHARS:].replace("\x00", "")
+    Instance.objects.filter(pk=instance.pk).update(last_log=kept)

@@ -14,6 +14,15 @@
     });
   });
 
+  // Phones: the header's Menu button folds the navigation open and shut.
+  var navToggle = document.getElementById("nav-toggle");
+  if (navToggle) {
+    navToggle.addEventListener("click", function () {
+      var open = document.body.classList.toggle("nav-open");
+      navToggle.setAttribute("aria-expanded", open ? "true" : "false");
+    });
+  }
+
   // One socket per page. Each event is re-dispatched on <body> as "live:<event>" (DOM
   // CustomEvent with the data as detail), so pages and htmx (hx-trigger="live:x from:body")
   // can react without a reload. Reconnects with backoff; "live:reconnected" lets pages refetch.

@@ -6,6 +6,7 @@
   var page = document.getElementById("instance-page");
   if (!page) return;
   var path = page.getAttribute("data-socket");
+  if (!path) return;  // an ended rental: nothing live to watch
   var follow = document.getElementById("follow-logs");
   var status = document.getElementById("follow-status");
   var MAX_LINES = 5000;

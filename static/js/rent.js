@@ -6,6 +6,7 @@
   var form = document.getElementById("rent-form");
   var priceBox = document.getElementById("rent-price");
   var current = null;
+  var DEFAULT_DISK_GB = 10;
 
   function money(micro) {
     return "$" + (micro / 1e6).toFixed(micro % 10000 === 0 ? 2 : 4);
@@ -23,8 +24,32 @@
     return current && current.minBid !== null && kind() === "bid";
   }
 
+  // The most disk the chosen size may have: the offer's disk per GPU (or per slice share).
+  function maxDisk(units) {
+    return Math.max(Math.floor(current.disk * units), 1);
+  }
+
+  // 10 GB where the machine offers that much, else all it offers: the defaults must rent.
+  function defaultDisk() {
+    var units = slicing()
+      ? Math.max((parseInt(form.core_percent.value, 10) || 0) / 100, (parseInt(form.memory_mb.value, 10) || 0) / current.cardMemory)
+      : Math.max(current.min, 1);
+    return Math.min(DEFAULT_DISK_GB, maxDisk(units));
+  }
+
+  // SSH mode: say before renting what would stop the renter logging in.
+  var SSH_IMAGE = "gpumkt/sshbox:latest";
+  function updateSshWarning() {
+    var ssh = form.launch_mode.value === "ssh";
+    var noSshd = ssh && /^gpumkt\/busybox(:|$)/.test(form.image.value.trim());
+    var noKey = document.getElementById("ssh-no-key");
+    document.getElementById("ssh-no-sshd").hidden = !noSshd;
+    document.getElementById("ssh-warning").hidden = !(noSshd || (ssh && noKey));
+  }
+
   function updatePrice() {
     if (!current) return;
+    updateSshWarning();
     var slice = slicing();
     document.getElementById("slice-fields").hidden = !slice;
     document.getElementById("whole-gpus").hidden = slice;
@@ -55,8 +80,7 @@
     // Same arithmetic as the server's quote: rate × hours + storage for the same time.
     var gpu = Math.round(rate * hours);
     var storage = Math.round(current.storage * disk * hours / 720);
-    var maxDisk = Math.max(Math.floor(current.disk * units), 1);
-    if (disk > maxDisk) problems.push("At most " + maxDisk + " GB of disk for " + (slice ? "this slice." : gpus + " GPU(s)."));
+    if (disk > maxDisk(units)) problems.push("At most " + maxDisk(units) + " GB of disk for " + (slice ? "this slice." : gpus + " GPU(s)."));
     if (current.end && hours * 3600e3 > new Date(current.end) - Date.now()) problems.push("The machine is offered until " + new Date(current.end).toLocaleString() + ".");
     priceBox.innerHTML = "<strong>" + money(gpu + storage) + "</strong> held now: " + money(gpu) + " GPU time (" +
       money(rate) + "/hour) + " + money(storage) + " storage. Unused credit is released at the end." +
@@ -78,10 +102,8 @@
     document.getElementById("rent-kind").hidden = !current.sharing && current.minBid === null;
     document.getElementById("rent-kind-slice").hidden = !current.sharing;
     document.getElementById("rent-kind-bid").hidden = current.minBid === null;
-    if (current.minBid !== null) {
-      document.getElementById("rent-min-bid").textContent = money(current.minBid);
-      form.bid_price.value = (current.minBid / 1e6).toString();
-    }
+    document.getElementById("rent-min-bid").textContent = current.minBid === null ? "" : money(current.minBid);
+    form.bid_price.value = current.minBid === null ? "" : (current.minBid / 1e6).toString();
     form.querySelector("input[name=rent_kind][value=whole]").checked = current.free > 0 || !current.sharing;
     form.querySelector("input[name=rent_kind][value=slice]").checked = current.free === 0 && current.sharing;
     form.action = "/offers/" + current.machine + "/rent/";
@@ -97,9 +119,20 @@
     form.num_gpus.min = current.min;
     form.num_gpus.max = current.free;
     form.num_gpus.value = Math.max(current.min, 1);
+    form.disk_gb.value = defaultDisk();
     updatePrice();
     dialog.showModal();
   });
   form.addEventListener("input", updatePrice);
+  // Another kind has another size: its disk default follows, before the price is shown.
+  form.addEventListener("change", function (event) {
+    if (event.target.name !== "rent_kind") return;
+    form.disk_gb.value = defaultDisk();
+    updatePrice();
+  });
+  document.getElementById("use-ssh-image").addEventListener("click", function () {
+    form.image.value = SSH_IMAGE;
+    updatePrice();
+  });
   document.getElementById("rent-cancel").addEventListener("click", function () { dialog.close(); });
 })();

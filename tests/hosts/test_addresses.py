@@ -103,3 +103,41 @@ def test_closed_and_non_ssh_ports_read_the_same_to_the_provider(team):
         r":\d+", ":PORT", closed.status_detail
     )
     assert "No SSH server answered" in web.status_detail
+
+
+@pytest.mark.parametrize(
+    ("address", "reason"),
+    [
+        ("999.999.1.1", "not an IP address"),
+        ("10.0.0.256", "not an IP address"),
+        ("http://example.com:22", "without a scheme"),
+        ("example.com/ssh", "without a scheme"),
+        ("root@gpu1.example.com", "the SSH user goes in its own field"),
+        ("gpu_1.example.com", "letters, digits, hyphens and dots"),
+        ("-gpu.example.com", "A host name or IP address"),
+        ("gpu..example.com", "letters, digits, hyphens and dots"),
+        ("gpu1.example.com:ssh", "a port goes in the Port field"),
+        ("2001:db8::zz", "a port goes in the Port field"),
+    ],
+)
+def test_an_address_that_is_no_host_name_or_ip_is_refused_saying_why(team, address, reason):
+    with pytest.raises(ValidationError) as caught:
+        register(team, address)
+    assert reason in caught.value.message_dict["address"][0]
+    assert not Machine.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("typed", "address", "port"),
+    [
+        ("gpu1.example.com:2222", "gpu1.example.com", 2222),
+        ("203.0.113.7:2200", "203.0.113.7", 2200),
+        ("[2001:db8::1]:2201", "[2001:db8::1]", 2201),
+        ("2001:db8::1", "2001:db8::1", 22),
+        ("gpu-1.eu-west.example.net.", "gpu-1.eu-west.example.net.", 22),
+    ],
+)
+def test_a_port_typed_with_the_address_is_taken_from_it(team, settings, typed, address, port):
+    settings.HOST_ALLOW_LOOPBACK = False
+    machine = register(team, typed)
+    assert (machine.address, machine.port) == (address, port)

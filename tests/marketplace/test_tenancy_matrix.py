@@ -924,6 +924,7 @@ EXEMPT: dict[str, str] = {
     "api-root": "DRF's index of endpoints; no data",
     "api-machine-platform-key": "the platform's public SSH key, the same for every team",
     "healthz": "probe; answers alive and reads nothing",
+    "favicon": "a redirect to the site's icon; no data",
     "readyz": "probe; names which dependency is down, no team data",
     "metrics": "operators only (METRICS_TOKEN bearer or staff session); 404 to everyone else "
     "(tests/observability)",
