@@ -85,7 +85,8 @@ class SerializerForm(ConsoleForm):
         cleaned = super().clean()
         if self.errors:  # text that did not parse; the serializer would only repeat it
             return cleaned
-        self.serializer = self.serializer_class(data=self.serializer_data(), partial=self.partial)
+        extra = {"partial": True} if self.partial else {}  # some serializers fix it themselves
+        self.serializer = self.serializer_class(data=self.serializer_data(), **extra)
         if not self.serializer.is_valid():
             for field, detail in self.serializer.errors.items():
                 self._add_serializer_error(field, serializer_messages(detail))
