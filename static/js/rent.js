@@ -96,7 +96,8 @@
     }
     form.num_gpus.min = current.min;
     form.num_gpus.max = current.free;
-    form.num_gpus.value = Math.max(current.min, 1);
+    // The offer's bundle of GPUs, as priced on its card.
+    form.num_gpus.value = Math.max(+button.dataset.gpus || 0, current.min, 1);
     updatePrice();
     dialog.showModal();
   });
