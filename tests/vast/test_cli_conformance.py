@@ -551,12 +551,13 @@ def hosting(cli, table, machine, spare, provider_key: str) -> None:
     )
     unlisted = cli("unlist", "machine", str(spare.pk), key=provider_key)
     spare.refresh_from_db()
+    searched = cli("search", "offers", "num_gpus>=1", raw=True)
     table.works(
         "unlist machine <id>",
         "no new rentals on the machine (running ones go on); search no longer shows it",
         "machine delisted" in unlisted.stdout
         and not spare.listed
-        and not has_row(cli("search", "offers", "num_gpus>=1").stdout, str(spare.pk)),
+        and spare.pk not in {o["machine_id"] for o in raw_offers(searched)},
         unlisted.output,
     )
     today = datetime.now(UTC).date()
