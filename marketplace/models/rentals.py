@@ -128,9 +128,9 @@ class Offer(models.Model):
     the free count itself when it is none of those), each with its own id and its figures
     (``dph_total`` is the bundle's price). Renting an offer takes exactly its ``num_gpus``.
 
-    Each machine also has exactly one ``all_free`` row: the bundle of all its free GPUs (none
-    when all are taken), which carries its slices. Placement, the machine's pages and
-    "only N free" read that row; search reads them all.
+    Each machine also has one ``all_free`` row: the bundle of all its free GPUs (none when
+    all are taken), which carries its slices. Placement, the machine's pages and "only N
+    free" read that row; search reads them all.
 
     A read model kept in step with machines and allocations (``offers_refresh``), so search is
     one indexed query over one table. Field names follow vast.ai's where they mean the same.
