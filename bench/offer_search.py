@@ -1,5 +1,8 @@
 """Offer search over 1,000,000 offers: filter + sort + a page of 64, measured server-side.
 
+An offer is a GPU-count bundle of a machine (1, 2, 4, 8 and its free count, issue 32), so a
+million offers are some 300,000 machines; the bench prints how many.
+
 Budget (DESIGN.md, raised by issue 17): p50 ≤ 5 ms, p99 ≤ 15 ms. Runs the real API view (through Django's
 request handling, with an API key) against PostgreSQL; creates its data in a scratch
 database and drops it at the end.
@@ -39,6 +42,9 @@ QUERIES = [
     "num_gpus>=8 -o dph_total-",
     "dph_total<0.5 cuda_max_good>=12",
     "geolocation notin [US] verified=true -o reliability-",
+    "num_gpus=1 reliability>0.9 -o dph_total",
+    "num_gpus=1 dph_total<=0.45 -o dph_total",
+    "cpu_cores>=16 static_ip=true datacenter=false direct_port_count>=100 -o score-",
 ]
 GPUS = [("RTX 4090", 24.0, 0.45), ("RTX 3090", 24.0, 0.25), ("A100-SXM4-80GB", 80.0, 1.6),
         ("H100-SXM5-80GB", 80.0, 2.9), ("L40S", 48.0, 0.9), ("RTX A6000", 48.0, 0.6)]  # fmt: skip
@@ -49,14 +55,18 @@ REGIONS = ["US", "CA", "EU", "AS", "SA", "OC"]
 P50_BUDGET_MS, P99_BUDGET_MS = 5, 15
 
 
-def populate(count: int) -> str:
-    """The provider, its ``count`` machines and their offers, written by the database itself
+def populate(count: int) -> tuple[str, int]:
+    """The provider, its machines and their ``count`` offers, written by the database itself
     (``INSERT … SELECT`` over ``generate_series``, seeded, so every run gets the same offers):
     a million rows in well under a minute, where building them in Python took 12 minutes.
+    Returns the API key's secret and how many machines the offers are on.
 
     One machine and its offer are made through the ORM; every other row copies their columns
-    and draws the searched ones (the GPU model with its memory and base price, free and total
-    units, price, reliability, region, CUDA, verified) with the same distribution as before.
+    and draws the searched ones per machine (the GPU model with its memory and base price,
+    its GPUs and how many are free, price, reliability, region, CUDA, verified, cores). Each
+    machine is then offered as ``offers_refresh`` would: a bundle of 1, 2, 4… GPUs up to its
+    count, and one of all its free GPUs (``all_free``), each rentable when its GPUs are free;
+    the offers stop at ``count``.
     """
     from django.db import connection, transaction
 
@@ -83,16 +93,20 @@ def populate(count: int) -> str:
 
     machine_copied = columns(Machine, {"name", "address"})
     offer_drawn = [
-        "machine_id", "rentable", "gpu_name", "num_gpus", "total_gpus", "gpu_ram",
-        "cpu_cores_per_unit", "cpu_ram_per_unit", "disk_per_unit", "price_per_gpu_hour",
-        "dph_total", "storage_cost", "reliability", "geolocation", "driver_version",
-        "cuda_max_good", "verified", "score",
+        "machine_id", "all_free", "rentable", "rented", "gpu_name", "num_gpus", "total_gpus",
+        "gpu_ram", "cpu_cores_per_unit", "cpu_ram_per_unit", "disk_per_unit",
+        "price_per_gpu_hour", "dph_total", "storage_cost", "reliability", "geolocation",
+        "driver_version", "cuda_max_good", "verified", "score", "cpu_cores", "static_ip",
+        "direct_port_count",
     ]  # fmt: skip
     offer_copied = columns(Offer, set(offer_drawn))
     names = ", ".join(f"'{name}'" for name, _, _ in GPUS)
     rams = ", ".join(str(ram) for _, ram, _ in GPUS)
     prices = ", ".join(str(price) for _, _, price in GPUS)
     regions = ", ".join(f"'{region}'" for region in REGIONS)
+    # Machines of 1, 2, 4, 8 and 8 GPUs have about 3.2 offers each on average: make enough
+    # machines, and those past the ``count``-th offer go again.
+    machines = count // 3 + 10
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute("SELECT setseed(0.42)")
         cursor.execute(
@@ -103,10 +117,10 @@ def populate(count: int) -> str:
             FROM hosts_machine t, generate_series(0, %s - 1) AS i
             WHERE t.id = %s
             """,
-            [count, template.pk],
+            [machines, template.pk],
         )
-        # The draws are made once per row in a materialized CTE; the outer query derives
-        # the figures that depend on them (dph_total and score for all free units).
+        # The draws are made once per machine in a materialized CTE; its bundles are the
+        # sizes up to its GPUs and its free count, each priced and scored for its GPUs.
         cursor.execute(
             f"""
             WITH drawn AS MATERIALIZED (
@@ -120,37 +134,57 @@ def populate(count: int) -> str:
                        (ARRAY[50000, 100000, 150000])[1 + floor(random() * 3)::int] AS storage,
                        (ARRAY[{regions}])[1 + floor(random() * {len(REGIONS)})::int] AS region,
                        (ARRAY[11.8, 12.2, 12.4])[1 + floor(random() * 3)::int] AS cuda,
-                       random() < 0.7 AS verified
+                       random() < 0.7 AS verified, random() < 0.8 AS static_ip,
+                       (ARRAY[10, 100, 1000])[1 + floor(random() * 3)::int] AS ports
                 FROM hosts_machine m WHERE m.team_id = %s AND m.id <> %s
             ), priced AS (
                 SELECT d.*, floor(d.free_draw * (d.total + 1))::int AS free,
                        (ARRAY[{names}])[d.g] AS gpu_name, (ARRAY[{rams}])[d.g] AS gpu_ram,
                        round((ARRAY[{prices}])[d.g] * d.price_factor * 1000000)::bigint AS price
                 FROM drawn d
+            ), bundles AS (
+                SELECT p.*, s.size
+                FROM priced p,
+                     LATERAL (SELECT DISTINCT size FROM unnest(
+                         ARRAY(SELECT 1 << k FROM generate_series(0, 3) AS k
+                               WHERE 1 << k <= p.total) || ARRAY[p.total, p.free]
+                     ) AS size) AS s
+                ORDER BY p.id, s.size
+                LIMIT %s
             )
             INSERT INTO marketplace_offer ({", ".join(offer_drawn + offer_copied)})
-            SELECT p.id, p.free >= 1, p.gpu_name, p.free, p.total, p.gpu_ram, p.cores, p.ram,
-                   p.disk, p.price, p.price * p.free, p.storage, p.reliability, p.region,
-                   '550.54.14', p.cuda, p.verified,
-                   round((p.reliability ^ 2 * p.gpu_ram * p.free
-                          / greatest(p.price * p.free / 1000000.0, 0.01))::numeric, 4)::float,
+            SELECT b.id, b.size = b.free, b.size >= 1 AND b.size <= b.free, b.size > b.free,
+                   b.gpu_name, b.size, b.total, b.gpu_ram, b.cores, b.ram, b.disk, b.price,
+                   b.price * b.size, b.storage, b.reliability, b.region, '550.54.14', b.cuda,
+                   b.verified,
+                   round((b.reliability ^ 2 * b.gpu_ram * b.size
+                          / greatest(b.price * b.size / 1000000.0, 0.01))::numeric, 4)::float,
+                   b.cores * b.total, b.static_ip, b.ports,
                    {", ".join("t." + name for name in offer_copied)}
-            FROM priced p, marketplace_offer t
+            FROM bundles b, marketplace_offer t
             WHERE t.machine_id = %s
             """,
-            [team.pk, template.pk, template.pk],
+            [team.pk, template.pk, count, template.pk],
         )
         cursor.execute("DELETE FROM marketplace_offer WHERE machine_id = %s", [template.pk])
-        cursor.execute("DELETE FROM hosts_machine WHERE id = %s", [template.pk])
+        cursor.execute(
+            "DELETE FROM hosts_machine m WHERE m.team_id = %s AND NOT EXISTS "
+            "(SELECT 1 FROM marketplace_offer o WHERE o.machine_id = m.id)",
+            [team.pk],
+        )
+        cursor.execute("SELECT count(*) FROM hosts_machine WHERE team_id = %s", [team.pk])
+        (offered_machines,) = cursor.fetchone()
     with connection.cursor() as cursor:
         cursor.execute("VACUUM ANALYZE marketplace_offer")
         cursor.execute("VACUUM ANALYZE hosts_machine")
-    return api_key_create(membership=membership, name="bench", access="read").secret
+    secret = api_key_create(membership=membership, name="bench", access="read").secret
+    return secret, offered_machines
 
 
-def reused_key(count: int) -> str:
+def reused_key(count: int) -> tuple[str, int]:
     """A new API key of the bench's team in a database an earlier ``--reuse`` run seeded with
-    ``count`` offers."""
+    ``count`` offers, and how many machines they are on."""
+    from hosts.models import Machine
     from marketplace.models import Membership, Offer
     from marketplace.services.accounts import api_key_create
 
@@ -161,7 +195,8 @@ def reused_key(count: int) -> str:
             f"The kept database holds {seeded:,} offers, not {count:,}: run without --reuse "
             "once to seed it afresh."
         )
-    return api_key_create(membership=membership, name="bench", access="read").secret
+    secret = api_key_create(membership=membership, name="bench", access="read").secret
+    return secret, Machine.objects.filter(team=membership.team).count()
 
 
 def measure(secret: str, queries: int) -> list[float]:
@@ -191,12 +226,13 @@ def main() -> None:
     args = parser.parse_args()
     with scratch_database(keep=args.reuse) as existed:
         if existed:
-            secret = reused_key(args.offers)
+            secret, machines = reused_key(args.offers)
             print(f"reusing the {args.offers:,} offers seeded earlier")
         else:
             started = time.perf_counter()
-            secret = populate(args.offers)
+            secret, machines = populate(args.offers)
             print(f"populated {args.offers:,} offers in {time.perf_counter() - started:.1f}s")
+        print(f"  {args.offers:,} offers (GPU-count bundles) on {machines:,} machines")
         timings = sorted(measure(secret, args.queries))
     p50 = statistics.median(timings)
     p99 = timings[min(len(timings) - 1, int(len(timings) * 0.99))]

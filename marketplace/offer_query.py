@@ -5,8 +5,9 @@
 Terms are ``field op value`` with ``< <= = == != >= > in notin``; underscores in values stand
 for spaces; ``field=any`` drops that field's filter (including a default one); ``-o a,b-``
 sorts (a trailing ``-`` sorts descending; default: score, best first). Units: GB for memory
-and disk, dollars for prices (``dph_total`` per hour, ``storage_cost`` per GB-month), days for
-``duration``. A bad query raises ``QueryError`` pointing at the token and saying why.
+and disk, dollars for prices (``dph_total`` per hour for the offer's GPUs, ``dph_per_gpu`` per
+GPU-hour, ``storage_cost`` per GB-month), days for ``duration``. An offer is a bundle of a
+machine's GPUs (1, 2, 4…), and its figures are the bundle's. A bad query raises ``QueryError`` pointing at the token and saying why.
 
 The same filters arrive as JSON in the API: ``{"num_gpus": {"gte": 2}, "geolocation":
 {"in": ["US", "CA"]}}``.
@@ -33,7 +34,7 @@ class FieldSpec:
     help: str
 
 
-# Annotations computed per offer (a whole offer = all its free units).
+# Annotations computed per offer (a bundle of ``num_gpus`` units).
 ANNOTATIONS = {
     "gpu_total_ram": ExpressionWrapper(F("gpu_ram") * F("num_gpus"), output_field=FloatField()),
     "cpu_cores_effective": ExpressionWrapper(
@@ -44,24 +45,36 @@ ANNOTATIONS = {
 }
 
 FIELDS: dict[str, FieldSpec] = {
+    "id": FieldSpec("int", "id", "offer id (one GPU-count bundle of a machine)"),
     "gpu_name": FieldSpec("str", "gpu_name", "GPU model, e.g. RTX_4090"),
-    "num_gpus": FieldSpec("int", "num_gpus", "free GPU units"),
+    "num_gpus": FieldSpec("int", "num_gpus", "GPUs of the offer (1, 2, 4… bundles)"),
     "gpu_ram": FieldSpec("float", "gpu_ram", "GB per GPU"),
     "gpu_total_ram": FieldSpec("float", "gpu_total_ram", "GB across the offer"),
     "cpu_cores_effective": FieldSpec("float", "cpu_cores_effective", "CPU cores of the offer"),
     "cpu_ram": FieldSpec("float", "cpu_ram", "GB of RAM of the offer"),
     "disk_space": FieldSpec("float", "disk_space", "GB of disk of the offer"),
     "disk_enforced": FieldSpec("bool", "disk_enforced", "a rental's disk is capped at its size"),
-    "dph_total": FieldSpec("money", "dph_total", "dollars per hour, whole offer"),
+    "dph_total": FieldSpec("money", "dph_total", "dollars per hour for the offer's GPUs"),
+    "dph_per_gpu": FieldSpec("money", "price_per_gpu_hour", "dollars per GPU-hour"),
     "storage_cost": FieldSpec("money", "storage_cost", "dollars per GB-month"),
     "reliability": FieldSpec("float", "reliability", "uptime score, 0..1"),
-    "duration": FieldSpec("days", "end_date", "days until the machine's end date"),
+    "duration": FieldSpec(
+        "days", "end_date", "days until the offer ends (end date or next maintenance)"
+    ),
     "geolocation": FieldSpec("str", "geolocation", "region label, e.g. US"),
     "driver_version": FieldSpec("str", "driver_version", "NVIDIA driver version"),
     "cuda_max_good": FieldSpec("float", "cuda_max_good", "highest CUDA version supported"),
     "machine_id": FieldSpec("int", "machine_id", "machine id"),
+    "host_id": FieldSpec("int", "provider_team_id", "the provider's (host's) id"),
+    "cpu_cores": FieldSpec("int", "cpu_cores", "the machine's CPU cores"),
+    "datacenter": FieldSpec("bool", "datacenter", "a certified datacenter (none is yet)"),
+    "static_ip": FieldSpec("bool", "static_ip", "reached at a fixed IP address"),
+    "direct_port_count": FieldSpec(
+        "int", "direct_port_count", "host ports the machine publishes rentals' ports from"
+    ),
     "verified": FieldSpec("bool", "verified", "machine passed verification"),
-    "rentable": FieldSpec("bool", "rentable", "listed, online and with enough free units"),
+    "rentable": FieldSpec("bool", "rentable", "listed, online and the offer's GPUs free"),
+    "rented": FieldSpec("bool", "rented", "some of the offer's GPUs are rented now"),
     "score": FieldSpec("float", "score", "value score (higher is better)"),
     "sharing": FieldSpec("bool", "sharing", "the machine rents slices of its cards"),
     "gpu_frac": FieldSpec("float", "gpu_frac", "largest free fraction of one card (slices)"),
@@ -298,7 +311,7 @@ def apply(queryset: QuerySet, query: OfferQuery) -> QuerySet:
         else:
             expression = F(column).desc() if descending else F(column).asc()
         ordering.append(expression)
-    return queryset.order_by(*ordering, "machine_id")
+    return queryset.order_by(*ordering, "id")
 
 
 def _condition(spec: FieldSpec, op: str, value: Any) -> Q:

@@ -28,10 +28,12 @@ MAX_OFFSET = 10_000
 
 
 class OfferSerializer(serializers.ModelSerializer):
-    """An offer; figures are for all its free units (``num_gpus``)."""
+    """An offer: a bundle of ``num_gpus`` GPUs of one machine; its figures are the bundle's
+    (``dph_total`` is what renting it costs per hour, ``dph_per_gpu`` per GPU)."""
 
-    id = serializers.IntegerField(source="machine_id")
+    id = serializers.IntegerField()
     machine_id = serializers.IntegerField()
+    host_id = serializers.IntegerField(source="provider_team_id")
     gpu_total_ram = serializers.SerializerMethodField()
     cpu_cores_effective = serializers.SerializerMethodField()
     cpu_ram = serializers.SerializerMethodField()
@@ -45,10 +47,12 @@ class OfferSerializer(serializers.ModelSerializer):
     class Meta:
         model = Offer
         fields = [
-            "id", "machine_id", "gpu_name", "num_gpus", "total_gpus", "min_gpus", "gpu_ram",
-            "gpu_total_ram", "cpu_cores_effective", "cpu_ram", "disk_space", "disk_enforced",
-            "dph_total", "dph_per_gpu", "storage_cost", "reliability", "duration", "end_date",
-            "geolocation", "driver_version", "cuda_max_good", "verified", "rentable", "score",
+            "id", "machine_id", "host_id", "gpu_name", "num_gpus", "total_gpus", "min_gpus",
+            "gpu_ram", "gpu_total_ram", "cpu_cores", "cpu_cores_effective", "cpu_ram",
+            "disk_space", "disk_enforced", "dph_total", "dph_per_gpu", "storage_cost",
+            "reliability", "duration", "end_date", "geolocation", "driver_version",
+            "cuda_max_good", "verified", "rentable", "rented", "datacenter", "static_ip",
+            "direct_port_count", "score",
             "sharing", "gpu_frac", "slice_core_percent", "slice_memory_mb",
             "min_slice_core_percent", "cards", "min_bid", *BENCHMARK_FIELDS,
         ]  # fmt: skip
@@ -84,7 +88,8 @@ class OfferSerializer(serializers.ModelSerializer):
         return dollars(offer.min_bid)
 
     def get_duration(self, offer) -> float | None:
-        """Days until the machine's end date (None: no end date)."""
+        """Days until the offer ends: the machine's end date or its next maintenance window,
+        whichever comes first (None: neither)."""
         return days_until(offer.end_date, timezone.now())
 
     def to_representation(self, offer: Offer) -> dict:
@@ -96,11 +101,12 @@ class OfferSerializer(serializers.ModelSerializer):
 # The columns a search reads for its page (``offer_json``), fetched as rows: building a model
 # instance for each of a page's 64 offers cost more than the query itself.
 OFFER_COLUMNS = (
-    "machine_id", "gpu_name", "num_gpus", "total_gpus", "min_gpus", "gpu_ram",
+    "id", "machine_id", "provider_team_id", "gpu_name", "num_gpus", "total_gpus", "min_gpus", "gpu_ram",
     "cpu_cores_per_unit", "cpu_ram_per_unit", "disk_per_unit", "disk_enforced",
     "price_per_gpu_hour", "dph_total", "storage_cost", "reliability", "end_date", "geolocation",
     "driver_version", "cuda_max_good", "verified", "rentable", "score", "sharing", "gpu_frac",
     "slice_core_percent", "slice_memory_mb", "min_slice_core_percent", "cards", "min_bid",
+    "rented", "cpu_cores", "datacenter", "static_ip", "direct_port_count",
     *BENCHMARK_FIELDS,
 )  # fmt: skip
 
@@ -109,19 +115,21 @@ _END_DATE = serializers.DateTimeField()
 
 
 def offer_json(offer: Mapping, now) -> dict:
-    """An offer's API representation from its columns (``OFFER_COLUMNS``); figures are for all
-    its free units. ``now`` is the moment its ``duration`` counts from."""
+    """An offer's API representation from its columns (``OFFER_COLUMNS``); figures are for its
+    bundle of ``num_gpus`` GPUs. ``now`` is the moment its ``duration`` counts from."""
     units = offer["num_gpus"]
     end_date = offer["end_date"]
     return {
-        "id": offer["machine_id"],
+        "id": offer["id"],
         "machine_id": offer["machine_id"],
+        "host_id": offer["provider_team_id"],
         "gpu_name": offer["gpu_name"],
         "num_gpus": units,
         "total_gpus": offer["total_gpus"],
         "min_gpus": offer["min_gpus"],
         "gpu_ram": float(offer["gpu_ram"]),
         "gpu_total_ram": round(offer["gpu_ram"] * units, 2),
+        "cpu_cores": offer["cpu_cores"],
         "cpu_cores_effective": round(offer["cpu_cores_per_unit"] * units, 2),
         "cpu_ram": round(offer["cpu_ram_per_unit"] * units, 2),
         "disk_space": round(offer["disk_per_unit"] * units, 1),
@@ -137,6 +145,10 @@ def offer_json(offer: Mapping, now) -> dict:
         "cuda_max_good": float(offer["cuda_max_good"]),
         "verified": offer["verified"],
         "rentable": offer["rentable"],
+        "rented": offer["rented"],
+        "datacenter": offer["datacenter"],
+        "static_ip": offer["static_ip"],
+        "direct_port_count": offer["direct_port_count"],
         "score": float(offer["score"]),
         "sharing": offer["sharing"],
         "gpu_frac": float(offer["gpu_frac"]),
@@ -160,7 +172,7 @@ def _dollars(micro: int | None) -> str | None:
 
 
 def days_until(end_date, now) -> float | None:
-    """Days from ``now`` until a machine's end date (None: no end date)."""
+    """Days from ``now`` until an offer's end (None: it has none)."""
     if end_date is None:
         return None
     return round(max((end_date - now).total_seconds(), 0) / 86400, 2)
@@ -309,7 +321,9 @@ class QuoteResultSerializer(serializers.Serializer):
 )
 @api_view(["GET"])
 def offer_quote(request, machine_id: int):
-    offer = Offer.objects.select_related("machine").filter(machine_id=machine_id).first()
+    offer = (
+        Offer.objects.select_related("machine").filter(machine_id=machine_id, all_free=True).first()
+    )
     if offer is None:
         raise Http404
     params = QuoteSerializer(data=request.query_params)

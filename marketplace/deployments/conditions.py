@@ -13,6 +13,7 @@ from billing.usd import format_usd
 from hosts.models import MachineStatus
 from marketplace.models import Deployment, Offer
 from marketplace.models.deployments import PlacementPolicy
+from marketplace.models.rentals import machine_offer
 from marketplace.services.offers import short_gpu_name
 from scheduler.models import Instance
 from scheduler.placement import BINPACK, SPREAD, PlacementRequest, gpu_family_matches
@@ -34,9 +35,11 @@ def _models_filter(deployment: Deployment) -> Q:
 
 
 def _listed_offers() -> QuerySet[Offer]:
-    """Offers of listed, online machines, rentable now or not (a full machine still counts
-    when explaining why nothing fits)."""
-    return Offer.objects.filter(machine__listed=True, machine__status=MachineStatus.ONLINE)
+    """Each listed, online machine's offer of all its free GPUs, rentable now or not (a full
+    machine still counts when explaining why nothing fits)."""
+    return Offer.objects.filter(
+        all_free=True, machine__listed=True, machine__status=MachineStatus.ONLINE
+    )
 
 
 def _room_filter(deployment: Deployment) -> Q:
@@ -56,10 +59,12 @@ def _room_filter(deployment: Deployment) -> Q:
 
 
 def matching_offers(deployment: Deployment) -> QuerySet[Offer]:
-    """Offers with room for one replica that meet every condition."""
+    """Machines' offers of all their free GPUs with room for one replica that meet every
+    condition. A price cap is per GPU-hour, so it holds for any bundle of the machine."""
     offers = Offer.objects.filter(
         _models_filter(deployment),
         _room_filter(deployment),
+        all_free=True,
         rentable=True,
         reliability__gte=deployment.min_reliability,
         disk_per_unit__gte=_disk_per_unit(deployment),
@@ -132,10 +137,7 @@ def instance_meets_conditions(deployment: Deployment, instance: Instance) -> boo
 def _machine_model(machine) -> str:
     """The machine's GPU model: its offer's, when the offer was read with it (the
     reconciler's reads join it), else its first present GPU's."""
-    try:
-        offer = machine.offer
-    except Offer.DoesNotExist:
-        offer = None
+    offer = machine_offer(machine)
     if offer is not None and offer.gpu_name:
         return gpu_model(offer.gpu_name)
     first_gpu = machine.gpus.filter(present=True).order_by("index").first()

@@ -55,7 +55,7 @@ class Fleet:
 
     @classmethod
     def whole(cls) -> Fleet:
-        return cls(Offer.objects.filter(rentable=True))
+        return cls(Offer.objects.filter(rentable=True, all_free=True))
 
     @cached_property
     def planner(self) -> Planner:

@@ -47,6 +47,7 @@ from marketplace.models.deployments import (
     DeploymentState,
     ReplicaState,
 )
+from marketplace.models.rentals import all_free_offers
 from marketplace.services.renter_actions import rental_destroy_request
 from scheduler.models import Instance, InstanceState
 
@@ -371,7 +372,8 @@ def _live(deployment: Deployment) -> list[Replica]:
 def _live_replicas():
     return (
         Replica.objects.filter(state__in=LIVE_REPLICA_STATES)
-        .select_related("instance__machine__offer", "instance__rental")
+        .select_related("instance__machine", "instance__rental")
+        .prefetch_related(all_free_offers("instance__machine__offers"))
         .order_by("deployment_id", "created_at", "pk")
     )
 

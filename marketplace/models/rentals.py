@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from django.db import models
-from django.db.models import F, Q
+from django.db.models import F, Prefetch, Q
 from django.db.models.functions import Upper
 from django.utils import timezone
 
@@ -123,21 +123,35 @@ RENTABLE = Q(rentable=True)
 
 
 class Offer(models.Model):
-    """Rentable capacity on one listed, online machine: its free units and their figures.
+    """A bundle of whole GPUs a renter can take on one listed, online machine, as vast.ai
+    offers them: 8 free GPUs are offered as 1, 2, 4 and 8 (from the provider's minimum, and
+    the free count itself when it is none of those), each with its own id and its figures
+    (``dph_total`` is the bundle's price). Renting an offer takes exactly its ``num_gpus``.
 
-    A read model kept in step with machines and allocations (``offer_refresh``), so search is
+    Each machine also has one ``all_free`` row: the bundle of all its free GPUs (none when
+    all are taken), which carries its slices. Placement, the machine's pages and "only N
+    free" read that row; search reads them all.
+
+    A read model kept in step with machines and allocations (``offers_refresh``), so search is
     one indexed query over one table. Field names follow vast.ai's where they mean the same.
     """
 
-    machine = models.OneToOneField(
-        "hosts.Machine", on_delete=models.CASCADE, primary_key=True, related_name="offer"
+    # Indexed by the (machine, num_gpus) constraint, which leads with it.
+    machine = models.ForeignKey(
+        "hosts.Machine", on_delete=models.CASCADE, related_name="offers", db_index=False
+    )
+    all_free = models.BooleanField(
+        default=True, help_text="the bundle of all the machine's free GPUs (one per machine)"
     )
     provider_team = models.ForeignKey(
         "marketplace.Team", on_delete=models.CASCADE, related_name="+"
     )
     rentable = models.BooleanField(default=False, db_index=True)
+    rented = models.BooleanField(
+        default=False, help_text="some of the bundle's GPUs are rented now (it does not fit)"
+    )
     gpu_name = models.CharField(max_length=120)
-    num_gpus = models.PositiveSmallIntegerField(help_text="free GPU units now")
+    num_gpus = models.PositiveSmallIntegerField(help_text="GPUs of this bundle")
     total_gpus = models.PositiveSmallIntegerField()
     min_gpus = models.PositiveSmallIntegerField(default=1)
     gpu_ram = models.FloatField(help_text="GB per GPU")
@@ -148,15 +162,31 @@ class Offer(models.Model):
         default=False, help_text="the host caps a rental's disk at its size (storage quotas)"
     )
     price_per_gpu_hour = models.BigIntegerField(help_text="micro-dollars")
-    dph_total = models.BigIntegerField(help_text="micro-dollars per hour for all free units")
+    dph_total = models.BigIntegerField(help_text="micro-dollars per hour for the bundle")
     storage_cost = models.BigIntegerField(help_text="micro-dollars per GB-month")
     reliability = models.FloatField()
-    end_date = models.DateTimeField(null=True, blank=True)
+    end_date = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="the end of the offer: the machine's end date or the start of its next "
+        "maintenance window, whichever comes first",
+    )
     geolocation = models.CharField(max_length=64, blank=True)
     driver_version = models.CharField(max_length=32, blank=True)
     cuda_max_good = models.FloatField(default=0)
     verified = models.BooleanField(default=False)
     score = models.FloatField(default=0, db_index=True)
+    # The machine's own figures, searched as vast.ai's fields of the same names.
+    cpu_cores = models.PositiveIntegerField(default=0, help_text="the machine's CPU cores")
+    datacenter = models.BooleanField(
+        default=False, help_text="the provider is a certified datacenter (none is yet)"
+    )
+    static_ip = models.BooleanField(
+        default=False, help_text="reached at a fixed IP address, not a host name"
+    )
+    direct_port_count = models.PositiveIntegerField(
+        default=0, help_text="host ports the machine publishes rentals' ports from"
+    )
     # Slices (fractional GPUs), on a machine that shares its cards: the most one slice can
     # take now, as a fraction of a card (the smaller of its compute and memory shares free on
     # the best card) and as compute percent and MB free on one card; each card's free share.
@@ -186,24 +216,30 @@ class Offer(models.Model):
     class Meta:
         # Search filters rentable offers and sorts; these partial indexes let the common sorts
         # (and a GPU model or a region, matched case-insensitively) read rows in order and stop
-        # at a page. The GPU-by-price index carries the free units after the price, so a units
-        # filter (num_gpus>=4, whose cheapest offers all have fewer units) is checked inside the
+        # at a page. The GPU-by-price index carries the GPUs after the price, so a GPU-count
+        # filter (num_gpus>=4, whose cheapest offers all have fewer GPUs) is checked inside the
         # index instead of on each skipped row (bench/offer_search.py at a million offers;
         # figures in docs/benchmarks.md). Migration 0018 also keeps statistics on the upper-
         # cased GPU model and region: PostgreSQL keeps none for a partial index's expressions,
         # and its default guess, far too few rows for a GPU model, made it fetch thousands of
         # rows by bitmap and sort them instead of reading the index in order.
+        # One bundle per size and machine, which the refresh upserts by. "One all_free row
+        # per machine" is kept by the refresh, not by a constraint: a refresh moves the flag
+        # from one row to another in one upsert, which a unique index would refuse midway.
+        constraints = [
+            models.UniqueConstraint(fields=["machine", "num_gpus"], name="offer_one_per_size"),
+        ]
         indexes = [
-            models.Index(F("score").desc(), "machine", name="offer_by_score", condition=RENTABLE),
-            models.Index(F("dph_total"), "machine", name="offer_by_price", condition=RENTABLE),
+            models.Index(F("score").desc(), "id", name="offer_by_score", condition=RENTABLE),
+            models.Index(F("dph_total"), "id", name="offer_by_price", condition=RENTABLE),
             models.Index(
                 F("dlperf_per_dphtotal").desc(),
-                "machine",
+                "id",
                 name="offer_by_dlperf_per_dph",
                 condition=RENTABLE,
             ),
             models.Index(
-                F("reliability").desc(), "machine", name="offer_by_reliability", condition=RENTABLE
+                F("reliability").desc(), "id", name="offer_by_reliability", condition=RENTABLE
             ),
             models.Index(
                 Upper("gpu_name"), F("score").desc(), name="offer_gpu_by_score", condition=RENTABLE
@@ -218,11 +254,26 @@ class Offer(models.Model):
             models.Index(
                 Upper("geolocation"),
                 F("score").desc(),
-                "machine",
+                "id",
                 name="offer_region_by_score",
                 condition=RENTABLE,
             ),
         ]
 
     def __str__(self) -> str:
-        return f"offer on machine {self.machine_id}"
+        return f"offer {self.pk}: {self.num_gpus} GPUs of machine {self.machine_id}"
+
+
+def all_free_offers(lookup: str = "offers") -> Prefetch:
+    """Prefetches each machine's ``all_free`` offer (at ``lookup``, a path to a machine's
+    offers) for ``machine_offer``, in one query for a whole list."""
+    return Prefetch(lookup, queryset=Offer.objects.filter(all_free=True), to_attr="all_free_offers")
+
+
+def machine_offer(machine) -> Offer | None:
+    """The machine's offer of all its free GPUs: prefetched (``all_free_offers``) where the
+    caller read a list, else read now."""
+    found = getattr(machine, "all_free_offers", None)
+    if found is None:
+        return Offer.objects.filter(machine_id=machine.pk, all_free=True).first()
+    return found[0] if found else None

@@ -1,17 +1,21 @@
-"""The offers read model: one row per machine, recomputed from the machine and its live
-allocations whenever either changes, so offer search reads one table."""
+"""The offers read model: each machine's GPU-count bundles (``bundle_sizes``), recomputed from
+the machine and its live allocations whenever either changes, so offer search reads one
+table."""
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from collections import defaultdict
 from collections.abc import Iterable
+from datetime import UTC, datetime
 
-from django.db import connection
+from django.db import connection, models
+from django.db.models import Q
 from django.utils import timezone
 
 from billing.money import MICRO_PER_DOLLAR
-from hosts.models import Gpu, Machine, MachineStatus
+from hosts.models import Gpu, Machine, MachineStatus, MaintenanceWindow
 from marketplace.models import Offer, Rental
 from marketplace.services.bids import min_bid
 from marketplace.services.offer_figures import BENCHMARK_FIELDS, benchmark_values
@@ -31,10 +35,29 @@ def offer_score(*, reliability: float, gpu_total_ram_gb: float, dph_total: int) 
     return round(reliability**2 * gpu_total_ram_gb / dollars, 4)
 
 
+def bundle_sizes(*, total: int, free: int, min_gpus: int) -> list[int]:
+    """The GPU counts a machine is offered in, as vast.ai bundles them: 1, 2, 4, 8… up to its
+    GPUs, from the provider's minimum (itself a size), its whole count, and the count free now
+    (the ``all_free`` bundle, even 0 or below the minimum, which is then not rentable).
+
+    Sizes depend on the machine, not on what is free, so a bundle keeps its id while rentals
+    come and go: one that does not fit now stays, not rentable, and renting it answers 409."""
+    least = max(min_gpus, 1)
+    sizes = {free}
+    if least <= total:
+        sizes |= {least, total}
+        size = 1
+        while size <= total:
+            if size >= least:
+                sizes.add(size)
+            size *= 2
+    return sorted(sizes)
+
+
 def offer_refresh(*, machine_id: int) -> Offer | None:
-    """Recompute one machine's offer from the machine and its live allocations."""
+    """Recompute one machine's offers; returns its ``all_free`` one (all its free GPUs)."""
     offers = offers_refresh([machine_id])
-    return offers[0] if offers else None
+    return next((offer for offer in offers if offer.all_free), None)
 
 
 def offers_refresh(
@@ -42,50 +65,88 @@ def offers_refresh(
 ) -> list[Offer]:
     """Recompute the offers of many machines in a few statements, whatever their number (a
     batch of placements touches hundreds): the machines (``machines`` when the caller has
-    them, read in this transaction), their present GPUs and which of those are taken, then
-    one upsert."""
+    them, read in this transaction), their present GPUs, which of those are taken and their
+    next maintenance, then one delete of bundles no longer offered and one upsert."""
     ids = sorted(set(machine_ids))
     if not ids:
         return []
     if machines is None:
         machines = list(Machine.objects.filter(pk__in=ids))
+    now = timezone.now()
     gpus: dict[int, list[tuple[int, int, str, int]]] = defaultdict(list)
     taken: set[int] = set()
+    maintenance: dict[int, datetime | None] = {}
     # GPUs an interruptible rental holds are still offered: an on-demand rental takes them,
     # and a bid above theirs does (``min_bid``).
     bids: dict[int, dict[int, int]] = defaultdict(dict)  # machine → GPU → the bid holding it
-    for machine_id, index, pk, name, memory_mib, is_taken, bid in _present_gpus(ids):
+    for machine_id, index, pk, name, memory_mib, is_taken, bid, window in _present_gpus(ids, now):
         gpus[machine_id].append((index, pk, name, memory_mib))
+        maintenance[machine_id] = _moment(window)
         if bid is not None:
             bids[machine_id][pk] = bid
         elif is_taken:
             taken.add(pk)
     cards = machine_cards(machines)  # sharing machines only: no query when none shares
     taken.update(card.gpu_id for each in cards.values() for card in each if not card.whole_free)
-    now = timezone.now()
     offers = []
+    kept = Q()
     for machine in machines:
         present = sorted(gpus[machine.pk])
         machine.present_gpu_count = len(present)  # the unit sizes divide by it: no query each
         free = sum(1 for _, pk, _, _ in present if pk not in taken)
-        values = _offer_values(machine, present, free, now)
+        values = _offer_values(machine, present, now, maintenance.get(machine.pk))
         values["min_bid"] = min_bid(machine, list(bids[machine.pk].values()))
-        values.update(_slice_values(machine, present, cards.get(machine.pk, []), values))
-        values.update(
-            benchmark_values(machine, num_gpus=values["num_gpus"], dph_total=values["dph_total"])
-        )
-        offers.append(Offer(machine_id=machine.pk, **values))
+        slices = _slice_values(machine, present, cards.get(machine.pk, []), values)
+        sizes = bundle_sizes(total=len(present), free=free, min_gpus=machine.min_gpus)
+        gpu_gb = present[0][3] / 1024 if present else 0.0
+        for size in sizes:
+            offers.append(_bundle(machine, values, slices, size=size, free=free, gpu_gb=gpu_gb))
+        kept |= Q(machine_id=machine.pk, num_gpus__in=sizes)
+    Offer.objects.filter(machine_id__in=ids).exclude(kept).delete()
     return Offer.objects.bulk_create(
         offers,
         update_conflicts=True,
-        unique_fields=["machine"],
+        unique_fields=["machine", "num_gpus"],
         update_fields=list(OFFER_FIELDS),
     )
 
 
-def _present_gpus(machine_ids: list[int]) -> list[tuple]:
+def _bundle(
+    machine: Machine, values: dict, slices: dict, *, size: int, free: int, gpu_gb: float
+) -> Offer:
+    """One bundle of the machine's offers: ``size`` GPUs, priced and sized for them (``gpu_gb``
+    is one GPU's memory). The bundle of all free GPUs carries the machine's slices (a slice
+    is not a bundle)."""
+    all_free = size == free
+    bundle = {
+        **values,
+        **(slices if all_free else NO_SLICES),
+        "num_gpus": size,
+        "dph_total": machine.price_per_gpu_hour * size,
+        "score": offer_score(
+            reliability=machine.reliability,
+            gpu_total_ram_gb=gpu_gb * size,
+            dph_total=machine.price_per_gpu_hour * size,
+        ),
+    }
+    whole = values["rentable"] and max(machine.min_gpus, 1) <= size <= free
+    bundle["rentable"] = whole or (all_free and slices["rentable"])
+    bundle.update(benchmark_values(machine, num_gpus=size, dph_total=bundle["dph_total"]))
+    return Offer(machine_id=machine.pk, all_free=all_free, rented=size > free, **bundle)
+
+
+def _moment(value) -> datetime | None:
+    """A timestamp read by raw SQL: SQLite gives text, in UTC."""
+    if value is None or isinstance(value, datetime):
+        return value
+    parsed = models.DateTimeField().to_python(value)
+    return timezone.make_aware(parsed, UTC) if timezone.is_naive(parsed) else parsed
+
+
+def _present_gpus(machine_ids: list[int], now: datetime) -> list[tuple]:
     """The machines' present GPUs, whether each is rented whole and at which bid if
-    interruptibly, in one statement: (machine id, index, pk, name, memory MiB, taken, bid).
+    interruptibly, and when their machine's next maintenance window (one not over at ``now``)
+    starts, in one statement: (machine id, index, pk, name, memory MiB, taken, bid, window).
 
     Written out rather than built by the ORM: building it (an EXISTS and a subquery through
     the instance to its rental) cost many times the CPU that running it takes, and a rent
@@ -98,7 +159,8 @@ def _present_gpus(machine_ids: list[int]) -> list[tuple]:
         states=", ".join(["%s"] * len(INTERRUPTIBLE_STATES)),
     )
     with connection.cursor() as cursor:
-        cursor.execute(sql, [*sorted(state.value for state in INTERRUPTIBLE_STATES), *machine_ids])
+        states = sorted(state.value for state in INTERRUPTIBLE_STATES)
+        cursor.execute(sql, [*states, now, *machine_ids])
         return cursor.fetchall()
 
 
@@ -114,7 +176,9 @@ SELECT g.machine_id, g."index", g.id, g.name, g.memory_mib,
           JOIN {Rental._meta.db_table} r ON r.instance_id = i.id
          WHERE a.gpu_id = g.id AND a.released_at IS NULL AND r.interruptible
            AND i.state IN ({{states}})
-         LIMIT 1) AS bid
+         LIMIT 1) AS bid,
+       (SELECT MIN(w.starts_at) FROM {MaintenanceWindow._meta.db_table} w
+         WHERE w.machine_id = g.machine_id AND w.ends_at > %s) AS maintenance
   FROM {Gpu._meta.db_table} g
  WHERE g.machine_id IN ({{machines}}) AND g.present
 """  # noqa: S608  (table names from the models; values are parameters)
@@ -126,31 +190,30 @@ OFFER_FIELDS = (
     "price_per_gpu_hour", "dph_total", "storage_cost", "reliability", "end_date", "geolocation",
     "driver_version", "cuda_max_good", "verified", "score", "sharing", "gpu_frac",
     "slice_core_percent", "slice_memory_mb", "min_slice_core_percent", "cards", "min_bid",
+    "all_free", "rented", "cpu_cores", "datacenter", "static_ip", "direct_port_count",
     *BENCHMARK_FIELDS,
 )  # fmt: skip
 
+NO_SLICES = {"sharing": False, "gpu_frac": 0.0, "slice_core_percent": 0, "slice_memory_mb": 0,
+             "min_slice_core_percent": 0, "cards": []}  # fmt: skip
 
-def _slice_values(machine: Machine, present: list, cards: list[Card], whole: dict) -> dict:
-    """The offer's slice columns: on a sharing machine, what one slice can take now and each
-    shareable card's free share (cards rented whole are not listed). A machine with slices
-    free is rentable even when no whole GPU is."""
+
+def _slice_values(machine: Machine, present: list, cards: list[Card], shared: dict) -> dict:
+    """The ``all_free`` bundle's slice columns: on a sharing machine, what one slice can take
+    now and each shareable card's free share (cards rented whole are not listed); and
+    ``rentable``: whether a slice can be rented now (so that bundle is rentable even when no
+    whole GPU is free). ``shared`` is the machine's columns (``_offer_values``)."""
     if not machine.sharing_enabled:
-        return {"sharing": False, "gpu_frac": 0.0, "slice_core_percent": 0,
-                "slice_memory_mb": 0, "min_slice_core_percent": 0, "cards": []}  # fmt: skip
+        return {**NO_SLICES, "rentable": False}
     index = {pk: gpu_index for gpu_index, pk, _, _ in present}
     usable = [c for c in cards if c.free_core >= machine.sharing_min_core_percent]
     frac = max(
         (min(c.free_core / 100, c.free_memory_mb / max(c.memory_mb, 1)) for c in usable),
         default=0.0,
     )
-    open_for_rent = bool(
-        machine.listed
-        and machine.status == MachineStatus.ONLINE
-        and (machine.end_date is None or machine.end_date > timezone.now())
-    )
     return {
         "sharing": True,
-        "rentable": whole["rentable"] or (open_for_rent and bool(usable)),
+        "rentable": shared["rentable"] and bool(usable),
         "gpu_frac": round(frac, 4),
         "slice_core_percent": max((c.free_core for c in usable), default=0),
         "slice_memory_mb": max((c.free_memory_mb for c in usable), default=0),
@@ -167,26 +230,26 @@ def _slice_values(machine: Machine, present: list, cards: list[Card], whole: dic
     }
 
 
-def _offer_values(machine: Machine, present: list, free: int, now) -> dict:
-    """An offer's columns: ``present`` is the machine's present GPUs as (index, pk, name,
-    memory MiB) in index order, ``free`` how many of them are free or held by interruptible
-    rentals (which an on-demand rental takes)."""
+def _offer_values(
+    machine: Machine, present: list, now: datetime, maintenance: datetime | None
+) -> dict:
+    """The columns a machine's bundles share: ``present`` is its present GPUs as (index, pk,
+    name, memory MiB) in index order, ``maintenance`` when its next maintenance window starts.
+    ``rentable`` here says the machine is open for rentals now (listed, online, with GPUs,
+    before the offer's end); each bundle adds whether its GPUs are free (``_bundle``)."""
     first_gpu = present[0] if present else None
     total = len(present)
-    rentable = bool(
-        machine.listed
-        and machine.status == MachineStatus.ONLINE
-        and first_gpu is not None
-        and free >= max(machine.min_gpus, 1)
-        and (machine.end_date is None or machine.end_date > now)
-    )
+    end_date = min((d for d in (machine.end_date, maintenance) if d is not None), default=None)
     gpu_ram = (first_gpu[3] / 1024) if first_gpu else 0.0
-    dph_total = machine.price_per_gpu_hour * free
     return {
         "provider_team_id": machine.team_id,
-        "rentable": rentable,
+        "rentable": bool(
+            machine.listed
+            and machine.status == MachineStatus.ONLINE
+            and first_gpu is not None
+            and (end_date is None or end_date > now)
+        ),
         "gpu_name": short_gpu_name(first_gpu[2]) if first_gpu else "",
-        "num_gpus": free,
         "total_gpus": total,
         "min_gpus": machine.min_gpus,
         "gpu_ram": round(gpu_ram, 2),
@@ -195,20 +258,28 @@ def _offer_values(machine: Machine, present: list, free: int, now) -> dict:
         "disk_per_unit": float(machine.unit_disk_gb) if total else 0,
         "disk_enforced": machine.disk_enforced,
         "price_per_gpu_hour": machine.price_per_gpu_hour,
-        "dph_total": dph_total,
         "storage_cost": machine.storage_price_per_gb_month,
         "reliability": machine.reliability,
-        "end_date": machine.end_date,
+        "end_date": end_date,
         "geolocation": machine.location,
         "driver_version": machine.driver_version or "",
         "cuda_max_good": _float(machine.cuda_version),
         "verified": machine.verified,
-        "score": offer_score(
-            reliability=machine.reliability,
-            gpu_total_ram_gb=gpu_ram * free,
-            dph_total=dph_total,
-        ),
+        "cpu_cores": machine.cpu_cores,
+        "datacenter": False,
+        "static_ip": _is_ip_address(machine.address),
+        "direct_port_count": machine.port_range_end - machine.port_range_start + 1,
     }
+
+
+def _is_ip_address(address: str) -> bool:
+    """Whether the machine is reached at an IP address (rentals' ports are published on it),
+    not at a host name whose address may change."""
+    try:
+        ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    return True
 
 
 def offers_refresh_all() -> int:

@@ -18,6 +18,7 @@ from rest_framework.response import Response
 from billing.selectors import earnings_by_day, earnings_by_machine
 from hosts.models import Machine
 from hosts.services import machine_set_listed, machine_set_terms, maintenance_window_add
+from marketplace.models.rentals import all_free_offers
 from marketplace.tenancy import team_objects
 from marketplace.vast import shapes
 from marketplace.vast.errors import Refused
@@ -42,7 +43,9 @@ class Machines(ProviderView):
 
     @extend_schema(summary="vast.ai: show machines", responses={200: ANY_JSON})
     def get(self, request):
-        machines = team_objects(self.team, Machine.objects.select_related("offer").order_by("pk"))
+        machines = team_objects(
+            self.team, Machine.objects.prefetch_related(all_free_offers()).order_by("pk")
+        )
         return Response({"machines": [shapes.machine_row(machine) for machine in machines]})
 
 

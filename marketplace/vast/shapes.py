@@ -15,6 +15,7 @@ from typing import Any
 
 from billing.money import MICRO_PER_DOLLAR
 from marketplace.models import Offer
+from marketplace.models.rentals import machine_offer
 from marketplace.vast.errors import Refused
 from scheduler.models import Instance, InstanceState, LaunchMode
 
@@ -24,8 +25,9 @@ from scheduler.models import Instance, InstanceState, LaunchMode
 # GB and days.
 VAST_UNITS = {"cpu_ram": 1000.0, "gpu_ram": 1000.0, "gpu_total_ram": 1000.0, "duration": 86400.0}
 # The CLI's default filters, which every search sends. What they ask for holds for every offer
-# here (no offer is "external", and search shows free units only), so they are no filter.
-ALWAYS_TRUE = {("external", False), ("rented", False)}
+# here (no offer is "external"), so it is no filter. (``rented`` is a field: a bundle whose
+# GPUs are partly rented; ``rented=false``, the default, keeps them out.)
+ALWAYS_TRUE = {("external", False)}
 # Fields of the CLI's search body that are not filters.
 SEARCH_OPTIONS = {"order", "type", "limit", "allocated_storage", "disable_bundling"}
 ON_DEMAND = "on-demand"
@@ -96,8 +98,8 @@ def _divided(value: Any, divisor: float, name: str) -> Any:
 def offer_row(offer: Offer) -> dict[str, Any]:
     """An offer as the CLI's ``search offers`` table reads it (vast.ai's units)."""
     return {
-        "id": offer.machine_id,
-        "ask_contract_id": offer.machine_id,
+        "id": offer.pk,
+        "ask_contract_id": offer.pk,
         "machine_id": offer.machine_id,
         "host_id": offer.provider_team_id,
         "gpu_name": offer.gpu_name,
@@ -111,6 +113,7 @@ def offer_row(offer: Offer) -> dict[str, Any]:
         "disk_space": round(offer.disk_per_unit * offer.num_gpus, 1),
         "dph_total": offer.dph_total / MICRO_PER_DOLLAR,
         "dph_base": offer.dph_total / MICRO_PER_DOLLAR,
+        "dph_per_gpu": offer.price_per_gpu_hour / MICRO_PER_DOLLAR,
         "storage_cost": offer.storage_cost / MICRO_PER_DOLLAR,
         "reliability": float(offer.reliability),
         "reliability2": float(offer.reliability),
@@ -122,10 +125,14 @@ def offer_row(offer: Offer) -> dict[str, Any]:
         "verified": offer.verified,
         "verification": "verified" if offer.verified else "unverified",
         "rentable": offer.rentable,
-        "rented": False,
+        "rented": offer.rented,
+        "cpu_cores": offer.cpu_cores,
+        "datacenter": offer.datacenter,
+        "static_ip": offer.static_ip,
+        "direct_port_count": offer.direct_port_count,
         "external": False,
         "score": float(offer.score),
-        # The lowest bid for the whole offer (all its GPUs), per hour, as --bid_price takes it.
+        # The lowest bid for the offer's GPUs, per hour, as --bid_price takes it.
         "min_bid": None
         if offer.min_bid is None
         else offer.min_bid * offer.num_gpus / MICRO_PER_DOLLAR,
@@ -284,7 +291,7 @@ def instance_row(instance: Instance, connection: dict[str, Any]) -> dict[str, An
     required by the CLI; the rest fill its table)."""
     rental = instance.rental
     machine = instance.machine
-    offer = getattr(machine, "offer", None)
+    offer = machine_offer(machine)
     ports = connection.get("ports") or []
     ssh = next((p for p in ports if p["container_port"] == 22), None)
     units = instance.gpu_count
@@ -347,7 +354,7 @@ def runtype_of(mode: str) -> str:
 
 def machine_row(machine) -> dict[str, Any]:
     """A machine as ``show machines`` reads it."""
-    offer = getattr(machine, "offer", None)
+    offer = machine_offer(machine)
     free = offer.num_gpus if offer else 0
     total = machine.gpu_count
     return {

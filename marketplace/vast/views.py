@@ -26,6 +26,7 @@ from marketplace.api.parsers import json_body
 from marketplace.api.permissions import api_team
 from marketplace.api.rentals import RentSerializer
 from marketplace.models import ApiKey, Offer, SshKey
+from marketplace.models.rentals import all_free_offers
 from marketplace.selectors import instance_connection, instance_logs
 from marketplace.services.bids import rental_bid_change, winning_bid
 from marketplace.services.renter_actions import (
@@ -71,7 +72,8 @@ class RenterView(VastView):
     def instance(self, pk: int) -> Instance:
         """The team's instance, or vast's 404 (another team's id included)."""
         found = (
-            team_objects(self.team, Instance.objects.select_related("rental", "machine__offer"))
+            team_objects(self.team, Instance.objects.select_related("rental", "machine"))
+            .prefetch_related(all_free_offers("machine__offers"))
             .exclude(state=InstanceState.DESTROYED)
             .filter(pk=pk)
             .first()
@@ -141,7 +143,8 @@ class Bundles(VastView):
 
 
 class Ask(RenterView):
-    """``vastai create instance <offer id>``: rent the offer as it stands (all its free GPUs)."""
+    """``vastai create instance <offer id>``: rent the offer, a bundle: exactly its GPUs (409
+    when they are no longer free)."""
 
     @extend_schema(
         summary="vast.ai: create instance",
@@ -151,7 +154,7 @@ class Ask(RenterView):
     def put(self, request, offer_id: int):
         body = self.body()
         fields = shapes.rental_fields(body)
-        offer = Offer.objects.filter(machine_id=offer_id).first()
+        offer = Offer.objects.filter(pk=offer_id).first()
         if offer is None:
             raise NotFound(f"There is no offer {offer_id}; search offers for current ids.")
         gpus = max(offer.num_gpus, offer.min_gpus, 1)
@@ -160,7 +163,7 @@ class Ask(RenterView):
         params = RentSerializer(
             data={
                 **fields,
-                "machine_id": offer_id,
+                "machine_id": offer.machine_id,
                 "num_gpus": gpus,
                 "duration_hours": rental_hours(offer),
             }
@@ -417,7 +420,10 @@ class InstanceList(RenterView):
     @extend_schema(summary="vast.ai: show instances", responses={200: ANY_JSON})
     def get(self, request):
         instances = team_objects(
-            self.team, Instance.objects.select_related("rental", "machine__offer")
+            self.team,
+            Instance.objects.select_related("rental", "machine").prefetch_related(
+                all_free_offers("machine__offers")
+            ),
         ).exclude(state=InstanceState.DESTROYED)
         instances = instances.filter(
             **shapes.instance_filters(json_param(request, "select_filters"))

@@ -58,7 +58,7 @@ def offer_figures(request: HttpRequest, machine_id: int) -> HttpResponse:
     machine = listed_machine(machine_id)
     context = {
         "machine": machine,
-        "offer": Offer.objects.filter(machine=machine).first(),
+        "offer": Offer.objects.filter(machine=machine, all_free=True).first(),
         **figures_context(machine),
     }
     return render(request, "marketplace/offer_figures.html", context)

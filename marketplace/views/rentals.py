@@ -72,6 +72,7 @@ def _query_text(request: HttpRequest) -> str:
     parts = [request.GET.get("q", "").strip()]
     form_terms = {
         "gpu_name": "gpu_name={}",
+        "gpus": "num_gpus={}",
         "min_gpus": "num_gpus>={}",
         "max_price": "dph_total<={}",
         "min_reliability": "reliability>={}",
@@ -87,6 +88,8 @@ def _query_text(request: HttpRequest) -> str:
     return " ".join(p for p in parts if p)
 
 
+# The console's GPU-count choices: the bundle sizes most machines offer.
+GPU_COUNTS = [1, 2, 4, 8]
 OFFERS_PER_PAGE = 64
 # Far past any market; keeps the database OFFSET in range (a larger page shows this one).
 MAX_OFFER_PAGE = 100_000
@@ -144,6 +147,7 @@ def offers(request: HttpRequest) -> HttpResponse:
         .distinct(),
         "params": request.GET,
         "fields": offer_query.FIELDS,
+        "gpu_counts": GPU_COUNTS,
         "launch_modes": LaunchMode.choices,
         "can_rent": request.membership.allows(Role.MEMBER),
         "volumes": team_objects(request.team, Volume.objects.filter(state=VolumeState.READY)),

@@ -114,7 +114,7 @@ def volumes(request: HttpRequest) -> HttpResponse:
         }
         for volume in rows
     ]
-    machines = Offer.objects.filter(rentable=True).order_by("machine_id")[:200]
+    machines = Offer.objects.filter(rentable=True, all_free=True).order_by("machine_id")[:200]
     return render(
         request,
         "marketplace/volumes.html",

@@ -118,7 +118,8 @@
     }
     form.num_gpus.min = current.min;
     form.num_gpus.max = current.free;
-    form.num_gpus.value = Math.max(current.min, 1);
+    // The offer's bundle of GPUs, as priced on its card; then a disk that fits it.
+    form.num_gpus.value = Math.max(+button.dataset.gpus || 0, current.min, 1);
     form.disk_gb.value = defaultDisk();
     updatePrice();
     dialog.showModal();

@@ -62,7 +62,7 @@ def rent_from_offers(page, live_server_url, machine) -> None:
     from playwright.sync_api import expect
 
     page.goto(f"{live_server_url}/offers/")
-    page.fill("input[name=q]", "gpu_name=RTX_4090 num_gpus>=2 -o dph_total")
+    page.fill("input[name=q]", "gpu_name=RTX_4090 num_gpus=2 -o dph_total")  # its 2-GPU bundle
     page.click("#offer-search button[type=submit]")
     row = page.locator(f"tr[data-machine='{machine.pk}']")
     expect(row).to_contain_text("RTX 4090")

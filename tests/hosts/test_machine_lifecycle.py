@@ -64,7 +64,7 @@ def test_add_confirm_probe_list(team, sim_host_factory):
         min_gpus=1, end_date=None, location="US",
     )  # fmt: skip
     services.machine_set_listed(machine_id=machine.pk, listed=True)
-    offer = Offer.objects.get(machine=machine)
+    offer = Offer.objects.get(machine=machine, all_free=True)
     assert offer.rentable and offer.num_gpus == 4 and offer.gpu_name == "A100-SXM4-80GB"
 
 
@@ -166,7 +166,7 @@ def test_stopped_sshd_goes_offline_after_the_allowed_misses_and_back(
         services.machine_heartbeat(machine_id=machine.pk)
         machine.refresh_from_db()
         assert machine.status == MachineStatus.OFFLINE
-        assert not Offer.objects.get(machine=machine).rentable
+        assert not Offer.objects.get(machine=machine, all_free=True).rentable
     finally:
         host.start()
     services.machine_heartbeat(machine_id=machine.pk)

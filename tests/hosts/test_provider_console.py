@@ -45,7 +45,7 @@ def test_provider_adds_confirms_prices_and_lists_a_machine_in_the_console(
     assert (machine.port_range_start, machine.port_range_end) == (30000, 30099)
     page = client.get("/machines/").content.decode()
     assert page.count('class="gpu-cell free"') == 2
-    assert Offer.objects.get(machine=machine).rentable
+    assert Offer.objects.get(machine=machine, all_free=True).rentable
 
 
 def test_bad_price_names_the_field_and_changes_nothing(client, team, owner, sim_host_factory):

@@ -67,7 +67,7 @@ def test_a_machine_is_verified_loses_it_to_a_failing_benchmark_and_gets_it_back(
     assert run.disk_write_mbps > 0 and run.disk_read_mbps > 0
     assert run.inet_up > 0 and run.inet_down > 0 and run.docker_start_ms > 0
     assert run.measured_at == machine.bench_at
-    offer = Offer.objects.get(machine=machine)
+    offer = Offer.objects.get(machine=machine, all_free=True)
     assert offer.verified is True and offer.bench_simulated is True
     assert offer.dlperf == pytest.approx(machine.dlperf_per_gpu * 2)
     assert offer.total_flops == pytest.approx(165.2)
@@ -86,7 +86,7 @@ def test_a_machine_is_verified_loses_it_to_a_failing_benchmark_and_gets_it_back(
     assert failed.passed is False and failed.tflops_per_gpu is None
     # The figures offered stay the last passing run's; the mark goes.
     assert machine.tflops_per_gpu == 82.6
-    assert Offer.objects.get(machine=machine).verified is False
+    assert Offer.objects.get(machine=machine, all_free=True).verified is False
 
     bench_settings.HOST_GPU_BENCH_IMAGE = ensure_gpu_bench_image()
     machine = verification.machine_verify(machine_id=machine.pk, labels=labels())
@@ -154,7 +154,7 @@ def test_an_operator_revokes_and_restores_with_a_reason(team, sim_host_factory, 
         "Verification revoked by operator ops: GPUs resold elsewhere",
         "Verification restored by operator ops: checked on site",
     ]
-    assert Offer.objects.get(machine=machine).verified is True
+    assert Offer.objects.get(machine=machine, all_free=True).verified is True
 
 
 @pytest.mark.django_db
@@ -221,4 +221,4 @@ def test_reliability_below_the_threshold_takes_the_mark_away_at_the_next_heartbe
     assert verification_events(machine)[-1] == (
         "No longer verified: reliability 50.0% fell below the required 95%"
     )
-    assert Offer.objects.get(machine=machine).verified is False
+    assert Offer.objects.get(machine=machine, all_free=True).verified is False

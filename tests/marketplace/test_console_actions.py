@@ -156,7 +156,7 @@ def test_extend_moves_the_end_and_holds_exactly_the_quote(console, instance, mac
 
 
 def test_stop_start_destroy_from_the_instance_page(console, instance, machine, funded_team):
-    free_before = Offer.objects.get(machine=machine).num_gpus
+    free_before = Offer.objects.get(machine=machine, all_free=True).num_gpus
     rental = instance.rental
     page = console.get(f"/instances/{instance.pk}/")
     assert badge(page) == "running"
@@ -179,7 +179,7 @@ def test_stop_start_destroy_from_the_instance_page(console, instance, machine, f
     assert instance.state == "stopped"
     assert not running(instance.container_id)
     assert live_gpus(instance) == 0
-    assert Offer.objects.get(machine=machine).num_gpus == free_before + 1
+    assert Offer.objects.get(machine=machine, all_free=True).num_gpus == free_before + 1
     rental.refresh_from_db()
     assert rental.gpu_clock_since is None and rental.storage_clock_since is not None
 
@@ -196,7 +196,7 @@ def test_stop_start_destroy_from_the_instance_page(console, instance, machine, f
     instance.refresh_from_db()
     assert instance.state == "running" and running(instance.container_id)
     assert live_gpus(instance) == 1
-    assert Offer.objects.get(machine=machine).num_gpus == free_before
+    assert Offer.objects.get(machine=machine, all_free=True).num_gpus == free_before
     assert "back-again" in shown(exec_in(console, instance, "echo back-again"))
 
     # Not an action: 404, nothing changes.
@@ -215,7 +215,7 @@ def test_stop_start_destroy_from_the_instance_page(console, instance, machine, f
     assert instance.state == "destroyed"
     assert containers_named(instance.container_name) == []
     assert live_gpus(instance) == 0
-    assert Offer.objects.get(machine=machine).num_gpus == free_before + 1
+    assert Offer.objects.get(machine=machine, all_free=True).num_gpus == free_before + 1
     rental = Rental.objects.get(pk=rental.pk)
     assert rental.settled_at is not None
     hold = Hold.objects.get(pk=rental.hold_id)

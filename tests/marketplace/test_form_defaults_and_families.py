@@ -11,7 +11,7 @@ import pytest
 
 from hosts.models import Gpu, Machine
 from marketplace.deployments.conditions import matching_offers
-from marketplace.models import Deployment
+from marketplace.models import Deployment, Offer
 from marketplace.services.offers import offer_refresh
 from scheduler.placement import gpu_family_matches
 from tests.conftest import client_for
@@ -45,7 +45,7 @@ def test_the_deployment_form_defaults_to_a_disk_some_listed_machine_gives(client
     machine = listed("small-disk", "RTX 4090", gpus=2, disk_free_gb=6)  # 3 GB per GPU
     page = client_for(client, owner, team).get("/deployments/").content.decode()
     disk = int(field_value(page, "disk_gb"))
-    assert disk == machine.offer.disk_per_unit == 3
+    assert disk == Offer.objects.get(machine=machine, all_free=True).disk_per_unit == 3
     probe = Deployment(gpu_names=[], gpus_per_replica=1, disk_gb=disk)
     assert list(matching_offers(probe).values_list("machine_id", flat=True)) == [machine.pk]
 

@@ -23,7 +23,7 @@ from rest_framework.test import APIClient
 
 from billing.credits import credit_grant
 from billing.money import MICRO_PER_DOLLAR
-from marketplace.models import Role
+from marketplace.models import Offer, Role
 from marketplace.services.renting import RentalRequest, rental_create
 from tests.conftest import client_for, key_client
 from tests.factories import TeamFactory, UserFactory, add_member
@@ -244,8 +244,9 @@ def v1_cases(place) -> list[Hostile]:
 
 
 def v0_cases(place) -> list[Hostile]:
-    m, iid = place["machine"].pk, place["instance_id"]
-    ask = f"/api/v0/asks/{m}/"
+    iid = place["instance_id"]
+    offer = Offer.objects.get(machine=place["machine"], all_free=True)  # an offer's id
+    ask = f"/api/v0/asks/{offer.pk}/"
     cases = []
 
     def create(name, field, **body):

@@ -88,7 +88,7 @@ def test_on_demand_interrupts_a_bid_which_starts_again_on_its_gpu_when_it_is_fre
     # 7,200 s / 2,592,000 s = 1,388.9 → 1,389 µ$.
     assert Hold.objects.get(pk=rental.hold_id).amount == 600_000 + 1_389
     # The GPU is still offered on demand, and to a bid above the running one.
-    offer = Offer.objects.get(machine=bid_machine)
+    offer = Offer.objects.get(machine=bid_machine, all_free=True)
     assert offer.num_gpus == 1 and offer.rentable and offer.min_bid == 301_000
 
     taken = rent(on_demand, bid_machine)

@@ -1,6 +1,8 @@
 """Offer search on the database, through the API and the console: filters, sorts, the default
 rentable filter and ``any``, pages, the JSON filter body, and every kind of bad query (400 with
-the position, the token and the reason; never a 500)."""
+the position, the token and the reason; never a 500).
+
+An offer is a bundle of a machine's GPUs (1, 2, 4…): results are named ``machine×GPUs``."""
 
 from __future__ import annotations
 
@@ -38,7 +40,8 @@ def offer_on(
     listed: bool = True,
     status: str = "online",
 ) -> Offer:
-    """A machine as the provider lists it, and the offer search reads."""
+    """A machine as the provider lists it, and the offer search reads; returns its offer of
+    all its GPUs (each smaller bundle is an offer too)."""
     machine = Machine.objects.create(
         team=provider, name=name, address=f"10.0.{Machine.objects.count()}.1", status=status,
         listed=listed, price_per_gpu_hour=round(price * 1_000_000),
@@ -78,9 +81,15 @@ def api(team, owner):
 
 
 def names(response) -> list[str]:
+    """The offers found, in order, as ``machine×GPUs``."""
     assert response.status_code == 200, response.content
     by_id = dict(Machine.objects.values_list("pk", "name"))
-    return [by_id[offer["machine_id"]] for offer in response.json()["offers"]]
+    return [f"{by_id[o['machine_id']]}×{o['num_gpus']}" for o in response.json()["offers"]]
+
+
+def machines(response) -> list[str]:
+    """The machines of the offers found, each once, in the order first found."""
+    return list(dict.fromkeys(name.split("×")[0] for name in names(response)))
 
 
 def search(api, q: str, **params):
@@ -88,51 +97,57 @@ def search(api, q: str, **params):
 
 
 def test_filters_combine_and_units_are_as_documented(api, market):
-    # dph_total is for the whole offer: 8 × $0.60 = $4.80 is over $4; 4 × $0.80 is under.
+    # dph_total is for the bundle: 8 × $0.60 = $4.80 is over $4; 4 × $0.80 is under.
     assert sorted(names(search(api, "num_gpus>=2 geolocation in [US,EU] dph_total<4"))) == [
-        "a100", "pair", "quad",
+        "a100×2", "eight×2", "eight×4", "pair×2", "quad×2", "quad×4",
     ]  # fmt: skip
     assert sorted(names(search(api, "num_gpus>=2 geolocation in [US,EU] dph_total<3"))) == [
-        "pair",
-    ]
-    assert names(search(api, "gpu_name=A100_80GB")) == ["a100"]
-    assert names(search(api, "gpu_name=a100_80gb")) == ["a100"]  # case does not matter
-    assert sorted(names(search(api, "geolocation notin [US,EU,CA]"))) == ["shaky"]
+        "eight×2", "eight×4", "pair×2", "quad×2",
+    ]  # fmt: skip
+    assert names(search(api, "gpu_name=A100_80GB")) == ["a100×1", "a100×2"]
+    assert names(search(api, "gpu_name=a100_80gb")) == ["a100×1", "a100×2"]  # any case
+    assert sorted(names(search(api, "geolocation notin [US,EU,CA]"))) == ["shaky×1"]
     assert sorted(names(search(api, "reliability>0.95 gpu_ram>=20 num_gpus!=2"))) == [
-        "eight", "quad",
+        "a100×1", "eight×1", "eight×4", "eight×8", "pair×1", "quad×1", "quad×4",
     ]  # fmt: skip
     assert sorted(names(search(api, "cpu_cores_effective>=32 disk_space>=2000"))) == [
-        "eight", "quad",
+        "eight×4", "eight×8", "quad×4",
     ]  # fmt: skip
 
 
 def test_duration_is_days_until_the_end_date_and_no_end_date_is_forever(api, market):
-    assert "quad" not in names(search(api, "duration>=7"))
-    assert "eight" in names(search(api, "duration>=7"))
-    assert "pair" in names(search(api, "duration>=7"))  # no end date: rentable for ever
-    assert names(search(api, "duration<7")) == ["quad"]
+    assert "quad" not in machines(search(api, "duration>=7"))
+    assert "eight" in machines(search(api, "duration>=7"))
+    assert "pair" in machines(search(api, "duration>=7"))  # no end date: rentable for ever
+    assert machines(search(api, "duration<7")) == ["quad"]
 
 
 def test_sorts_ascending_descending_and_by_two_fields(api, market):
-    rentable = ["a100", "cheap", "eight", "pair", "quad", "shaky"]
+    offers = Offer.objects.select_related("machine").filter(rentable=True)
+    totals = {f"{o.machine.name}×{o.num_gpus}": o.dph_total for o in offers}
+    assert len(set(totals.values())) == len(totals) == 13  # no two at one price
     by_price = names(search(api, "-o dph_total"))
-    totals = {o.machine.name: o.dph_total for o in Offer.objects.select_related("machine")}
-    assert by_price == sorted(rentable, key=lambda n: totals[n])
+    assert by_price == sorted(totals, key=lambda n: totals[n])
+    assert by_price[:3] == ["cheap×1", "shaky×1", "pair×1"]
     assert names(search(api, "-o dph_total-")) == by_price[::-1]
+    # Ties (a region's bundles of one size) go by offer id: here, the order they were made.
     by_region_then_gpus = names(search(api, "-o geolocation,num_gpus-"))
-    assert by_region_then_gpus == ["shaky", "cheap", "eight", "a100", "quad", "pair"]
+    assert by_region_then_gpus == [
+        "shaky×1", "cheap×1", "eight×8", "eight×4", "eight×2", "a100×2", "eight×1", "a100×1",
+        "quad×4", "pair×2", "quad×2", "pair×1", "quad×1",
+    ]  # fmt: skip
     # The default is the value score, best first.
     scores = [o["score"] for o in search(api, "").json()["offers"]]
     assert scores == sorted(scores, reverse=True)
 
 
 def test_any_drops_the_default_rentable_filter(api, market):
-    assert "unlisted" not in names(search(api, ""))
+    assert "unlisted" not in machines(search(api, ""))
     everything = names(search(api, "rentable=any -o dph_total"))
-    assert everything[0] == "unlisted" and len(everything) == 7
+    assert everything[0] == "unlisted×1" and len(everything) == 15
     body = search(api, "rentable=any machine_id=" + str(market["unlisted"].machine_id)).json()
     assert body["offers"][0]["rentable"] is False
-    assert names(search(api, "rentable=false")) == ["unlisted"]
+    assert names(search(api, "rentable=false")) == ["unlisted×1", "unlisted×2"]
 
 
 def test_a_search_like_an_earlier_one_answers_with_its_own_values(api, market, provider):
@@ -140,23 +155,27 @@ def test_a_search_like_an_earlier_one_answers_with_its_own_values(api, market, p
     true/false values and order) and runs it with each search's own values: a like search
     with other numbers, words or lists, another page, or the same search after offers
     changed, each answers for itself."""
-    assert names(search(api, "num_gpus>=2 -o dph_total")) == ["pair", "quad", "a100", "eight"]
-    assert names(search(api, "num_gpus>=4 -o dph_total")) == ["quad", "eight"]
-    assert names(search(api, "num_gpus>=2 -o dph_total", limit=1, offset=1)) == ["quad"]
-    assert sorted(names(search(api, "geolocation in [US,CA]"))) == ["cheap", "pair", "quad"]
-    assert sorted(names(search(api, "geolocation in [EU,AS]"))) == ["a100", "eight", "shaky"]
-    assert sorted(names(search(api, "geolocation in [AS]"))) == ["shaky"]
-    assert names(search(api, "gpu_name=A100_80GB dph_total<4")) == ["a100"]
-    assert names(search(api, "gpu_name=RTX_4090 dph_total<0.25")) == ["cheap"]
-    assert names(search(api, "rentable=false")) == ["unlisted"]
-    assert "unlisted" not in names(search(api, "rentable=true"))
+    assert names(search(api, "num_gpus>=2 -o dph_total")) == [
+        "pair×2", "eight×2", "quad×2", "eight×4", "quad×4", "a100×2", "eight×8",
+    ]  # fmt: skip
+    assert names(search(api, "num_gpus>=4 -o dph_total")) == ["eight×4", "quad×4", "eight×8"]
+    assert names(search(api, "num_gpus>=2 -o dph_total", limit=1, offset=1)) == ["eight×2"]
+    assert sorted(machines(search(api, "geolocation in [US,CA]"))) == ["cheap", "pair", "quad"]
+    assert sorted(machines(search(api, "geolocation in [EU,AS]"))) == ["a100", "eight", "shaky"]
+    assert sorted(machines(search(api, "geolocation in [AS]"))) == ["shaky"]
+    assert names(search(api, "gpu_name=A100_80GB dph_total<4")) == ["a100×1", "a100×2"]
+    assert names(search(api, "gpu_name=RTX_4090 dph_total<0.25")) == ["cheap×1"]
+    assert names(search(api, "rentable=false")) == ["unlisted×1", "unlisted×2"]
+    assert "unlisted" not in machines(search(api, "rentable=true"))
     # Numbers past a column's range match nothing, or everything, as they say.
     assert names(search(api, "num_gpus>=100000")) == []
-    assert len(names(search(api, "num_gpus<100000 machine_id!=1000000000000"))) == 6
+    assert len(names(search(api, "num_gpus<100000 machine_id!=1000000000000"))) == 13
     Offer.objects.filter(pk=market["eight"].pk).update(dph_total=100_000)
     offer_on(provider, "late", gpus=2, price=0.4)
     Offer.objects.filter(pk=market["a100"].pk).update(rentable=False)
-    assert names(search(api, "num_gpus>=2 -o dph_total")) == ["eight", "late", "pair", "quad"]
+    assert names(search(api, "num_gpus>=2 -o dph_total")) == [
+        "eight×8", "late×2", "pair×2", "eight×2", "quad×2", "eight×4", "quad×4",
+    ]  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -170,6 +189,8 @@ def test_a_search_like_an_earlier_one_answers_with_its_own_values(api, market, p
         "cpu_cores_effective>=8 cpu_ram<=1000 storage_cost<=0.1 sharing=false -o score",
         "duration>=7 -o duration-",
         "machine_id!=1000000000000 num_gpus<100000 -o machine_id",
+        "id>=1 host_id!=0 cpu_cores>=8 static_ip=true datacenter=false -o cpu_cores-,id-",
+        "direct_port_count>=1 dph_per_gpu<=0.8 rented=false -o dph_per_gpu",
     ],
 )
 def test_a_search_reads_the_rows_the_orm_composes(market, q):
@@ -193,7 +214,7 @@ def test_pages_follow_next_offset_to_the_end(api, market):
         seen += names(response)
         offset = response.json()["next_offset"]
     assert seen == names(search(api, "-o dph_total", limit=64))
-    assert len(seen) == 6
+    assert len(seen) == 13
     assert names(search(api, "-o dph_total", limit=2, offset=2)) == seen[2:4]
 
 
@@ -209,9 +230,9 @@ def test_json_filter_body_means_the_same_as_the_query_language(api, market):
         search(api, "num_gpus>=2 geolocation in [US,EU] -o dph_total-", limit=3)
     )
     assert response.json()["next_offset"] == 3
-    assert "unlisted" in names(api.post("/api/v1/offers/", {"rentable": "any"}, format="json"))
+    assert "unlisted" in machines(api.post("/api/v1/offers/", {"rentable": "any"}, format="json"))
     as_text = api.post("/api/v1/offers/", {"q": "gpu_name=A100_80GB"}, format="json")
-    assert names(as_text) == ["a100"]
+    assert names(as_text) == ["a100×1", "a100×2"]
 
 
 @pytest.mark.parametrize(
@@ -275,7 +296,7 @@ def console(client, owner, team):
 def page_machines(response) -> list[int]:
     import re
 
-    return [int(m) for m in re.findall(r'<tr data-machine="(\d+)">', response.content.decode())]
+    return [int(m) for m in re.findall(r'<tr data-machine="(\d+)"', response.content.decode())]
 
 
 def test_console_search_filters_and_sorts_like_the_api(console, api, market):
@@ -284,7 +305,7 @@ def test_console_search_filters_and_sorts_like_the_api(console, api, market):
     by_api = [o["machine_id"] for o in search(api, "num_gpus>=2 -o dph_total-").json()["offers"]]
     assert page_machines(response) == by_api
     form = console.get("/offers/", {"geolocation": "EU", "min_gpus": "4", "sort": "dph_total"})
-    assert page_machines(form) == [market["eight"].machine_id]
+    assert page_machines(form) == [market["eight"].machine_id] * 2  # its 4 and 8 GPUs
     everything = console.get("/offers/", {"q": "rentable=any"})
     assert market["unlisted"].machine_id in page_machines(everything)
     assert "not rentable" in everything.content.decode()
@@ -351,10 +372,10 @@ def test_a_page_of_search_rows_is_what_the_serializer_gives(market):
     serializer = OfferSerializer()
     now = timezone.now()
     rows = search_offer_rows(offer_query.parse("rentable=any -o dph_total"), 64, 0)
-    by_machine = {offer.machine_id: offer for offer in Offer.objects.all()}
-    assert sorted(row["machine_id"] for row in rows) == sorted(by_machine)
+    by_id = {offer.pk: offer for offer in Offer.objects.all()}
+    assert sorted(row["id"] for row in rows) == sorted(by_id)
     for row in rows:
-        expected = serializer.to_representation(by_machine[row["machine_id"]])
+        expected = serializer.to_representation(by_id[row["id"]])
         got = offer_json(row, now)
         duration, expected_duration = got.pop("duration"), expected.pop("duration")
         assert (duration is None) == (expected_duration is None)
@@ -364,23 +385,24 @@ def test_a_page_of_search_rows_is_what_the_serializer_gives(market):
 
 def test_the_api_writes_an_offer_in_this_exact_shape(api, market):
     """Pins the JSON of one offer, field by field and in order: clients parse it (money as
-    decimal strings, figures for all free units, nulls where there is nothing)."""
+    decimal strings, figures for the bundle's GPUs, nulls where there is nothing)."""
     quad = market["quad"]
-    response = api.get("/api/v1/offers/", {"q": "num_gpus=4", "limit": 1})
+    response = api.get("/api/v1/offers/", {"q": "num_gpus=4 geolocation=US", "limit": 1})
     assert response.status_code == 200
     body = response.json()
     assert list(body) == ["offers", "next_offset"] and body["next_offset"] is None
     (offer,) = body["offers"]
     assert 2.99 <= offer["duration"] <= 3.0  # days until the end date
     expected = {
-        "id": quad.machine_id, "machine_id": quad.machine_id, "gpu_name": "RTX 4090",
-        "num_gpus": 4, "total_gpus": 4, "min_gpus": 1, "gpu_ram": 23.99, "gpu_total_ram": 95.96,
-        "cpu_cores_effective": 32.0, "cpu_ram": 128.0, "disk_space": 2000.0,
+        "id": quad.pk, "machine_id": quad.machine_id, "host_id": quad.provider_team_id,
+        "gpu_name": "RTX 4090", "num_gpus": 4, "total_gpus": 4, "min_gpus": 1, "gpu_ram": 23.99,
+        "gpu_total_ram": 95.96, "cpu_cores": 32, "cpu_cores_effective": 32.0, "cpu_ram": 128.0, "disk_space": 2000.0,
         "disk_enforced": False, "dph_total": "3.200000", "dph_per_gpu": "0.800000",
         "storage_cost": "0.100000", "reliability": 0.99, "duration": offer["duration"],
         "end_date": quad.end_date.isoformat().replace("+00:00", "Z"), "geolocation": "US",
         "driver_version": "550.54.14", "cuda_max_good": 12.4, "verified": False,
-        "rentable": True, "score": 29.3886, "sharing": False, "gpu_frac": 0.0,
+        "rentable": True, "rented": False, "datacenter": False, "static_ip": True,
+        "direct_port_count": 1000, "score": 29.3886, "sharing": False, "gpu_frac": 0.0,
         "slice_core_percent": 0, "slice_memory_mb": 0, "min_slice_core_percent": 0,
         "cards": [], "min_bid": None, "total_flops": 0.0, "compute_cap": 0, "gpu_mem_bw": 0.0,
         "dlperf": 0.0, "dlperf_per_dphtotal": 0.0, "inet_up": 0.0, "inet_down": 0.0,

@@ -84,7 +84,7 @@ def test_rent_runs_a_container_with_its_units_limits_env_ports_and_gpus(
     # launch may already have captured a micro-dollar of it.
     assert balance.held == 3_004_167 - hold.captured
     # The offer now shows the two free GPUs left.
-    assert Offer.objects.get(machine=machine).num_gpus == 2
+    assert Offer.objects.get(machine=machine, all_free=True).num_gpus == 2
 
 
 def test_stop_start_extend_destroy_and_the_ledger(funded_team, sim_host_factory, provider_team):
@@ -105,7 +105,7 @@ def test_stop_start_extend_destroy_and_the_ledger(funded_team, sim_host_factory,
     assert instance.state == "stopped"
     assert docker_inspect(instance.container_id)["State"]["Running"] is False
     assert not GpuAllocation.objects.filter(instance=instance, released_at=None).exists()
-    assert Offer.objects.get(machine=machine).num_gpus == 2
+    assert Offer.objects.get(machine=machine, all_free=True).num_gpus == 2
     rental.refresh_from_db()
     assert rental.gpu_clock_since is None and rental.gpu_seconds >= 3600
     assert rental.storage_clock_since is not None  # storage is still charged while stopped
@@ -357,7 +357,7 @@ def test_an_image_that_cannot_be_pulled_fails_the_launch_cleanly(funded_team, ma
     assert "could not pull 127.0.0.1:5999/no-such-image:1" in instance.status_message
     assert containers_named(instance.container_name) == []
     assert not GpuAllocation.objects.filter(instance=instance, released_at=None).exists()
-    assert Offer.objects.get(machine=machine).num_gpus == 4
+    assert Offer.objects.get(machine=machine, all_free=True).num_gpus == 4
 
 
 def test_console_warns_when_credit_would_not_cover_another_hour(team, owner, machine, client):

@@ -30,7 +30,7 @@ from marketplace.models import ApiKey, Membership, Role, SshKey
 from marketplace.services.accounts import api_key_create
 from scheduler.models import Instance, InstanceState, LaunchMode
 from tests.factories import TeamFactory, UserFactory, add_member
-from tests.marketplace.conftest import docker, fund, machine_for
+from tests.marketplace.conftest import PRICE_PER_GPU_HOUR, docker, fund, machine_for
 from tests.vast.cli import CLI_VERSION, ROOT, VastCli, ensure_cli
 
 pytestmark = [pytest.mark.system, pytest.mark.django_db(transaction=True)]
@@ -128,10 +128,13 @@ def test_the_vastai_cli_drives_the_marketplace(
 ):
     table = Table()
     main = machine_for(sim_host_factory(gpus=2), provider_team)
-    spare = machine_for(sim_host_factory(gpus=1), provider_team)
+    # The spare's GPU is the cheaper: searches sorted by price list it first.
+    spare = machine_for(
+        sim_host_factory(gpus=1), provider_team, price_per_gpu_hour=PRICE_PER_GPU_HOUR // 2
+    )
     try:
         renter_account(cli, table, funded_team)
-        market(cli, table, main)
+        market(cli, table, main, spare)
         instance_id = create(cli, table, main)
         instance_life(cli, table, instance_id, funded_team)
         launch_modes(cli, table, spare)
@@ -162,22 +165,59 @@ def renter_account(cli, table, team) -> None:
     )
 
 
-def market(cli, table, machine) -> None:
+def raw_offers(run) -> list[dict]:
+    return json.loads(run.stdout) if run.returncode == 0 and run.stdout.strip() else []
+
+
+def offer_id(cli, machine, gpus: int) -> int:
+    """The id of the machine's bundle of ``gpus`` GPUs, as a renter finds it by searching."""
+    found = raw_offers(
+        cli("search", "offers", f"machine_id={machine.pk} num_gpus={gpus}", raw=True)
+    )
+    return found[0]["id"] if len(found) == 1 else 0
+
+
+def market(cli, table, machine, cheaper) -> None:
     run = cli(
         "search", "offers", "num_gpus>=1 gpu_name=RTX_4090 reliability>0.9", "-o", "dph_total"
     )
     shown = has_row(run.stdout, str(machine.pk), "RTX_4090")
     raw = cli("search", "offers", "gpu_ram>=20 cpu_ram>=1", raw=True)
-    offers = json.loads(raw.stdout) if raw.returncode == 0 and raw.stdout.strip() else []
-    by_id = {offer["id"]: offer for offer in offers}
-    raw_ok = machine.pk in by_id and by_id[machine.pk]["num_gpus"] == 2
+    offers = raw_offers(raw)
+    # The 2-GPU machine is offered as bundles of 1 and 2 GPUs, each with its own id and price.
+    bundles = {o["num_gpus"]: o for o in offers if o["machine_id"] == machine.pk}
+    raw_ok = (
+        sorted(bundles) == [1, 2]
+        and bundles[1]["id"] != bundles[2]["id"]
+        and bundles[2]["dph_total"] == 2 * bundles[1]["dph_total"]
+    )
     typed = cli("search", "offers", "num_gpus=2", "--type", "on-demand", "-o", "score-")
     table.works(
         "search offers '<query>' -o <field> [--raw] [--type on-demand]",
-        "vast's query syntax (its units: GB of RAM, days) finds our offer by GPU model, count, "
-        "reliability, GPU and CPU RAM; the table shows it, --raw gives its JSON",
+        "vast's query syntax (its units: GB of RAM, days) finds our offers by GPU model, count, "
+        "reliability, GPU and CPU RAM; a machine is offered in bundles of 1, 2, 4… GPUs, each "
+        "with its own id and dph_total; the table shows them, --raw gives their JSON",
         shown and raw_ok and has_row(typed.stdout, str(machine.pk)),
         run.output + raw.output + typed.output,
+    )
+    singles = cli("search", "offers", "num_gpus=1 reliability>0.9", "-o", "dph_total", raw=True)
+    found = raw_offers(singles)
+    prices = [o["dph_total"] for o in found]
+    table.works(
+        "search offers 'num_gpus=1 reliability>0.9' -o dph_total",
+        "lists every machine's single-GPU bundle, cheapest first",
+        {o["num_gpus"] for o in found} == {1}
+        and [o["machine_id"] for o in found] == [cheaper.pk, machine.pk]
+        and prices == sorted(prices),
+        singles.output,
+    )
+    everything = cli("search", "offers", f"machine_id={machine.pk} rentable=any rented=any")
+    table.works(
+        "search offers '… rentable=any rented=any'",
+        "rented (any, true, false) is a field: a bundle some of whose GPUs are rented; the CLI "
+        "sends rented=false unless told otherwise (self-test machine sends rented=any)",
+        everything.returncode == 0 and has_row(everything.stdout, str(machine.pk)),
+        everything.output,
     )
     bad = cli("search", "offers", "gpu_nmae=RTX_4090")
     table.works(
@@ -190,7 +230,7 @@ def market(cli, table, machine) -> None:
 
 def create(cli, table, machine) -> int:
     run = cli(
-        "create", "instance", str(machine.pk), "--image", "gpumkt/busybox:latest",
+        "create", "instance", str(offer_id(cli, machine, 1)), "--image", "gpumkt/busybox:latest",
         "--disk", "12", "--env", "-p 8080:8080 -e MARKER=from-vastai",
         "--label", "first-run", "--onstart-cmd", "sh", "--args", "-c",
         "echo hello-$MARKER; exec sleep 600",
@@ -199,6 +239,7 @@ def create(cli, table, machine) -> int:
     instance = Instance.objects.filter(pk=int(found.group(1))).first() if found else None
     ok = (
         instance is not None
+        and instance.gpu_count == 1
         and instance.image == "gpumkt/busybox:latest"
         and instance.disk_gb == 12
         and instance.label == "first-run"
@@ -210,7 +251,8 @@ def create(cli, table, machine) -> int:
     table.works(
         "create instance <offer> --image … --disk … --env '-p … -e K=V' --label … "
         "--onstart-cmd <entrypoint> --args …",
-        "rents the offer's free GPUs for a day (extend with /api/v1/); the container runs the "
+        "rents exactly the offer's GPUs (its bundle: 1 of the machine's 2 here) for a day "
+        "(extend with /api/v1/); the container runs the "
         "image with that disk, env, published port, and the entrypoint and args as argv; "
         "the instance has the label",
         ok,
@@ -338,7 +380,8 @@ def reboot(cli, table, instance_id: int) -> None:
 
 
 def launch_modes(cli, table, machine) -> None:
-    ssh = cli("create", "instance", str(machine.pk), "--image", "gpumkt/sshbox:latest", "--ssh")
+    offer = str(offer_id(cli, machine, 1))
+    ssh = cli("create", "instance", offer, "--image", "gpumkt/sshbox:latest", "--ssh")
     found = re.search(r"'new_contract': (\d+)", ssh.stdout)
     instance = Instance.objects.filter(pk=int(found.group(1))).first() if found else None
     table.works(
@@ -351,7 +394,7 @@ def launch_modes(cli, table, machine) -> None:
         cli("destroy", "instance", str(instance.pk), "-y")
         wait_for_state(instance.pk, InstanceState.DESTROYED)
     jupyter = cli(
-        "create", "instance", str(machine.pk), "--image", "gpumkt/sshbox:latest", "--jupyter",
+        "create", "instance", offer, "--image", "gpumkt/sshbox:latest", "--jupyter",
         "--onstart-cmd", "echo hi",
     )  # fmt: skip
     table.refused("create instance --jupyter|--ssh --onstart-cmd …", jupyter, "--onstart-cmd")
@@ -374,20 +417,21 @@ def interruptible(cli, table, machine, on_demand_machine, provider_key: str) -> 
     )
     raw = cli("search", "offers", "num_gpus>=1", "--type", "bid", raw=True)
     offers = json.loads(raw.stdout) if raw.returncode == 0 and raw.stdout.strip() else []
-    by_id = {offer["id"]: offer for offer in offers}
+    by_machine = {offer["machine_id"]: offer for offer in offers}
     table_run = cli("search", "offers", "num_gpus>=1", "--type", "bid")
     table.works(
         "search offers '<query>' --type bid",
         "lists only machines that take bids, each with min_bid: the lowest bid for the whole "
         "offer per hour (the machine's floor, or above the highest running bid)",
-        machine.pk in by_id
-        and by_id[machine.pk]["min_bid"] == 0.2
-        and on_demand_machine.pk not in by_id
+        machine.pk in by_machine
+        and by_machine[machine.pk]["min_bid"] == 0.2
+        and on_demand_machine.pk not in by_machine
         and has_row(table_run.stdout, str(machine.pk)),
         raw.output + table_run.output,
     )
+    offer = str(by_machine[machine.pk]["id"]) if machine.pk in by_machine else "0"
     bid = cli(
-        "create", "instance", str(machine.pk), "--image", "gpumkt/busybox:latest",
+        "create", "instance", offer, "--image", "gpumkt/busybox:latest",
         "--bid_price", "0.3", "--onstart-cmd", "sh", "--args", "-c", "exec sleep 600",
     )  # fmt: skip
     found = re.search(r"'new_contract': (\d+)", bid.stdout)
@@ -409,7 +453,7 @@ def interruptible(cli, table, machine, on_demand_machine, provider_key: str) -> 
     fund(rival)
     rival_key = key_for(rival)
     taken = cli(
-        "create", "instance", str(machine.pk), "--image", "gpumkt/busybox:latest",
+        "create", "instance", offer, "--image", "gpumkt/busybox:latest",
         "--onstart-cmd", "sh", "--args", "-c", "exec sleep 600", key=rival_key,
     )  # fmt: skip
     found = re.search(r"'new_contract': (\d+)", taken.stdout)
@@ -502,17 +546,18 @@ def hosting(cli, table, machine, spare, provider_key: str) -> None:
         and machine.min_gpus == 2
         and machine.end_date is not None
         and abs(machine.end_date.timestamp() - ends) < 1
-        and machine.offer.dph_total == 1_500_000,
+        and machine.offers.get(all_free=True).dph_total == 1_500_000,
         listed.output,
     )
     unlisted = cli("unlist", "machine", str(spare.pk), key=provider_key)
     spare.refresh_from_db()
+    searched = cli("search", "offers", "num_gpus>=1", raw=True)
     table.works(
         "unlist machine <id>",
         "no new rentals on the machine (running ones go on); search no longer shows it",
         "machine delisted" in unlisted.stdout
         and not spare.listed
-        and not has_row(cli("search", "offers", "num_gpus>=1").stdout, str(spare.pk)),
+        and spare.pk not in {o["machine_id"] for o in raw_offers(searched)},
         unlisted.output,
     )
     today = datetime.now(UTC).date()

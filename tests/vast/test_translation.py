@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from marketplace.models import ApiKey, Rental, SshKey
+from marketplace.models import ApiKey, Offer, Rental, SshKey
 from scheduler.models import Instance, InstanceState
 from tests.conftest import key_client
 from tests.factories import TeamFactory, UserFactory, add_member
@@ -59,8 +59,16 @@ def renter(funded_team):
     return key_client(funded_team)
 
 
-def rent(client, machine, **changes):
-    return client.put(f"/api/v0/asks/{machine.pk}/", {**CREATE, **changes}, format="json")
+def bundle(machine, gpus: int | None = None) -> Offer:
+    """The machine's offer of ``gpus`` GPUs (default: of all its free GPUs)."""
+    if gpus is None:
+        return Offer.objects.get(machine=machine, all_free=True)
+    return Offer.objects.get(machine=machine, num_gpus=gpus)
+
+
+def rent(client, machine, gpus: int | None = None, **changes):
+    offer = bundle(machine, gpus)
+    return client.put(f"/api/v0/asks/{offer.pk}/", {**CREATE, **changes}, format="json")
 
 
 def test_show_user_answers_the_teams_credit_in_dollars(funded_team):
@@ -72,14 +80,19 @@ def test_show_user_answers_the_teams_credit_in_dollars(funded_team):
 def test_search_translates_the_clis_body_and_units(funded_team, machine):
     client = renter(funded_team)
     offers = client.post("/api/v0/bundles/", SEARCH, format="json").json()["offers"]
-    assert [o["id"] for o in offers] == [machine.pk]
-    row = offers[0]
-    assert row["num_gpus"] == 4 and row["gpu_name"] == "RTX 4090"
+    # The 4-GPU machine is offered as bundles of 1, 2 and 4 GPUs, each with its own id.
+    assert [(o["machine_id"], o["num_gpus"]) for o in offers] == [
+        (machine.pk, 1), (machine.pk, 2), (machine.pk, 4),
+    ]  # fmt: skip
+    assert [o["id"] for o in offers] == [bundle(machine, n).pk for n in (1, 2, 4)]
+    row = offers[2]
+    assert row["gpu_name"] == "RTX 4090" and row["ask_contract_id"] == row["id"]
     assert row["gpu_ram"] == pytest.approx(23990)  # 23.99 GB in MB: the CLI divides by 1000
     assert row["dph_total"] == pytest.approx(2.0)  # 4 × $0.50
+    assert offers[0]["dph_total"] == pytest.approx(0.5) and row["dph_per_gpu"] == 0.5
     # The CLI multiplies GB by 1000 before sending: 20 GB of GPU RAM matches, 30 does not.
     found = client.post("/api/v0/bundles/", {**SEARCH, "gpu_ram": {"gte": 20000.0}}, format="json")
-    assert [o["id"] for o in found.json()["offers"]] == [machine.pk]
+    assert {o["machine_id"] for o in found.json()["offers"]} == {machine.pk}
     none = client.post("/api/v0/bundles/", {**SEARCH, "gpu_ram": {"gte": 30000.0}}, format="json")
     assert none.json()["offers"] == []
 
@@ -115,10 +128,11 @@ def test_a_bid_search_lists_machines_that_take_bids_with_the_whole_offers_min_bi
         "/api/v0/bundles/", {**SEARCH, "type": "bid"}, format="json"
     )
     assert response.status_code == 200, response.content
-    offers = {offer["id"]: offer for offer in response.json()["offers"]}
-    assert biddable.pk in offers and machine.pk not in offers
+    offers = {(o["machine_id"], o["num_gpus"]): o for o in response.json()["offers"]}
+    assert sorted(offers) == [(biddable.pk, 1), (biddable.pk, 2)]  # not the on-demand machine
     # vast.ai's units: dollars per hour for the offer's GPUs together (2 × $0.15).
-    assert offers[biddable.pk]["min_bid"] == 0.3 and offers[biddable.pk]["is_bid"] is True
+    assert offers[(biddable.pk, 2)]["min_bid"] == 0.3 and offers[(biddable.pk, 2)]["is_bid"]
+    assert offers[(biddable.pk, 1)]["min_bid"] == 0.15
 
 
 def test_a_bid_rents_interruptibly_at_the_bid_split_over_the_offers_gpus(funded_team, machine):
@@ -142,7 +156,51 @@ def test_create_rents_the_offer_with_image_disk_env_ports_and_args(funded_team, 
     assert instance.entrypoint == "sh" and instance.args == ["-c", "echo hi"]
     assert instance.env == {"K": "V"}
     assert [p.container_port for p in instance.port_allocations.all()] == [8080]
-    assert instance.gpu_count == 4  # the offer as it stands: all its free GPUs
+    assert instance.gpu_count == 4  # the offer: its bundle of 4 GPUs
+
+
+def test_create_on_a_one_gpu_bundle_rents_exactly_one_gpu(funded_team, machine):
+    client = renter(funded_team)
+    single = bundle(machine, 1)
+    response = rent(client, machine, gpus=1)
+    assert response.status_code == 200, response.content
+    instance = Instance.objects.get(pk=response.json()["new_contract"])
+    assert instance.gpu_count == 1 and instance.machine == machine
+    assert instance.rental.price_per_gpu_hour == 500_000  # the bundle's $0.50 an hour
+    # The same bundle is still offered (3 GPUs are free); the 4-GPU one no longer fits.
+    after = {o.num_gpus: o for o in Offer.objects.filter(machine=machine)}
+    assert after[1].pk == single.pk and after[1].rentable
+    assert after[4].rentable is False and after[4].rented is True
+    assert after[3].all_free and after[3].rentable  # all 3 free GPUs, its own bundle
+
+
+def test_a_bundle_that_no_longer_fits_answers_409_and_rents_nothing(funded_team, machine):
+    client = renter(funded_team)
+    whole = bundle(machine, 4)
+    assert rent(client, machine, gpus=1).status_code == 200
+    before = Instance.objects.count()
+    response = client.put(f"/api/v0/asks/{whole.pk}/", CREATE, format="json")
+    assert response.status_code == 409, response.content
+    assert response.json()["success"] is False
+    assert Instance.objects.count() == before
+
+
+@pytest.mark.parametrize(
+    ("rented", "bundles"), [("any", [1, 2, 3, 4]), (False, [1, 2, 3]), (True, [4])]
+)
+def test_rented_is_a_field_of_the_search(funded_team, machine, rented, bundles):
+    """`vastai self-test machine` searches with rented=any; every search sends rented=false."""
+    client = renter(funded_team)
+    assert rent(client, machine, gpus=1).status_code == 200
+    body = {
+        **SEARCH, "rentable": {"eq": "any"}, "rented": {"eq": rented},
+        "machine_id": {"eq": machine.pk}, "order": [["num_gpus", "asc"]],
+    }  # fmt: skip
+    response = client.post("/api/v0/bundles/", body, format="json")
+    assert response.status_code == 200, response.content
+    found = response.json()["offers"]
+    assert [o["num_gpus"] for o in found] == bundles
+    assert [o["rented"] for o in found] == [n > 3 for n in bundles]
 
 
 def test_shell_metacharacters_in_args_and_env_are_kept_as_data(funded_team, machine):

@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
     dependencies = [
         ("hosts", "0013_verification_and_benchmarks"),
-        ("marketplace", "0018_offer_search_indexes_and_statistics"),
+        ("marketplace", "0019_offer_bundles"),
     ]
 
     operations = [
@@ -59,7 +59,7 @@ class Migration(migrations.Migration):
             model_name="offer",
             index=models.Index(
                 models.OrderBy(models.F("dlperf_per_dphtotal"), descending=True),
-                models.F("machine"),
+                models.F("id"),
                 condition=models.Q(("rentable", True)),
                 name="offer_by_dlperf_per_dph",
             ),
