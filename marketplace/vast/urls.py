@@ -17,6 +17,7 @@ urlpatterns = [
     re_path(r"^users/current/?$", views.CurrentUser.as_view(), name="vast-user"),
     re_path(r"^users/me/invoices/?$", views.Invoices.as_view(), name="vast-invoices"),
     path("bundles/", views.Bundles.as_view(), name="vast-bundles"),
+    path("asks/bulk/", views.AskBulk.as_view(), name="vast-asks-bulk"),
     path("asks/<id:offer_id>/", views.Ask.as_view(), name="vast-ask"),
     path("instances/", views.InstanceList.as_view(), name="vast-instances"),
     path("instances/<id:pk>/", views.InstanceDetail.as_view(), name="vast-instance"),
