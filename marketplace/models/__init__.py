@@ -2,6 +2,7 @@ from marketplace.models.accounts import ApiKey, Invitation, Membership, Role, Te
 from marketplace.models.clusters import Cluster
 from marketplace.models.deployments import Deployment, Replica
 from marketplace.models.rentals import Offer, Rental, SshKey
+from marketplace.models.templates import Template
 from marketplace.models.volumes import (
     CommittedImage,
     Volume,
@@ -23,6 +24,7 @@ __all__ = [
     "Role",
     "SshKey",
     "Team",
+    "Template",
     "User",
     "Volume",
     "VolumeMount",

@@ -161,7 +161,6 @@ RUNTYPE_MODES = {
 # are refused rather than dropped.
 UNSUPPORTED_CREATE_OPTIONS = {
     "image_login": ("--login", "private registry logins go through /api/v1/instances/"),
-    "template_hash_id": ("--template_hash", "there are no templates here"),
     "user": ("--user", "containers run as the image's user"),
     "python_utf8": ("--python-utf8", "images run unchanged"),
     "lang_utf8": ("--lang-utf8", "images run unchanged"),

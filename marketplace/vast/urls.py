@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from django.urls import path, re_path
 
-from marketplace.vast import hosting, views
+from marketplace.vast import hosting, templates, views
 from marketplace.vast.errors import vast_not_found
 from marketplace.vast.schema import schema_view
 
@@ -29,6 +29,7 @@ urlpatterns = [
     path(
         "instances/command/<id:pk>/", views.InstanceCommand.as_view(), name="vast-instance-command"
     ),
+    path("template/", templates.Templates.as_view(), name="vast-templates"),
     path("ssh/", views.SshKeys.as_view(), name="vast-ssh-keys"),
     path("ssh/<id:pk>/", views.SshKeyDetail.as_view(), name="vast-ssh-key"),
     re_path(r"^machines/?$", hosting.Machines.as_view(), name="vast-machines"),

@@ -186,6 +186,10 @@ class AskBulk(RenterView):
 def rent_order(team, body: dict[str, Any], offer_id: int) -> RentalRequest:
     """The CLI's create body for one offer → what ``rental_create`` takes (400 naming the
     field for bad settings, 404 for an offer that is not there)."""
+    if body.get("template_hash_id"):
+        from marketplace.vast.templates import rent_body_from_template
+
+        body = rent_body_from_template(team, body)
     fields = shapes.rental_fields(body)
     offer = Offer.objects.filter(machine_id=offer_id).first()
     if offer is None:

@@ -26,7 +26,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from marketplace.models import ApiKey, Membership, Role, SshKey
+from marketplace.models import ApiKey, Membership, Role, SshKey, Template
 from marketplace.services.accounts import api_key_create
 from scheduler.models import Instance, InstanceState, LaunchMode
 from tests.factories import TeamFactory, UserFactory, add_member
@@ -135,6 +135,7 @@ def test_the_vastai_cli_drives_the_marketplace(
         instance_id = create(cli, table, main)
         instance_life(cli, table, instance_id, funded_team)
         bulk_forms(cli, table, main, spare)
+        templates(cli, table, spare)
         launch_modes(cli, table, spare)
         interruptible(cli, table, spare, main, key_for(provider_team))
         ssh_keys(cli, table, funded_team)
@@ -346,6 +347,78 @@ def bulk_forms(cli, table, main, spare) -> None:
         "each rental ends and settles at once; a worker removes the containers",
         f"destroying instance {ids}" in destroyed.stdout and all_reach(InstanceState.DESTROYED),
         destroyed.output,
+    )
+
+
+def templates(cli, table, machine) -> None:
+    """``create/search/update/delete template`` and ``create instance --template_hash``."""
+    created = cli(
+        "create", "template", "--name", "sleeper", "--image", "gpumkt/busybox",
+        "--image_tag", "latest", "--env", "-e MODE=from-template -p 8080:8080",
+        "--onstart-cmd", "sh", "--disk_space", "12", "--readme", "Sleeps.", "--public",
+    )  # fmt: skip
+    template = Template.objects.filter(name="sleeper").first()
+    table.works(
+        "create template --name … --image … --image_tag … --env '-e K=V -p P:P' "
+        "--onstart-cmd … --disk_space … --readme … [--public]",
+        "saves the team's launch settings (image, env, ports, entrypoint, disk, readme), "
+        "public or private; /api/v1/templates/ shows the same template",
+        "New Template:" in created.stdout
+        and template is not None
+        and template.image == "gpumkt/busybox:latest"
+        and template.env == {"MODE": "from-template"}
+        and template.ports == [8080]
+        and template.public,
+        created.output,
+    )
+    if template is None:
+        return
+    searched = cli("search", "templates", f"hash_id={template.hash_id}")
+    table.works(
+        "search templates '<query>'",
+        "finds the team's and public templates by hash_id, id, name, image, creator_id or "
+        "private (other fields are refused, naming them)",
+        f'"hash_id": "{template.hash_id}"' in searched.stdout,
+        searched.output,
+    )
+    rented = cli(
+        "create", "instance", str(machine.pk), "--template_hash", template.hash_id,
+        "--args", "-c", "echo $MODE; exec sleep 600",
+    )  # fmt: skip
+    found = re.search(r"'new_contract': (\d+)", rented.stdout)
+    instance = Instance.objects.filter(pk=int(found.group(1))).first() if found else None
+    table.works(
+        "create instance <offer> --template_hash <hash> [--args …]",
+        "rents with the template's settings; what the command gives (image, env, args) "
+        "replaces the template's, and the disk is at least the template's",
+        instance is not None
+        and instance.image == "gpumkt/busybox:latest"
+        and instance.env == {"MODE": "from-template"}
+        and instance.disk_gb == 12
+        and wait_for_state(instance.pk, InstanceState.RUNNING) == InstanceState.RUNNING,
+        rented.output,
+    )
+    if instance is not None:
+        cli("destroy", "instance", str(instance.pk), "-y")
+        wait_for_state(instance.pk, InstanceState.DESTROYED)
+    updated = cli(
+        "update", "template", template.hash_id, "--name", "sleeper-2", "--image",
+        "gpumkt/busybox:latest", "--onstart-cmd", "sh",
+    )  # fmt: skip
+    template.refresh_from_db()
+    table.works(
+        "update template <hash> --name … --image … (the whole template)",
+        "replaces the template's settings with the ones given (as vast.ai's CLI says: send "
+        "the full template); its hash stays, and instances rented from it are not touched",
+        "updated template" in updated.stdout and template.name == "sleeper-2",
+        updated.output,
+    )
+    deleted = cli("delete", "template", "--hash-id", template.hash_id)
+    table.works(
+        "delete template --hash-id <hash>",
+        "deletes the team's template (another team's answers 404)",
+        "deleted" in deleted.stdout and not Template.objects.filter(pk=template.pk).exists(),
+        deleted.output,
     )
 
 
