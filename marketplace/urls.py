@@ -10,6 +10,7 @@ from marketplace.api import accounts as accounts_api
 from marketplace.api import billing as billing_api
 from marketplace.api import clusters as clusters_api
 from marketplace.api import deployments as deployments_api
+from marketplace.api import env_vars as env_vars_api
 from marketplace.api import hosts as hosts_api
 from marketplace.api import offers as offers_api
 from marketplace.api import rentals as rentals_api
@@ -51,6 +52,8 @@ api_v1 = [
     # ... and saves a template's edits at this one (``update template``).
     path("template/", vast_templates.TemplateV1.as_view(), name="vast-template-v1"),
     path("me/", accounts_api.me, name="api-me"),
+    path("env-vars/", env_vars_api.EnvVars.as_view(), name="api-env-vars"),
+    path("env-vars/<str:name>/", env_vars_api.EnvVarDetail.as_view(), name="api-env-var"),
     path("offers/", offers_api.offers, name="api-offers"),
     path("offers/<id:machine_id>/quote/", offers_api.offer_quote, name="api-offer-quote"),
     path("schema/", SpectacularAPIView.as_view(), name="api-schema"),

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from django.urls import path, re_path
 
-from marketplace.vast import hosting, templates, views
+from marketplace.vast import hosting, keys, templates, views
 from marketplace.vast.errors import vast_not_found
 from marketplace.vast.schema import schema_view
 
@@ -30,6 +30,15 @@ urlpatterns = [
         "instances/command/<id:pk>/", views.InstanceCommand.as_view(), name="vast-instance-command"
     ),
     path("template/", templates.Templates.as_view(), name="vast-templates"),
+    path("auth/apikeys/", keys.ApiKeys.as_view(), name="vast-api-keys"),
+    path("auth/apikeys/<id:pk>/", keys.ApiKeyDetail.as_view(), name="vast-api-key"),
+    path("secrets/", keys.EnvVars.as_view(), name="vast-env-vars"),
+    path("instances/<id:pk>/ssh/", views.InstanceSshKeys.as_view(), name="vast-instance-ssh"),
+    path(
+        "instances/<id:pk>/ssh/<id:key_id>/",
+        views.InstanceSshKey.as_view(),
+        name="vast-instance-ssh-key",
+    ),
     path("ssh/", views.SshKeys.as_view(), name="vast-ssh-keys"),
     path("ssh/<id:pk>/", views.SshKeyDetail.as_view(), name="vast-ssh-key"),
     re_path(r"^machines/?$", hosting.Machines.as_view(), name="vast-machines"),

@@ -37,7 +37,11 @@ from marketplace.services.renter_actions import (
     rental_stop_request,
 )
 from marketplace.services.renting import MIN_RENTAL_HOURS, RentalRequest, rental_create
-from marketplace.services.ssh_keys import ssh_key_add
+from marketplace.services.ssh_keys import (
+    instance_ssh_key_attach,
+    instance_ssh_key_detach,
+    ssh_key_add,
+)
 from marketplace.tenancy import team_objects
 from marketplace.vast import bulk, shapes
 from marketplace.vast.errors import Refused, vast_exception_handler
@@ -379,6 +383,39 @@ class SshKeyDetail(VastView):
             raise NotFound(f"SSH key {pk} is not one of your team's keys.")
         key.delete()  # as /api/v1/ssh-keys/ does: a key is only read at a launch
         return Response({"success": True})
+
+
+class InstanceSshKeys(RenterView):
+    """``vastai attach ssh <id> '<public key>'``: the key goes into the running SSH-mode
+    instance now (and onto the team, as ``create ssh-key`` would)."""
+
+    @extend_schema(
+        summary="vast.ai: attach ssh",
+        request={"application/json": ANY_JSON},
+        responses={200: ANY_JSON},
+    )
+    def post(self, request, pk: int):
+        instance = self.instance(pk)
+        public_key = self.body().get("ssh_key")
+        if not isinstance(public_key, str):
+            raise Refused("ssh_key is one OpenSSH public key line.", field="ssh_key")
+        parts = public_key.split()
+        name = (parts[2] if len(parts) > 2 else "attached with vastai")[:80]
+        key = instance_ssh_key_attach(instance=instance, public_key=public_key, name=name)
+        return Response({"success": True, "msg": f"SSH key {key.pk} attached.", "key_id": key.pk})
+
+
+class InstanceSshKey(RenterView):
+    """``vastai detach ssh <id> <key id>``: the team's key leaves the running instance."""
+
+    @extend_schema(summary="vast.ai: detach ssh", responses={200: ANY_JSON})
+    def delete(self, request, pk: int, key_id: int):
+        instance = self.instance(pk)
+        key = team_objects(self.team, SshKey.objects.all()).filter(pk=key_id).first()
+        if key is None:
+            raise NotFound(f"SSH key {key_id} is not one of your team's keys.")
+        instance_ssh_key_detach(instance=instance, key=key)
+        return Response({"success": True, "msg": f"SSH key {key.pk} detached."})
 
 
 # --- money -----------------------------------------------------------------------------------

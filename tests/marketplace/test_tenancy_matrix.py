@@ -656,6 +656,45 @@ def check_templates(c: Checker) -> None:
         assert c.team_rows(c.acme.team) == before
 
 
+def check_env_vars(c: Checker) -> None:
+    """Acme's environment variable: its members see its name (never its value); the outsider
+    sees none of Acme's, and changing or deleting it by name answers 404 (v1 and vast.ai)."""
+    from marketplace.services.env_vars import env_var_create
+
+    env_var_create(team=c.acme.team, name="ACME_TOKEN", value="acme-s3cret")
+    for client in c.members():
+        listed = client.get("/api/v1/env-vars/")
+        assert [row["name"] for row in listed.json()] == ["ACME_TOKEN"]
+        assert "acme-s3cret" not in listed.content.decode()
+    for client in c.outsider_api_clients():
+        assert "ACME_TOKEN" not in client.get("/api/v1/env-vars/").content.decode()
+        assert "ACME_TOKEN" not in client.get("/api/v0/secrets/").content.decode()
+        for method, url, data in [
+            ("patch", "/api/v1/env-vars/ACME_TOKEN/", {"value": "x"}),
+            ("delete", "/api/v1/env-vars/ACME_TOKEN/", None),
+            ("put", "/api/v0/secrets/", {"key": "ACME_TOKEN", "value": "x"}),
+            ("delete", "/api/v0/secrets/", {"key": "ACME_TOKEN"}),
+        ]:
+            before = c.database()
+            response = _send(client, method, url, data)
+            assert response.status_code in (404, 403), (method, url, response.content)
+            assert c.database() == before, (method, url)
+
+
+def check_vast_api_keys(c: Checker) -> None:
+    """Acme's API key: not in the outsider's ``show api-keys``; showing or deleting it by id
+    answers 404 and it stays unrevoked."""
+    key = c.acme.api_key
+    for client in c.outsider_api_clients():
+        listed = client.get("/api/v0/auth/apikeys/").json().get("apikeys", [])
+        assert key.pk not in [row["id"] for row in listed]
+        for method in ("get", "delete"):
+            before = c.database()
+            response = _send(client, method, f"/api/v0/auth/apikeys/{key.pk}/", None)
+            assert response.status_code in (404, 403), (method, response.content)
+            assert c.database() == before
+
+
 def check_vast_bulk(c: Checker) -> None:
     """``stop/start/destroy instances`` naming Acme's instance by the outsider (the ids ride in
     the body): 404, nothing done."""
@@ -671,6 +710,8 @@ def check_vast_bulk(c: Checker) -> None:
             assert response.status_code in (401, 404), response.content
             assert queued == [] and c.database() == before
 
+
+SOME_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl me@box"
 
 MATRIX: dict[str, list[Check]] = {
     # --- console: accounts and teams
@@ -923,6 +964,27 @@ MATRIX: dict[str, list[Check]] = {
         Custom(check_vast_bulk),
     ],
     "vast-templates": [Custom(check_templates)],
+    "vast-instance-ssh": [
+        Obj(lambda w: f"/api/v0/instances/{w.instance.pk}/ssh/", "post", {"ssh_key": SOME_KEY})
+    ],
+    "vast-instance-ssh-key": [
+        Obj(lambda w: f"/api/v0/instances/{w.instance.pk}/ssh/{w.ssh_key.pk}/", "delete")
+    ],
+    "api-instance-attach-ssh-key": [
+        Obj(
+            lambda w: f"/api/v1/instances/{w.instance.pk}/ssh-keys/",
+            "post",
+            {"public_key": SOME_KEY},
+        )
+    ],
+    "api-instance-detach-ssh-key": [
+        Obj(lambda w: f"/api/v1/instances/{w.instance.pk}/ssh-keys/{w.ssh_key.pk}/", "delete")
+    ],
+    "vast-env-vars": [Custom(check_env_vars)],
+    "api-env-vars": [Custom(check_env_vars)],
+    "api-env-var": [Custom(check_env_vars)],
+    "vast-api-keys": [Custom(check_vast_api_keys)],
+    "vast-api-key": [Custom(check_vast_api_keys)],
     "vast-template-v1": [Custom(check_templates)],
     "api-template-list": [Custom(check_templates)],
     "api-template-detail": [Custom(check_templates)],

@@ -26,7 +26,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from marketplace.models import ApiKey, Membership, Role, SshKey, Template
+from marketplace.models import ApiKey, Membership, Role, SshKey, TeamEnvVar, Template
 from marketplace.services.accounts import api_key_create
 from scheduler.models import Instance, InstanceState, LaunchMode
 from tests.factories import TeamFactory, UserFactory, add_member
@@ -136,6 +136,8 @@ def test_the_vastai_cli_drives_the_marketplace(
         instance_life(cli, table, instance_id, funded_team)
         bulk_forms(cli, table, main, spare)
         templates(cli, table, spare)
+        env_vars(cli, table, spare, funded_team)
+        api_keys(cli, table, tmp_path)
         launch_modes(cli, table, spare)
         interruptible(cli, table, spare, main, key_for(provider_team))
         ssh_keys(cli, table, funded_team)
@@ -418,6 +420,84 @@ def templates(cli, table, machine) -> None:
         "delete template --hash-id <hash>",
         "deletes the team's template (another team's answers 404)",
         "deleted" in deleted.stdout and not Template.objects.filter(pk=template.pk).exists(),
+        deleted.output,
+    )
+
+
+def env_vars(cli, table, machine, team) -> None:
+    """``create/show/update/delete env-var``: team secrets every new instance gets."""
+    created = cli("create", "env-var", "GREETING", "hello-team")
+    shown = cli("show", "env-vars", "-s")
+    table.works(
+        "create env-var <name> <value>; show env-vars [-s]",
+        "keeps the value sealed; show lists the names, and the value as ***** even with -s "
+        "(never shown back)",
+        "created" in created.stdout
+        and TeamEnvVar.objects.filter(team=team, name="GREETING").exists()
+        and "Name: GREETING" in shown.stdout
+        and "hello-team" not in shown.output,
+        created.output + shown.output,
+    )
+    rented = cli(
+        "create", "instance", str(machine.pk), "--image", "gpumkt/busybox:latest",
+        "--onstart-cmd", "sh", "--args", "-c", "exec sleep 600",
+    )  # fmt: skip
+    found = re.search(r"'new_contract': (\d+)", rented.stdout)
+    instance_id = int(found.group(1)) if found else 0
+    running = wait_for_state(instance_id, InstanceState.RUNNING) == InstanceState.RUNNING
+    echoed = cli("execute", str(instance_id), "echo greeting=$GREETING")
+    table.works(
+        "(a new instance gets the team's env-vars)",
+        "an instance created after create env-var has the variable in its environment",
+        running and "greeting=hello-team" in echoed.stdout,
+        rented.output + echoed.output,
+    )
+    cli("destroy", "instance", str(instance_id), "-y")
+    wait_for_state(instance_id, InstanceState.DESTROYED)
+    updated = cli("update", "env-var", "GREETING", "hi-again")
+    deleted = cli("delete", "env-var", "GREETING")
+    table.works(
+        "update env-var <name> <value>; delete env-var <name>",
+        "a new value for new instances (running ones keep theirs); delete removes it",
+        "updated" in updated.stdout
+        and "deleted" in deleted.stdout
+        and not TeamEnvVar.objects.filter(team=team).exists(),
+        updated.output + deleted.output,
+    )
+
+
+def api_keys(cli, table, tmp_path) -> None:
+    """``create/show/delete api-key``: our API keys, scoped as ours."""
+    permissions = tmp_path / "permissions.json"
+    permissions.write_text(json.dumps({"api": {"instance_read": {}, "user_read": {}}}))
+    created = cli("create", "api-key", "--name", "ci-reader", "--permission_file", str(permissions))
+    key = ApiKey.objects.filter(name="ci-reader").first()
+    table.works(
+        "create api-key --name … --permission_file <json>",
+        "makes a team API key from vast's permission categories in our scopes (any *_write: "
+        "write access; instance_*: renter, machine_*: provider), never broader than the key "
+        "that asks, for admins; the secret is printed once",
+        "api-key created" in created.stdout
+        and key is not None
+        and (key.access, key.audience) == ("read", "renter"),
+        created.output,
+    )
+    if key is None:
+        return
+    listed = cli("show", "api-keys")
+    shown = cli("show", "api-key", str(key.pk))
+    table.works(
+        "show api-keys; show api-key <id>",
+        "the team's keys with their scopes, never a secret",
+        "ci-reader" in listed.stdout and "'prefix'" in shown.stdout,
+        listed.output + shown.output,
+    )
+    deleted = cli("delete", "api-key", str(key.pk))
+    key.refresh_from_db()
+    table.works(
+        "delete api-key <id>",
+        "revokes the key at once",
+        "'success': True" in deleted.stdout and key.revoked_at is not None,
         deleted.output,
     )
 
