@@ -467,6 +467,18 @@ def maintenance_window(body: dict[str, Any]):
     return starts_at, starts_at + timedelta(hours=hours)
 
 
+def maintenance_row(window) -> dict[str, Any]:
+    """A maintenance window as ``show maints`` prints it."""
+    return {
+        "id": window.pk,
+        "machine_id": window.machine_id,
+        "start_time": window.starts_at.timestamp(),
+        "end_time": window.ends_at.timestamp(),
+        "duration_hours": round((window.ends_at - window.starts_at).total_seconds() / 3600, 2),
+        "maintenance_category": window.note or "not provided",
+    }
+
+
 def earnings_row(key: str, rows: list) -> dict[str, Any]:
     return {
         "key": key,

@@ -43,6 +43,26 @@ urlpatterns = [
     path("ssh/<id:pk>/", views.SshKeyDetail.as_view(), name="vast-ssh-key"),
     re_path(r"^machines/?$", hosting.Machines.as_view(), name="vast-machines"),
     path("machines/create_asks/", hosting.CreateAsks.as_view(), name="vast-machine-list"),
+    re_path(r"^machines/maintenances/?$", hosting.Maintenances.as_view(), name="vast-maintenances"),
+    re_path(
+        r"^machines/(?P<pk>[0-9]{1,18})/?$",
+        hosting.MachineDetail.as_view(),
+        name="vast-machine",
+    ),
+    path(
+        "machines/<id:pk>/cancel_maint/",
+        hosting.MachineCancelMaintenance.as_view(),
+        name="vast-machine-cancel-maintenance",
+    ),
+    path("machines/<id:pk>/minbid/", hosting.MachineMinBid.as_view(), name="vast-machine-min-bid"),
+    path(
+        "machines/<id:pk>/force_delete/",
+        hosting.MachineForceDelete.as_view(),
+        name="vast-machine-delete",
+    ),
+    path(
+        "machines/<id:pk>/reports/", hosting.MachineReports.as_view(), name="vast-machine-reports"
+    ),
     path("machines/<id:pk>/asks/", hosting.MachineAsks.as_view(), name="vast-machine-unlist"),
     path(
         "machines/<id:pk>/dnotify/",

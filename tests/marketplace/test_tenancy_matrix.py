@@ -964,6 +964,20 @@ MATRIX: dict[str, list[Check]] = {
         Custom(check_vast_bulk),
     ],
     "vast-templates": [Custom(check_templates)],
+    "vast-machine": [Obj(lambda w: f"/api/v0/machines/{w.machine.pk}")],
+    "vast-maintenances": [
+        Obj(lambda w: f"/api/v0/machines/maintenances?owner=me&machine_ids=[{w.machine.pk}]")
+    ],
+    "vast-machine-cancel-maintenance": [
+        Obj(lambda w: f"/api/v0/machines/{w.machine.pk}/cancel_maint/", "put")
+    ],
+    "vast-machine-min-bid": [
+        Obj(lambda w: f"/api/v0/machines/{w.machine.pk}/minbid/", "put", {"price": 0.01})
+    ],
+    "vast-machine-delete": [
+        Obj(lambda w: f"/api/v0/machines/{w.machine.pk}/force_delete/", "post")
+    ],
+    "vast-machine-reports": [Obj(lambda w: f"/api/v0/machines/{w.machine.pk}/reports/")],
     "vast-instance-ssh": [
         Obj(lambda w: f"/api/v0/instances/{w.instance.pk}/ssh/", "post", {"ssh_key": SOME_KEY})
     ],

@@ -24,13 +24,16 @@ import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
+import paramiko
 import pytest
 
+from hosts.models import Machine
 from marketplace.models import ApiKey, Membership, Role, SshKey, TeamEnvVar, Template
 from marketplace.services.accounts import api_key_create
-from scheduler.models import Instance, InstanceState, LaunchMode
+from scheduler.models import Instance, InstanceState, LaunchMode, PortAllocation
 from tests.factories import TeamFactory, UserFactory, add_member
 from tests.marketplace.conftest import docker, fund, machine_for
+from tests.marketplace.test_launch_modes import login, make_key
 from tests.vast.cli import CLI_VERSION, ROOT, VastCli, ensure_cli
 
 pytestmark = [pytest.mark.system, pytest.mark.django_db(transaction=True)]
@@ -138,11 +141,12 @@ def test_the_vastai_cli_drives_the_marketplace(
         templates(cli, table, spare)
         env_vars(cli, table, spare, funded_team)
         api_keys(cli, table, tmp_path)
-        launch_modes(cli, table, spare)
+        launch_modes(cli, table, spare, tmp_path)
         interruptible(cli, table, spare, main, key_for(provider_team))
         ssh_keys(cli, table, funded_team)
         invoices(cli, table)
-        hosting(cli, table, main, spare, key_for(provider_team))
+        fresh = machine_for(sim_host_factory(gpus=1), provider_team)  # never rented
+        hosting(cli, table, main, spare, fresh, key_for(provider_team))
         not_offered(cli, table)
     finally:
         written = tmp_path / DOC.name
@@ -539,7 +543,50 @@ def reboot(cli, table, instance_id: int) -> None:
     )
 
 
-def launch_modes(cli, table, machine) -> None:
+def attach_ssh(cli, table, instance, machine, tmp_path) -> None:
+    """``attach ssh`` puts a key into the running SSH-mode instance (the user logs in with it
+    at once); ``detach ssh`` takes it out (the login is refused)."""
+    running = wait_for_state(instance.pk, InstanceState.RUNNING) == InstanceState.RUNNING
+    key = make_key(tmp_path / "id_attach")
+    attached = cli("attach", "ssh", str(instance.pk), str(tmp_path / "id_attach.pub"))
+    found = re.search(r"'key_id': (\d+)", attached.stdout)
+    shown = cli("execute", str(instance.pk), "cat /etc/ssh/ssh_host_ed25519_key.pub")
+    host_key = re.search(r"'output': '(ssh-ed25519 \S+)", shown.stdout)
+    allocation = PortAllocation.objects.filter(instance=instance, container_port=22).first()
+    logged_in = False
+    if running and found and host_key and allocation:
+        session = login(machine.address, allocation.host_port, key, host_key.group(1))
+        try:
+            _, stdout, _ = session.exec_command("echo in-by-attached-key")
+            logged_in = stdout.read().decode().strip() == "in-by-attached-key"
+        finally:
+            session.close()
+    table.works(
+        "attach ssh <id> <public key or its file>",
+        "the key goes into the running SSH-mode instance's authorized_keys (and onto the "
+        "team): the user logs in with it at once",
+        logged_in,
+        attached.output + shown.output,
+    )
+    detached = cli("detach", "ssh", str(instance.pk), found.group(1) if found else "0")
+    refused = False
+    if logged_in:
+        try:
+            login(machine.address, allocation.host_port, key, host_key.group(1)).close()
+        except paramiko.AuthenticationException:
+            refused = True
+    table.works(
+        "detach ssh <id> <key id>",
+        "the key leaves the running instance: its login is refused from then on",
+        "'success': True" in detached.stdout and refused,
+        detached.output,
+    )
+
+
+def launch_modes(cli, table, machine, tmp_path) -> None:
+    from hosts.devtools.simulation import ensure_ssh_image
+
+    ensure_ssh_image()  # gpumkt/sshbox:latest, a real sshd (made once, kept)
     ssh = cli("create", "instance", str(machine.pk), "--image", "gpumkt/sshbox:latest", "--ssh")
     found = re.search(r"'new_contract': (\d+)", ssh.stdout)
     instance = Instance.objects.filter(pk=int(found.group(1))).first() if found else None
@@ -550,6 +597,7 @@ def launch_modes(cli, table, machine) -> None:
         ssh.output,
     )
     if instance is not None:
+        attach_ssh(cli, table, instance, machine, tmp_path)
         cli("destroy", "instance", str(instance.pk), "-y")
         wait_for_state(instance.pk, InstanceState.DESTROYED)
     jupyter = cli(
@@ -687,7 +735,7 @@ def invoices(cli, table) -> None:
     )
 
 
-def hosting(cli, table, machine, spare, provider_key: str) -> None:
+def hosting(cli, table, machine, spare, fresh, provider_key: str) -> None:
     shown = cli("show", "machines", key=provider_key)
     table.works(
         "show machines",
@@ -753,6 +801,58 @@ def hosting(cli, table, machine, spare, provider_key: str) -> None:
         and window.starts_at.timestamp() == starts
         and (window.ends_at - window.starts_at).total_seconds() == 7200,
         maint.output,
+    )
+    maints = cli("show", "maints", "-i", str(machine.pk), key=provider_key)
+    table.works(
+        "show maints -i <id,id…>",
+        "the machines' maintenance windows still to come or under way",
+        has_row(maints.stdout, str(machine.pk)) and "power" in maints.stdout,
+        maints.output,
+    )
+    cancelled = cli("cancel", "maint", str(machine.pk), key=provider_key, answer="y")
+    table.works(
+        "cancel maint <id>",
+        "cancels the machine's maintenance windows still to come (new rentals may use those "
+        "times again)",
+        "success" in cancelled.stdout and not machine.maintenance_windows.exists(),
+        cancelled.output,
+    )
+    one = cli("show", "machine", str(machine.pk), key=provider_key)
+    table.works(
+        "show machine <id>",
+        "the machine as show machines shows it",
+        has_row(one.stdout, str(machine.pk), "RTX_4090"),
+        one.output,
+    )
+    floor = cli("set", "min-bid", str(machine.pk), "--price", "0.3", key=provider_key)
+    machine.refresh_from_db()
+    table.works(
+        "set min-bid <id> --price <dollars per GPU-hour>",
+        "the lowest bid per GPU-hour the machine takes; its other terms stay",
+        "min bid price changed" in floor.stdout
+        and machine.min_bid_price_per_gpu_hour == 300_000
+        and machine.price_per_gpu_hour == 750_000,
+        floor.output,
+    )
+    reports = cli("reports", str(machine.pk), key=provider_key)
+    table.works(
+        "reports <id>",
+        "renters' reports on the machine: none, as renters here report problems to the "
+        "platform's operators, not on a machine",
+        "reports: []" in reports.stdout,
+        reports.output,
+    )
+    rented = cli("delete", "machine", str(machine.pk), key=provider_key)
+    removed = cli("delete", "machine", str(fresh.pk), key=provider_key)
+    table.works(
+        "delete machine <id>",
+        "removes a machine never rented; one with rentals on record keeps its history and "
+        "stays (the CLI prints why: unlist it instead)",
+        "unlist it instead" in rented.output
+        and Machine.objects.filter(pk=machine.pk).exists()
+        and f"deleted machine_id ({fresh.pk})" in removed.stdout
+        and not Machine.objects.filter(pk=fresh.pk).exists(),
+        rented.output + removed.output,
     )
     foreign = cli("unlist", "machine", str(machine.pk))
     machine.refresh_from_db()
