@@ -25,6 +25,8 @@ class EnvVarNotSet(Exception):
 
 
 def _check(name: str, value: str) -> None:
+    if len(name) > 128:
+        raise ValidationError({"name": "At most 128 characters."})
     for field, env in (("name", {name: ""}), ("value", {"VALUE": value})):
         try:
             validate_env(env)

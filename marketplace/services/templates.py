@@ -11,6 +11,7 @@ from django.db import transaction
 
 from hosts.user_text import name_check
 from marketplace.models import Team, Template, User
+from marketplace.validation import validate_launch
 from scheduler.models import LaunchMode
 
 MAX_README = 20_000
@@ -25,8 +26,17 @@ def _check(fields: dict[str, Any]) -> None:
     image = fields.get("image")
     if not isinstance(image, str) or not image.strip() or any(c.isspace() for c in image):
         raise ValidationError({"image": "Give the image to run, like 'pytorch/pytorch:latest'."})
-    if len(fields.get("readme", "")) > MAX_README:
-        raise ValidationError({"readme": f"At most {MAX_README} characters."})
+    readme = fields.get("readme", "")
+    if not isinstance(readme, str) or len(readme) > MAX_README:
+        raise ValidationError({"readme": f"Text of at most {MAX_README} characters."})
+    # What a rent checks of the settings, so a template is refused as a rent from it would be.
+    validate_launch(
+        image=image,
+        env=fields.get("env", {}),
+        ports=fields.get("ports", []),
+        entrypoint=fields.get("entrypoint", ""),
+        args=fields.get("args", []),
+    )
     if fields.get("launch_mode", LaunchMode.ENTRYPOINT) not in LaunchMode.values:
         raise ValidationError({"launch_mode": f"Choose one of {', '.join(LaunchMode.values)}."})
     unknown = set(fields) - set(TEMPLATE_FIELDS)

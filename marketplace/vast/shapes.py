@@ -181,9 +181,9 @@ def rental_fields(body: dict[str, Any]) -> dict[str, Any]:
         if body.get(key) not in (None, False, "", {}, []):
             raise Refused(f"{flag} is not supported: {why}.", field=flag.lstrip("-"))
     runtype = body.get("runtype") or "ssh"
-    mode = RUNTYPE_MODES.get(runtype)
+    mode = RUNTYPE_MODES.get(runtype) if isinstance(runtype, str) else None
     if mode is None:
-        raise Refused(f"Unknown launch type '{runtype}'.", field="runtype")
+        raise Refused(f"Unknown launch type '{str(runtype)[:40]}'.", field="runtype")
     env, ports = split_env(body.get("env") or {})
     fields: dict[str, Any] = {
         "image": body.get("image") or "",

@@ -92,10 +92,12 @@ def template_fields(body: dict[str, Any]) -> dict[str, Any]:
     if body.get("readme_visible") is False:
         raise Refused("--hide-readme is not supported: a readme is shown.", field="hide-readme")
     runtype = body.get("runtype") or "args"
-    mode = RUNTYPE_MODES.get(runtype)
+    mode = RUNTYPE_MODES.get(runtype) if isinstance(runtype, str) else None
     if mode is None:
-        raise Refused(f"Unknown launch type '{runtype}'.", field="runtype")
+        raise Refused(f"Unknown launch type '{str(runtype)[:40]}'.", field="runtype")
     onstart = body.get("onstart") or ""
+    if not isinstance(onstart, str):
+        raise Refused("--onstart-cmd is text.", field="onstart-cmd")
     if onstart and mode != LaunchMode.ENTRYPOINT:
         raise Refused(
             "--onstart-cmd runs here only as the entrypoint of an args launch; SSH and Jupyter "

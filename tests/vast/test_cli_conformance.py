@@ -98,6 +98,12 @@ def table_rows(stdout: str) -> list[list[str]]:
     return [ANSI.sub("", line).split() for line in stdout.splitlines() if line.strip()]
 
 
+def offer_ids(run) -> set[int]:
+    """The ids of ``search offers --raw``'s answer."""
+    offers = json.loads(run.stdout) if run.returncode == 0 and run.stdout.strip() else []
+    return {offer["id"] for offer in offers}
+
+
 def has_row(stdout: str, *cells: str) -> bool:
     return any(all(cell in row for cell in cells) for row in table_rows(stdout))
 
@@ -106,7 +112,9 @@ def wait_for_state(instance_id: int, wanted: str, timeout: float = 90) -> str:
     deadline = time.monotonic() + timeout
     state = ""
     while time.monotonic() < deadline:
-        state = Instance.objects.get(pk=instance_id).state
+        state = Instance.objects.filter(pk=instance_id).values_list("state", flat=True).first()
+        if state is None:
+            return "(no such instance)"  # the command that should have made it did not
         if state == wanted:
             return state
         time.sleep(0.3)
@@ -700,7 +708,7 @@ def interruptible(cli, table, machine, on_demand_machine, provider_key: str) -> 
 
 def ssh_keys(cli, table, team) -> None:
     created = cli("create", "ssh-key", SSH_LINE)
-    key = SshKey.objects.filter(team=team).first()
+    key = SshKey.objects.filter(team=team, name="me@box").first()
     table.works(
         "create ssh-key '<public key>'",
         "adds the key to the team (put into instances launched with --ssh)",
@@ -718,7 +726,9 @@ def ssh_keys(cli, table, team) -> None:
     table.works(
         "delete ssh-key <id>",
         "removes the key from the team",
-        "'success': True" in deleted.stdout and not SshKey.objects.filter(team=team).exists(),
+        "'success': True" in deleted.stdout
+        and key is not None
+        and not SshKey.objects.filter(pk=key.pk).exists(),
         deleted.output,
     )
 
@@ -771,7 +781,7 @@ def hosting(cli, table, machine, spare, fresh, provider_key: str) -> None:
         "no new rentals on the machine (running ones go on); search no longer shows it",
         "machine delisted" in unlisted.stdout
         and not spare.listed
-        and not has_row(cli("search", "offers", "num_gpus>=1").stdout, str(spare.pk)),
+        and spare.pk not in offer_ids(cli("search", "offers", "num_gpus>=1", raw=True)),
         unlisted.output,
     )
     today = datetime.now(UTC).date()

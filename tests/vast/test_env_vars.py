@@ -56,6 +56,7 @@ def test_update_and_delete_env_var(funded_team):
         ("NVIDIA_VISIBLE_DEVICES", "all", "set by the platform"),
         ("GOOD", "nul \x00 char", "value"),
         ("GOOD", "x" * 5000, "4096"),
+        ("A" * 129, "x", "128"),
     ],
 )
 def test_bad_env_vars_are_refused_naming_why(funded_team, name, value, words):

@@ -135,6 +135,8 @@ def test_bad_template_settings_name_the_field_and_save_nothing(funded_team):
         ({"ports": [70000]}, "ports"),
         ({"launch_mode": "vm"}, "launch_mode"),
         ({"name": "a\nb"}, "name"),
+        ({"image": "BUSYBOX/busybox"}, "image"),
+        ({"entrypoint": "--privileged"}, "entrypoint"),
     ]:
         response = client.post("/api/v1/templates/", {**SAVED, **changes}, format="json")
         assert response.status_code == 400, (changes, response.content)
@@ -188,6 +190,9 @@ def test_create_template_translates_the_clis_body(funded_team):
         ({"runtype": "ssh"}, "--onstart-cmd"),
         ({"name": None}, "name"),
         ({"recommended_disk_space": "lots"}, "--disk_space"),
+        ({"runtype": ["args"]}, "Unknown launch type"),
+        ({"onstart": 5}, "--onstart-cmd is text"),
+        ({"env": "-e NVIDIA_VISIBLE_DEVICES=all"}, "set by the platform"),
     ],
 )
 def test_template_options_we_cannot_keep_are_refused(funded_team, changes, words):
