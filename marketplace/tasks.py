@@ -15,6 +15,7 @@ from marketplace.models import Volume
 from marketplace.services import (
     bids,
     clocks,
+    env_vars,
     metering,
     offers,
     registries,
@@ -80,6 +81,7 @@ def rental_launch(self, instance_id: int) -> str:
             instance_id=instance_id,
             ssh_keys=lambda: ssh_keys.team_ssh_public_keys(instance.team_id),
             registry_credentials=credentials,
+            team_env=lambda: env_vars.team_launch_env(instance.team_id),
         )
         logger.info("launch of instance %s: %s", instance_id, outcome.state)
         return _then(self, instance_id, outcome, InstanceState.LAUNCHING)

@@ -50,6 +50,14 @@ def team_objects(team: Team, queryset: QuerySet[M]) -> QuerySet[M]:
     return queryset.filter(team=team)
 
 
+def team_or_public_objects(team: Team, queryset: QuerySet[M]) -> QuerySet[M]:
+    """What a team may read of a model whose rows may be shared (``public``, like templates):
+    its own rows and every public one. Changing a row stays ``team_objects``' rule."""
+    from django.db.models import Q
+
+    return queryset.filter(Q(team=team) | Q(public=True))
+
+
 def team_object_or_404(team: Team, queryset: QuerySet[M], **lookup: object) -> M:
     try:
         return team_objects(team, queryset).get(**lookup)

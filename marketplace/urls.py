@@ -12,13 +12,17 @@ from marketplace.api import accounts as accounts_api
 from marketplace.api import billing as billing_api
 from marketplace.api import clusters as clusters_api
 from marketplace.api import deployments as deployments_api
+from marketplace.api import env_vars as env_vars_api
 from marketplace.api import hosts as hosts_api
 from marketplace.api import offer_figures as offer_figures_api
 from marketplace.api import offers as offers_api
 from marketplace.api import rentals as rentals_api
+from marketplace.api import templates as templates_api
 from marketplace.api import volumes as volumes_api
 from marketplace.api.errors import api_not_found
 from marketplace.clusters.auth import gateway_auth
+from marketplace.vast import templates as vast_templates
+from marketplace.vast.errors import vast_not_found
 from marketplace.vast.views import for_vastai_cli
 from marketplace.views import accounts as views
 from marketplace.views import billing as billing_views
@@ -39,6 +43,7 @@ router.register("deployments", deployments_api.DeploymentViewSet, basename="api-
 router.register("clusters", clusters_api.ClusterViewSet, basename="api-cluster")
 router.register("volumes", volumes_api.VolumeViewSet, basename="api-volume")
 router.register("images", rentals_api.CommittedImageViewSet, basename="api-image")
+router.register("templates", templates_api.TemplateViewSet, basename="api-template")
 
 api_v1 = [
     # The vastai CLI (1.9.1) lists instances at this v1 path: its request goes to the vast
@@ -48,7 +53,11 @@ api_v1 = [
         for_vastai_cli(rentals_api.InstanceViewSet.as_view({"get": "list", "post": "create"})),
         name="api-instance-list",
     ),
+    # ... and saves a template's edits at this one (``update template``).
+    path("template/", vast_templates.TemplateV1.as_view(), name="vast-template-v1"),
     path("me/", accounts_api.me, name="api-me"),
+    path("env-vars/", env_vars_api.EnvVars.as_view(), name="api-env-vars"),
+    path("env-vars/<str:name>/", env_vars_api.EnvVarDetail.as_view(), name="api-env-var"),
     path("offers/", offers_api.offers, name="api-offers"),
     path("offers/<id:machine_id>/quote/", offers_api.offer_quote, name="api-offer-quote"),
     path(
@@ -70,6 +79,13 @@ urlpatterns = [
     # request's CPU when the API came last). No pattern below matches these paths.
     path("api/v1/", include(api_v1)),
     path("api/v0/", include("marketplace.vast.urls")),
+    # The vastai CLI's serverless commands call vast.ai's autoscaler at the site's root: they
+    # get the API's "not offered" answer in JSON, not the site's HTML 404.
+    re_path(
+        r"^(get_endpoint_logs|get_endpoint_workers|get_autogroup_logs|update_workers)/?$",
+        vast_not_found,
+        name="vast-autoscaler",
+    ),
     path("", include("marketplace.observability.urls")),
     path("admin/", admin.site.urls),
     # Browsers ask for /favicon.ico on pages without an icon link (the admin, the API docs).

@@ -48,8 +48,13 @@ from marketplace.services.renting import (
     rental_create,
     rental_extend,
 )
-from marketplace.services.ssh_keys import ssh_key_add
+from marketplace.services.ssh_keys import (
+    instance_ssh_key_attach,
+    instance_ssh_key_detach,
+    ssh_key_add,
+)
 from marketplace.services.volumes import MountRequest
+from marketplace.tenancy import team_object_or_404
 from scheduler import services as scheduler
 from scheduler.models import Instance, InstanceState, LaunchMode
 from scheduler.placement import BINPACK, CARD_POLICIES, SliceSize
@@ -390,6 +395,13 @@ class ExecSerializer(serializers.Serializer):
     )
 
 
+class AttachKeySerializer(serializers.Serializer):
+    public_key = serializers.CharField(max_length=16384, help_text="One OpenSSH public key line.")
+    name = serializers.CharField(
+        max_length=80, default="attached", help_text="Its name on the team, if it is new there."
+    )
+
+
 class InstanceFilter(django_filters.FilterSet):
     """``state``: one state, or ``ended`` (failed, expired, destroying or destroyed) or ``all``.
     Without it the list is every rental but the destroyed ones, as it always was."""
@@ -613,6 +625,28 @@ class InstanceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScop
             raise serializers.ValidationError({"tail": "A whole number of lines."}) from None
         text, note = instance_logs(instance, tail=tail)
         return Response({"logs": text, "message": note})
+
+    @extend_schema(request=AttachKeySerializer, responses={200: dict})
+    @action(detail=True, methods=["post"], url_path="ssh-keys")
+    def attach_ssh_key(self, request, pk=None):
+        """Put an SSH key into the running SSH-mode instance now (the team keeps the key)."""
+        instance = self.get_object()
+        params = AttachKeySerializer(data=request.data)
+        params.is_valid(raise_exception=True)
+        key = instance_ssh_key_attach(instance=instance, **params.validated_data)
+        return Response(SshKeySerializer(key).data)
+
+    @extend_schema(request=None, responses={204: None})
+    @action(
+        detail=True, methods=["delete"], url_path=r"ssh-keys/(?P<key_id>[0-9]{1,18})",
+        url_name="detach-ssh-key",
+    )  # fmt: skip
+    def detach_ssh_key(self, request, pk=None, key_id=None):
+        """Take the team's SSH key out of the running SSH-mode instance."""
+        instance = self.get_object()
+        key = team_object_or_404(self.team, SshKey.objects.all(), pk=key_id)
+        instance_ssh_key_detach(instance=instance, key=key)
+        return Response(status=status.HTTP_204_NO_CONTENT)
 
     @extend_schema(request=ExecSerializer, responses={200: dict})
     @action(detail=True, methods=["post"], url_path="exec")

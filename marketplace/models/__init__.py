@@ -1,7 +1,9 @@
 from marketplace.models.accounts import ApiKey, Invitation, Membership, Role, Team, User
 from marketplace.models.clusters import Cluster
 from marketplace.models.deployments import Deployment, Replica
+from marketplace.models.env_vars import TeamEnvVar
 from marketplace.models.rentals import Offer, Rental, SshKey
+from marketplace.models.templates import Template
 from marketplace.models.volumes import (
     CommittedImage,
     Volume,
@@ -23,6 +25,8 @@ __all__ = [
     "Role",
     "SshKey",
     "Team",
+    "TeamEnvVar",
+    "Template",
     "User",
     "Volume",
     "VolumeMount",

@@ -55,3 +55,75 @@ def ssh_key_add(*, team: Team, name: str, public_key: str) -> SshKey:
 
 def team_ssh_public_keys(team_id: int) -> list[str]:
     return list(SshKey.objects.filter(team_id=team_id).values_list("public_key", flat=True))
+
+
+# --- keys on a running instance ---------------------------------------------------------------
+
+# Run in the container with the key line as "$1" (an argument, never pasted into the script).
+# The awk programs compare a line's first two fields (type and base64) with the key's.
+_ATTACH = (
+    "mkdir -p /root/.ssh && chmod 700 /root/.ssh && f=/root/.ssh/authorized_keys && "
+    'touch "$f" && chmod 600 "$f" && '
+    'if awk -v k="$1" \'$1" "$2 == k { found = 1 } END { exit !found }\' "$f"; then :; '
+    'else printf "%s\\n" "$1" >> "$f"; fi'
+)
+_DETACH = (
+    'f=/root/.ssh/authorized_keys; [ -f "$f" ] || exit 0; '
+    'awk -v k="$1" \'$1" "$2 != k\' "$f" > "$f.gpumkt" && '
+    'cat "$f.gpumkt" > "$f" && rm -f "$f.gpumkt"'
+)
+KEY_EXEC_TIMEOUT = 15.0
+
+
+class InstanceKeysUnavailable(Exception):
+    http_status = 409
+    error_code = "invalid_state"
+
+
+def _key_line(public_key: str) -> str:
+    """The key's type and base64, as authorized_keys matches it (the comment is the user's)."""
+    return " ".join(public_key.split()[:2])
+
+
+def _takes_keys(instance) -> None:
+    from scheduler.models import InstanceState, LaunchMode
+
+    if instance.launch_mode != LaunchMode.SSH:
+        raise InstanceKeysUnavailable(
+            "Only SSH-mode instances take SSH keys (their sshd reads /root/.ssh/authorized_keys)."
+        )
+    if instance.state != InstanceState.RUNNING:
+        raise InstanceKeysUnavailable("SSH keys are put into a running instance only.")
+
+
+def _in_container(instance, script: str, line: str) -> None:
+    from hosts.runtime import DockerHost
+    from marketplace.db import release_database_connection
+
+    _takes_keys(instance)
+    host = DockerHost(instance.machine)
+    release_database_connection()
+    result = host.exec(
+        instance.container_id, ["sh", "-c", script, "sh", line], timeout=KEY_EXEC_TIMEOUT
+    )
+    if result.exit_code != 0:
+        raise InstanceKeysUnavailable(
+            f"The instance's container refused the change: {(result.stderr or result.stdout)[-300:]}"
+        )
+
+
+def instance_ssh_key_attach(*, instance, public_key: str, name: str) -> SshKey:
+    """Put a key into a running SSH-mode instance's authorized_keys now (the team keeps it
+    too, so it goes into the team's later launches). Once, however often it is attached."""
+    _takes_keys(instance)  # before the key is kept on the team
+    fingerprint = ssh_key_fingerprint(public_key)
+    key = SshKey.objects.filter(team_id=instance.team_id, fingerprint=fingerprint).first()
+    if key is None:
+        key = ssh_key_add(team=instance.team, name=name, public_key=public_key)
+    _in_container(instance, _ATTACH, _key_line(key.public_key))
+    return key
+
+
+def instance_ssh_key_detach(*, instance, key: SshKey) -> None:
+    """Take the team's key out of a running SSH-mode instance (the team keeps the key)."""
+    _in_container(instance, _DETACH, _key_line(key.public_key))

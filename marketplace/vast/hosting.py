@@ -1,5 +1,6 @@
-"""The vast.ai-compatible endpoints for providers (``show machines``, ``list machine``,
-``unlist machine``, ``schedule maint``, ``show earnings``): vast's paths and shapes over the
+"""The vast.ai-compatible endpoints for providers (``show machines``, ``show machine``,
+``list machine``, ``unlist machine``, ``schedule/show/cancel maint``, ``set min-bid``,
+``delete machine``, ``reports``, ``show earnings``): vast's paths and shapes over the
 hosts room's services, for keys with the provider audience; another team's machine answers
 404 as in /api/v1/.
 """
@@ -11,18 +12,25 @@ from datetime import UTC, datetime
 from typing import Any
 
 from django.db import transaction
+from django.utils import timezone
 from drf_spectacular.utils import extend_schema
 from rest_framework.exceptions import NotFound
 from rest_framework.response import Response
 
 from billing.selectors import earnings_by_day, earnings_by_machine
-from hosts.models import Machine
-from hosts.services import machine_set_listed, machine_set_terms, maintenance_window_add
+from hosts.models import Machine, MaintenanceWindow
+from hosts.services import (
+    machine_remove,
+    machine_set_listed,
+    machine_set_terms,
+    maintenance_window_add,
+    maintenance_window_remove,
+)
 from marketplace.models.rentals import all_free_offers
 from marketplace.tenancy import team_objects
 from marketplace.vast import shapes
 from marketplace.vast.errors import Refused
-from marketplace.vast.views import ANY_JSON, VastView
+from marketplace.vast.views import ANY_JSON, VastView, json_param
 
 
 class ProviderView(VastView):
@@ -141,3 +149,90 @@ def day_param(request, name: str) -> float | None:
     if not 0 <= value <= 2_900_000:  # up to the year 9900; past it there is no date
         raise Refused(f"{name} is a number of days since 1970.", field=name)
     return value
+
+
+# --- one machine, its maintenance, its minimum bid ---------------------------------------------
+
+
+class MachineDetail(ProviderView):
+    """``vastai show machine <id>``: the machine as ``show machines`` shows it, in a list (the
+    CLI reads one)."""
+
+    @extend_schema(summary="vast.ai: show machine", responses={200: ANY_JSON})
+    def get(self, request, pk: int):
+        return Response([shapes.machine_row(self.machine(int(pk)))])
+
+
+class Maintenances(ProviderView):
+    """``vastai show maints -i <id,id…>``: the machines' maintenance windows still to come or
+    under way."""
+
+    @extend_schema(summary="vast.ai: show maints", responses={200: ANY_JSON})
+    def get(self, request):
+        ids = json_param(request, "machine_ids")
+        if not isinstance(ids, list) or not all(
+            isinstance(i, int) and not isinstance(i, bool) for i in ids
+        ):
+            raise Refused("machine_ids is a list of machine ids.", field="machine_ids")
+        machines = [self.machine(pk) for pk in dict.fromkeys(ids)]
+        windows = MaintenanceWindow.objects.filter(
+            machine__in=machines, ends_at__gt=timezone.now()
+        ).order_by("starts_at", "pk")
+        return Response([shapes.maintenance_row(window) for window in windows])
+
+
+class MachineCancelMaintenance(ProviderView):
+    """``vastai cancel maint <id>``: the machine's maintenance windows still to come or under
+    way are cancelled; new rentals may overlap those times again."""
+
+    @extend_schema(
+        summary="vast.ai: cancel maint",
+        request={"application/json": ANY_JSON},
+        responses={200: ANY_JSON},
+    )
+    def put(self, request, pk: int):
+        machine = self.machine(pk)
+        windows = machine.maintenance_windows.filter(ends_at__gt=timezone.now())
+        with transaction.atomic():
+            for window_id in windows.values_list("pk", flat=True):
+                maintenance_window_remove(machine_id=machine.pk, window_id=window_id)
+        return Response({"success": True})
+
+
+class MachineMinBid(ProviderView):
+    """``vastai set min-bid <id> --price P``: the lowest bid per GPU-hour the machine takes
+    for interruptible rentals; its other terms stay."""
+
+    @extend_schema(
+        summary="vast.ai: set min-bid",
+        request={"application/json": ANY_JSON},
+        responses={200: ANY_JSON},
+    )
+    def put(self, request, pk: int):
+        machine = self.machine(pk)
+        price = self.body().get("price")
+        if price is None:
+            raise Refused("--price: the lowest bid per GPU-hour, like 0.2.", field="price")
+        terms = shapes.listing_terms({"price_min_bid": price}, machine)
+        machine_set_terms(machine_id=machine.pk, **terms)
+        return Response({"success": True})
+
+
+class MachineForceDelete(ProviderView):
+    """``vastai delete machine <id>``: removes a machine that was never rented. One with
+    rentals on record keeps its history and stays (unlist it instead): nothing is forced."""
+
+    @extend_schema(summary="vast.ai: delete machine", responses={200: ANY_JSON})
+    def post(self, request, pk: int):
+        machine_remove(machine_id=self.machine(pk).pk)
+        return Response({"success": True})
+
+
+class MachineReports(ProviderView):
+    """``vastai reports <id>``: renters' reports on the machine. Renters here file none (a
+    problem goes to the platform's operators), so the list is empty."""
+
+    @extend_schema(summary="vast.ai: reports", responses={200: ANY_JSON})
+    def get(self, request, pk: int):
+        self.machine(pk)
+        return Response([])

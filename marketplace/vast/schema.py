@@ -10,12 +10,14 @@ from __future__ import annotations
 from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.views import SpectacularAPIView
 
-V0_PREFIX = "/api/v0/"
+API_PREFIX = "/api/"
 
 
 class VastSchema(AutoSchema):
     def get_operation(self, path, path_regex, path_prefix, method, registry):
-        if path.startswith(V0_PREFIX):  # the whole site's schema, i.e. /api/v1/schema/
+        # The whole site's schema (/api/v1/schema/) names them by full path: /api/v0/… and
+        # the one v1 path the CLI calls (``update template``'s /api/v1/template/).
+        if path.startswith(API_PREFIX):
             return None
         return super().get_operation(path, path_regex, path_prefix, method, registry)
 

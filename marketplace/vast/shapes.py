@@ -177,7 +177,6 @@ RUNTYPE_MODES = {
 # are refused rather than dropped.
 UNSUPPORTED_CREATE_OPTIONS = {
     "image_login": ("--login", "private registry logins go through /api/v1/instances/"),
-    "template_hash_id": ("--template_hash", "there are no templates here"),
     "user": ("--user", "containers run as the image's user"),
     "python_utf8": ("--python-utf8", "images run unchanged"),
     "lang_utf8": ("--lang-utf8", "images run unchanged"),
@@ -198,9 +197,9 @@ def rental_fields(body: dict[str, Any]) -> dict[str, Any]:
         if body.get(key) not in (None, False, "", {}, []):
             raise Refused(f"{flag} is not supported: {why}.", field=flag.lstrip("-"))
     runtype = body.get("runtype") or "ssh"
-    mode = RUNTYPE_MODES.get(runtype)
+    mode = RUNTYPE_MODES.get(runtype) if isinstance(runtype, str) else None
     if mode is None:
-        raise Refused(f"Unknown launch type '{runtype}'.", field="runtype")
+        raise Refused(f"Unknown launch type '{str(runtype)[:40]}'.", field="runtype")
     env, ports = split_env(body.get("env") or {})
     fields: dict[str, Any] = {
         "image": body.get("image") or "",
@@ -482,6 +481,18 @@ def maintenance_window(body: dict[str, Any]):
     if not 0 < hours <= 24 * 365:
         raise Refused("--duration: more than 0 and at most a year of hours.", field="duration")
     return starts_at, starts_at + timedelta(hours=hours)
+
+
+def maintenance_row(window) -> dict[str, Any]:
+    """A maintenance window as ``show maints`` prints it."""
+    return {
+        "id": window.pk,
+        "machine_id": window.machine_id,
+        "start_time": window.starts_at.timestamp(),
+        "end_time": window.ends_at.timestamp(),
+        "duration_hours": round((window.ends_at - window.starts_at).total_seconds() / 3600, 2),
+        "maintenance_category": window.note or "not provided",
+    }
 
 
 def earnings_row(key: str, rows: list) -> dict[str, Any]:

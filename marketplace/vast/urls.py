@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from django.urls import path, re_path
 
-from marketplace.vast import hosting, views
+from marketplace.vast import hosting, keys, templates, views
 from marketplace.vast.errors import vast_not_found
 from marketplace.vast.schema import schema_view
 
@@ -17,6 +17,7 @@ urlpatterns = [
     re_path(r"^users/current/?$", views.CurrentUser.as_view(), name="vast-user"),
     re_path(r"^users/me/invoices/?$", views.Invoices.as_view(), name="vast-invoices"),
     path("bundles/", views.Bundles.as_view(), name="vast-bundles"),
+    path("asks/bulk/", views.AskBulk.as_view(), name="vast-asks-bulk"),
     path("asks/<id:offer_id>/", views.Ask.as_view(), name="vast-ask"),
     path("instances/", views.InstanceList.as_view(), name="vast-instances"),
     path("instances/<id:pk>/", views.InstanceDetail.as_view(), name="vast-instance"),
@@ -28,10 +29,40 @@ urlpatterns = [
     path(
         "instances/command/<id:pk>/", views.InstanceCommand.as_view(), name="vast-instance-command"
     ),
+    path("template/", templates.Templates.as_view(), name="vast-templates"),
+    path("auth/apikeys/", keys.ApiKeys.as_view(), name="vast-api-keys"),
+    path("auth/apikeys/<id:pk>/", keys.ApiKeyDetail.as_view(), name="vast-api-key"),
+    path("secrets/", keys.EnvVars.as_view(), name="vast-env-vars"),
+    path("instances/<id:pk>/ssh/", views.InstanceSshKeys.as_view(), name="vast-instance-ssh"),
+    path(
+        "instances/<id:pk>/ssh/<id:key_id>/",
+        views.InstanceSshKey.as_view(),
+        name="vast-instance-ssh-key",
+    ),
     path("ssh/", views.SshKeys.as_view(), name="vast-ssh-keys"),
     path("ssh/<id:pk>/", views.SshKeyDetail.as_view(), name="vast-ssh-key"),
     re_path(r"^machines/?$", hosting.Machines.as_view(), name="vast-machines"),
     path("machines/create_asks/", hosting.CreateAsks.as_view(), name="vast-machine-list"),
+    re_path(r"^machines/maintenances/?$", hosting.Maintenances.as_view(), name="vast-maintenances"),
+    re_path(
+        r"^machines/(?P<pk>[0-9]{1,18})/?$",
+        hosting.MachineDetail.as_view(),
+        name="vast-machine",
+    ),
+    path(
+        "machines/<id:pk>/cancel_maint/",
+        hosting.MachineCancelMaintenance.as_view(),
+        name="vast-machine-cancel-maintenance",
+    ),
+    path("machines/<id:pk>/minbid/", hosting.MachineMinBid.as_view(), name="vast-machine-min-bid"),
+    path(
+        "machines/<id:pk>/force_delete/",
+        hosting.MachineForceDelete.as_view(),
+        name="vast-machine-delete",
+    ),
+    path(
+        "machines/<id:pk>/reports/", hosting.MachineReports.as_view(), name="vast-machine-reports"
+    ),
     path("machines/<id:pk>/asks/", hosting.MachineAsks.as_view(), name="vast-machine-unlist"),
     path(
         "machines/<id:pk>/dnotify/",

@@ -37,10 +37,14 @@ from marketplace.services.renter_actions import (
     rental_start,
     rental_stop_request,
 )
-from marketplace.services.renting import MIN_RENTAL_HOURS, rental_create
-from marketplace.services.ssh_keys import ssh_key_add
+from marketplace.services.renting import MIN_RENTAL_HOURS, RentalRequest, rental_create
+from marketplace.services.ssh_keys import (
+    instance_ssh_key_attach,
+    instance_ssh_key_detach,
+    ssh_key_add,
+)
 from marketplace.tenancy import team_objects
-from marketplace.vast import shapes
+from marketplace.vast import bulk, shapes
 from marketplace.vast.errors import Refused, vast_exception_handler
 from marketplace.vast.schema import VastSchema
 from scheduler.models import Instance, InstanceState
@@ -152,25 +156,64 @@ class Ask(RenterView):
         responses={200: ANY_JSON},
     )
     def put(self, request, offer_id: int):
-        body = self.body()
-        fields = shapes.rental_fields(body)
-        offer = Offer.objects.filter(pk=offer_id).first()
-        if offer is None:
-            raise NotFound(f"There is no offer {offer_id}; search offers for current ids.")
-        gpus = max(offer.num_gpus, offer.min_gpus, 1)
-        if body.get("price") is not None:  # --bid_price: an interruptible rental
-            fields["bid_price"] = dollars(shapes.bid_per_gpu(body["price"], gpus, "--bid_price"))
-        params = RentSerializer(
-            data={
-                **fields,
-                "machine_id": offer.machine_id,
-                "num_gpus": gpus,
-                "duration_hours": rental_hours(offer),
-            }
-        )
-        params.is_valid(raise_exception=True)
-        rental = rental_create(team=self.team, request=params.rental_request())
+        order = rent_order(self.team, self.body(), offer_id)
+        rental = rental_create(team=self.team, request=order)
         return Response({"success": True, "new_contract": rental.instance_id})
+
+
+class AskBulk(RenterView):
+    """``vastai create instances <offer id>…``: one instance on each offer, same settings."""
+
+    @extend_schema(
+        summary="vast.ai: create instances",
+        request={"application/json": ANY_JSON},
+        responses={200: ANY_JSON},
+    )
+    def post(self, request):
+        body = self.body()
+        offer_ids = bulk.id_list(body, "ids")
+        settings = {key: value for key, value in body.items() if key != "ids"}
+        orders, rented_ids, failed = [], [], {}
+        for offer_id in offer_ids:
+            try:
+                orders.append(rent_order(self.team, settings, offer_id))
+                rented_ids.append(offer_id)
+            except NotFound as error:
+                failed[str(offer_id)] = str(error.detail)
+        answer = bulk.rent_many(self.team, orders, rented_ids)
+        if failed:  # offers that are not there: named beside what was rented
+            answer.data.setdefault("failed", {}).update(failed)
+            if not answer.data["success"]:
+                answer.data["msg"] += " " + "; ".join(
+                    f"offer {key}: {why}" for key, why in failed.items()
+                )
+        return answer
+
+
+def rent_order(team, body: dict[str, Any], offer_id: int) -> RentalRequest:
+    """The CLI's create body for one offer → what ``rental_create`` takes (400 naming the
+    field for bad settings, 404 for an offer that is not there)."""
+    if body.get("template_hash_id"):
+        from marketplace.vast.templates import rent_body_from_template
+
+        body = rent_body_from_template(team, body)
+    fields = shapes.rental_fields(body)
+    offer = Offer.objects.filter(pk=offer_id).first()  # a bundle: exactly its GPUs
+    if offer is None:
+        raise NotFound(f"There is no offer {offer_id}; search offers for current ids.")
+    gpus = max(offer.num_gpus, offer.min_gpus, 1)
+    if body.get("price") is not None:  # --bid_price: an interruptible rental
+        fields["bid_price"] = dollars(shapes.bid_per_gpu(body["price"], gpus, "--bid_price"))
+    params = RentSerializer(
+        data={
+            **fields,
+            "machine_id": offer.machine_id,
+            "num_gpus": gpus,
+            "duration_hours": rental_hours(offer),
+        }
+    )
+    params.is_valid(raise_exception=True)
+    return params.rental_request()
 
 
 def rental_hours(offer: Offer) -> float:
@@ -235,7 +278,9 @@ class InstanceReboot(RenterView):
 
 class InstanceBid(RenterView):
     """``vastai change bid <id> [--price P]``: P is dollars per hour for the whole instance
-    (as vast.ai's docs say); without it, the lowest bid that wins its GPUs now."""
+    (as vast.ai's docs say). Without it, "a winning bid price is used" (the CLI's help): the
+    lowest bid that wins its GPUs now, or the rental's own bid when that is higher; a bid is
+    never lowered by leaving out --price."""
 
     @extend_schema(
         summary="vast.ai: change bid",
@@ -246,7 +291,7 @@ class InstanceBid(RenterView):
         instance = self.instance(pk)
         price = self.body().get("price")
         if price is None:
-            bid = winning_bid(rental=instance.rental)
+            bid = max(winning_bid(rental=instance.rental), instance.rental.price_per_gpu_hour)
         else:
             bid = shapes.bid_per_gpu(price, instance.rental.gpu_count, "--price")
         rental_bid_change(rental=instance.rental, bid=bid)
@@ -341,6 +386,39 @@ class SshKeyDetail(VastView):
             raise NotFound(f"SSH key {pk} is not one of your team's keys.")
         key.delete()  # as /api/v1/ssh-keys/ does: a key is only read at a launch
         return Response({"success": True})
+
+
+class InstanceSshKeys(RenterView):
+    """``vastai attach ssh <id> '<public key>'``: the key goes into the running SSH-mode
+    instance now (and onto the team, as ``create ssh-key`` would)."""
+
+    @extend_schema(
+        summary="vast.ai: attach ssh",
+        request={"application/json": ANY_JSON},
+        responses={200: ANY_JSON},
+    )
+    def post(self, request, pk: int):
+        instance = self.instance(pk)
+        public_key = self.body().get("ssh_key")
+        if not isinstance(public_key, str):
+            raise Refused("ssh_key is one OpenSSH public key line.", field="ssh_key")
+        parts = public_key.split()
+        name = (parts[2] if len(parts) > 2 else "attached with vastai")[:80]
+        key = instance_ssh_key_attach(instance=instance, public_key=public_key, name=name)
+        return Response({"success": True, "msg": f"SSH key {key.pk} attached.", "key_id": key.pk})
+
+
+class InstanceSshKey(RenterView):
+    """``vastai detach ssh <id> <key id>``: the team's key leaves the running instance."""
+
+    @extend_schema(summary="vast.ai: detach ssh", responses={200: ANY_JSON})
+    def delete(self, request, pk: int, key_id: int):
+        instance = self.instance(pk)
+        key = team_objects(self.team, SshKey.objects.all()).filter(pk=key_id).first()
+        if key is None:
+            raise NotFound(f"SSH key {key_id} is not one of your team's keys.")
+        instance_ssh_key_detach(instance=instance, key=key)
+        return Response({"success": True, "msg": f"SSH key {key.pk} detached."})
 
 
 # --- money -----------------------------------------------------------------------------------
@@ -447,6 +525,27 @@ class InstanceList(RenterView):
                 "label_counts": {},
             }
         )
+
+    @extend_schema(
+        summary="vast.ai: start instances / stop instances",
+        request={"application/json": ANY_JSON},
+        responses={200: ANY_JSON},
+    )
+    def put(self, request):
+        body = self.body()
+        state = body.get("state")
+        if state not in ("running", "stopped"):
+            raise Refused('state is "running" (start) or "stopped" (stop).', field="state")
+        return bulk.instances_to_state(self.team, bulk.id_list(body, "ids"), state)
+
+    @extend_schema(
+        summary="vast.ai: destroy instances",
+        request={"application/json": ANY_JSON},
+        responses={200: ANY_JSON},
+    )
+    def delete(self, request):
+        ids = bulk.id_list(self.body(), "instance_ids")
+        return bulk.instances_to_state(self.team, ids, "destroyed")
 
 
 def for_vastai_cli(v1_list_view):

@@ -46,9 +46,15 @@ def extra_container_labels() -> dict[str, str]:
     return dict(getattr(settings, "CONTAINER_EXTRA_LABELS", {}))
 
 
-def container_spec_for(instance: Instance, *, ssh_keys: list[str] | None = None) -> ContainerSpec:
+def container_spec_for(
+    instance: Instance,
+    *,
+    ssh_keys: list[str] | None = None,
+    team_env: dict[str, str] | None = None,
+) -> ContainerSpec:
     """The container an instance runs: its units' limits, pinned GPUs, published ports. A slice
-    gets its fraction of one unit, is pinned to its card and carries the MPS limits."""
+    gets its fraction of one unit, is pinned to its card and carries the MPS limits.
+    ``team_env``: the team's variables, under the instance's own (its env wins a name)."""
     machine = instance.machine
     gpu_uuids = None
     if getattr(machine, "present_gpu_count", None) is None:
@@ -68,7 +74,7 @@ def container_spec_for(instance: Instance, *, ssh_keys: list[str] | None = None)
             .first()
         )
         n = slice_fraction(gpu_slice.core_percent, gpu_slice.memory_mb, card_memory or 1)
-    env = dict(instance.env)
+    env = {**(team_env or {}), **instance.env}
     args = list(instance.args)
     entrypoint = instance.entrypoint or None
     if instance.launch_mode == LaunchMode.SSH:

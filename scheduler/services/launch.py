@@ -45,9 +45,11 @@ def instance_launch(
     instance_id: int,
     ssh_keys: Callable[[], list[str]] | None = None,
     registry_credentials: tuple[str, str] | None = None,
+    team_env: Callable[[], dict[str, str]] | None = None,
 ) -> WorkOutcome:
     """Start the instance's container on its machine; idempotent. ``ssh_keys`` gives the
-    team's public keys, asked for only by an SSH launch (the one that puts them in).
+    team's public keys, asked for only by an SSH launch (the one that puts them in);
+    ``team_env`` the team's variables, which the new container gets in its environment.
 
     Only the worker holding the lease touches the host; another gets "busy". The container
     name is derived from the instance, so a later attempt (a worker killed mid-way, its lease
@@ -56,7 +58,7 @@ def instance_launch(
     return leased(
         instance_id,
         InstanceState.LAUNCHING,
-        lambda token: _launch_leased(instance_id, token, ssh_keys, registry_credentials),
+        lambda token: _launch_leased(instance_id, token, ssh_keys, registry_credentials, team_env),
     )
 
 
@@ -97,6 +99,7 @@ def _launch_leased(
     token: str,
     ssh_keys: Callable[[], list[str]] | None,
     registry_credentials: tuple[str, str] | None,
+    team_env: Callable[[], dict[str, str]] | None = None,
 ) -> WorkOutcome:
     instance = Instance.objects.select_related("machine").get(pk=instance_id)
     if instance.state != InstanceState.LAUNCHING:
@@ -108,7 +111,9 @@ def _launch_leased(
     try:
         gpus_vacate(host, instance)  # GPUs taken from an interrupted rental: its container stops
         keys = ssh_keys() if ssh_keys and instance.launch_mode == LaunchMode.SSH else None
-        spec = container_spec_for(instance, ssh_keys=keys)
+        spec = container_spec_for(
+            instance, ssh_keys=keys, team_env=team_env() if team_env else None
+        )
         existing = "" if first_attempt else existing_container(host, instance.container_name)
         if existing:
             host.start(existing)  # a no-op when it is already running

@@ -63,10 +63,12 @@ def test_an_offers_figures_are_per_gpu_times_its_gpus_and_per_its_price(market):
 
 def test_the_fields_filter_and_sort_in_the_api(team, owner, market):
     api = key_client(team)
-    assert names(api.get("/api/v1/offers/", {"q": "dlperf>100"})) == ["fast"]
-    assert names(api.get("/api/v1/offers/", {"q": "verified=true -o dlperf_per_dphtotal-"})) == [
+    # Single-GPU bundles: "fast" gives 140 a GPU (its 2-GPU bundle 280).
+    assert names(api.get("/api/v1/offers/", {"q": "dlperf>100 num_gpus=1"})) == ["fast"]
+    by_value = {"q": "verified=true num_gpus=1 -o dlperf_per_dphtotal-"}
+    assert names(api.get("/api/v1/offers/", by_value)) == [
         "slow",  # 40 for $0.20: 200 per dollar-hour
-        "fast",
+        "fast",  # 140 for $1.00
     ]
     found = api.get("/api/v1/offers/", {"q": "inet_down>=500 compute_cap>=890 total_flops>100"})
     assert names(found) == ["fast"]
@@ -81,7 +83,7 @@ def test_the_vast_cli_body_filters_and_sorts_by_them(team, owner, market):
     api = key_client(team)
     body = {
         "verified": {"eq": True}, "external": {"eq": False}, "rentable": {"eq": True},
-        "dlperf": {"gte": 30}, "inet_down": {"gt": 50},
+        "dlperf": {"gte": 30}, "inet_down": {"gt": 50}, "num_gpus": {"eq": 1},
         "order": [["dlperf_per_dphtotal", "desc"]], "type": "on-demand",
     }  # fmt: skip
     offers = api.post("/api/v0/bundles/", body, format="json").json()["offers"]
@@ -89,7 +91,7 @@ def test_the_vast_cli_body_filters_and_sorts_by_them(team, owner, market):
         market["slow"].machine_id,
         market["fast"].machine_id,
     ]
-    assert offers[1]["dlperf"] == 280.0 and offers[1]["total_flops"] == 165.2
+    assert offers[1]["dlperf"] == 140.0 and offers[1]["total_flops"] == 82.6  # one GPU's
 
 
 def test_an_offers_figures_are_public_for_listed_machines_only(

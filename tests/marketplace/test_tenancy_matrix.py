@@ -612,6 +612,107 @@ def check_vast_list_machine(c: Checker) -> None:
         assert queued == [] and c.database() == before
 
 
+def check_templates(c: Checker) -> None:
+    """Acme's private template: its members list and read it; to the outsider (v1 and the
+    vast.ai API alike) it is in no list and every route answers 404, changing nothing. A public
+    one the outsider lists and reads, but cannot change or delete."""
+    from marketplace.services.templates import template_create
+
+    fields = {"name": "acme-tpl", "image": "busybox:latest"}
+    private = template_create(team=c.acme.team, user=None, fields=fields)
+    public = template_create(
+        team=c.acme.team, user=None, fields={**fields, "name": "acme-shared", "public": True}
+    )
+    for client in c.members():
+        listed = [t["id"] for t in client.get("/api/v1/templates/").json()["results"]]
+        assert {private.pk, public.pk} <= set(listed)
+        assert client.get(f"/api/v1/templates/{private.pk}/").status_code == 200
+    base = f"/api/v1/templates/{private.pk}/"
+    tries = [
+        ("get", base, None),
+        ("patch", base, {"name": "sneak"}),
+        ("put", base, {"name": "sneak", "image": "x"}),
+        ("delete", base, None),
+        ("post", f"{base}rent/", {"machine_id": c.theirs.machine.pk, "num_gpus": 1}),
+        ("patch", f"/api/v1/templates/{public.pk}/", {"name": "sneak"}),
+        ("delete", f"/api/v1/templates/{public.pk}/", None),
+        ("delete", "/api/v0/template/", {"hash_id": private.hash_id}),
+        ("delete", "/api/v0/template/", {"hash_id": public.hash_id}),
+        ("put", "/api/v1/template/", {"hash_id": public.hash_id, "name": "x", "image": "x"}),
+    ]
+    for client in c.outsider_api_clients():
+        listed = [t["id"] for t in client.get("/api/v1/templates/").json()["results"]]
+        assert private.pk not in listed and public.pk in listed
+        vast = [t["id"] for t in client.get("/api/v0/template/").json().get("templates", [])]
+        assert private.pk not in vast
+        for method, url, data in tries:
+            before = c.database()
+            with c.capture() as queued:
+                response = _send(client, method, url, data)
+            assert response.status_code == 404, (method, url, response.content)
+            assert queued == [] and c.database() == before, (method, url)
+        before = c.team_rows(c.acme.team)
+        _send(client, "post", "/api/v1/templates/", smuggled(c.acme, name="sneak", image="x"))
+        assert c.team_rows(c.acme.team) == before
+
+
+def check_env_vars(c: Checker) -> None:
+    """Acme's environment variable: its members see its name (never its value); the outsider
+    sees none of Acme's, and changing or deleting it by name answers 404 (v1 and vast.ai)."""
+    from marketplace.services.env_vars import env_var_create
+
+    env_var_create(team=c.acme.team, name="ACME_TOKEN", value="acme-s3cret")
+    for client in c.members():
+        listed = client.get("/api/v1/env-vars/")
+        assert [row["name"] for row in listed.json()] == ["ACME_TOKEN"]
+        assert "acme-s3cret" not in listed.content.decode()
+    for client in c.outsider_api_clients():
+        assert "ACME_TOKEN" not in client.get("/api/v1/env-vars/").content.decode()
+        assert "ACME_TOKEN" not in client.get("/api/v0/secrets/").content.decode()
+        for method, url, data in [
+            ("patch", "/api/v1/env-vars/ACME_TOKEN/", {"value": "x"}),
+            ("delete", "/api/v1/env-vars/ACME_TOKEN/", None),
+            ("put", "/api/v0/secrets/", {"key": "ACME_TOKEN", "value": "x"}),
+            ("delete", "/api/v0/secrets/", {"key": "ACME_TOKEN"}),
+        ]:
+            before = c.database()
+            response = _send(client, method, url, data)
+            assert response.status_code in (404, 403), (method, url, response.content)
+            assert c.database() == before, (method, url)
+
+
+def check_vast_api_keys(c: Checker) -> None:
+    """Acme's API key: not in the outsider's ``show api-keys``; showing or deleting it by id
+    answers 404 and it stays unrevoked."""
+    key = c.acme.api_key
+    for client in c.outsider_api_clients():
+        listed = client.get("/api/v0/auth/apikeys/").json().get("apikeys", [])
+        assert key.pk not in [row["id"] for row in listed]
+        for method in ("get", "delete"):
+            before = c.database()
+            response = _send(client, method, f"/api/v0/auth/apikeys/{key.pk}/", None)
+            assert response.status_code in (404, 403), (method, response.content)
+            assert c.database() == before
+
+
+def check_vast_bulk(c: Checker) -> None:
+    """``stop/start/destroy instances`` naming Acme's instance by the outsider (the ids ride in
+    the body): 404, nothing done."""
+    for method, body in [
+        ("put", {"state": "stopped", "ids": [c.acme.instance.pk]}),
+        ("put", {"state": "running", "ids": [c.acme.instance.pk]}),
+        ("delete", {"instance_ids": [c.acme.instance.pk]}),
+    ]:
+        for client in c.outsider_api_clients():
+            before = c.database()
+            with c.capture() as queued:
+                response = _send(client, method, "/api/v0/instances/", body)
+            assert response.status_code in (401, 404), response.content
+            assert queued == [] and c.database() == before
+
+
+SOME_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl me@box"
+
 MATRIX: dict[str, list[Check]] = {
     # --- console: accounts and teams
     "console-home": [console_page(lambda w: "/")],
@@ -858,7 +959,50 @@ MATRIX: dict[str, list[Check]] = {
     "vast-invoices": [
         Listing(lambda w: "/api/v0/users/me/invoices", lambda w: [rental_reference(w)], "reference")
     ],
-    "vast-instances": [Listing(lambda w: "/api/v0/instances/?owner=me", lambda w: [w.instance.pk])],
+    "vast-instances": [
+        Listing(lambda w: "/api/v0/instances/?owner=me", lambda w: [w.instance.pk]),
+        Custom(check_vast_bulk),
+    ],
+    "vast-templates": [Custom(check_templates)],
+    "vast-machine": [Obj(lambda w: f"/api/v0/machines/{w.machine.pk}")],
+    "vast-maintenances": [
+        Obj(lambda w: f"/api/v0/machines/maintenances?owner=me&machine_ids=[{w.machine.pk}]")
+    ],
+    "vast-machine-cancel-maintenance": [
+        Obj(lambda w: f"/api/v0/machines/{w.machine.pk}/cancel_maint/", "put")
+    ],
+    "vast-machine-min-bid": [
+        Obj(lambda w: f"/api/v0/machines/{w.machine.pk}/minbid/", "put", {"price": 0.01})
+    ],
+    "vast-machine-delete": [
+        Obj(lambda w: f"/api/v0/machines/{w.machine.pk}/force_delete/", "post")
+    ],
+    "vast-machine-reports": [Obj(lambda w: f"/api/v0/machines/{w.machine.pk}/reports/")],
+    "vast-instance-ssh": [
+        Obj(lambda w: f"/api/v0/instances/{w.instance.pk}/ssh/", "post", {"ssh_key": SOME_KEY})
+    ],
+    "vast-instance-ssh-key": [
+        Obj(lambda w: f"/api/v0/instances/{w.instance.pk}/ssh/{w.ssh_key.pk}/", "delete")
+    ],
+    "api-instance-attach-ssh-key": [
+        Obj(
+            lambda w: f"/api/v1/instances/{w.instance.pk}/ssh-keys/",
+            "post",
+            {"public_key": SOME_KEY},
+        )
+    ],
+    "api-instance-detach-ssh-key": [
+        Obj(lambda w: f"/api/v1/instances/{w.instance.pk}/ssh-keys/{w.ssh_key.pk}/", "delete")
+    ],
+    "vast-env-vars": [Custom(check_env_vars)],
+    "api-env-vars": [Custom(check_env_vars)],
+    "api-env-var": [Custom(check_env_vars)],
+    "vast-api-keys": [Custom(check_vast_api_keys)],
+    "vast-api-key": [Custom(check_vast_api_keys)],
+    "vast-template-v1": [Custom(check_templates)],
+    "api-template-list": [Custom(check_templates)],
+    "api-template-detail": [Custom(check_templates)],
+    "api-template-rent": [Custom(check_templates)],
     "vast-instance": [
         Obj(lambda w: f"/api/v0/instances/{w.instance.pk}/"),
         Obj(lambda w: f"/api/v0/instances/{w.instance.pk}/", "put", {"state": "stopped"}),
@@ -933,6 +1077,10 @@ EXEMPT: dict[str, str] = {
     "vast-bundles": "the public market through the vast.ai API, as api-offers",
     "vast-ask": "renting another team's listed machine is the product, as rent "
     "(tests/vast/test_translation.py)",
+    "vast-asks-bulk": "renting other teams' listed machines is the product, as vast-ask "
+    "(tests/vast/test_bulk.py)",
+    "vast-autoscaler": "vast.ai's serverless paths at the site's root: the JSON 'not offered' "
+    "404 for everyone",
 }
 # Unnamed routes, by pattern.
 EXEMPT_UNNAMED: dict[str, str] = {
