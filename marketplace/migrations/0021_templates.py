@@ -8,7 +8,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("marketplace", "0018_offer_search_indexes_and_statistics"),
+        ("marketplace", "0020_offer_benchmark_figures"),
     ]
 
     operations = [

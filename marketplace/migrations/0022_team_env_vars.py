@@ -6,7 +6,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("marketplace", "0019_templates"),
+        ("marketplace", "0021_templates"),
     ]
 
     operations = [
