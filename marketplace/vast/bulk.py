@@ -17,6 +17,7 @@ from rest_framework.exceptions import APIException, NotFound
 from rest_framework.response import Response
 
 from marketplace.api.errors import api_exception_handler
+from marketplace.models.rentals import all_free_offers
 from marketplace.services.renter_actions import (
     rental_destroy_request,
     rental_start,
@@ -66,7 +67,9 @@ def error_message(error: Exception) -> str:
 def team_instances(team, ids: list[int], *, with_destroyed: bool) -> list[Instance]:
     """The team's instances with these ids, in the order asked; 404 naming any id that is not
     one of them (before anything is done to the others)."""
-    found = team_objects(team, Instance.objects.select_related("rental", "machine__offer"))
+    found = team_objects(
+        team, Instance.objects.select_related("rental", "machine")
+    ).prefetch_related(all_free_offers("machine__offers"))
     if not with_destroyed:
         found = found.exclude(state=InstanceState.DESTROYED)
     by_id = {instance.pk: instance for instance in found.filter(pk__in=ids)}

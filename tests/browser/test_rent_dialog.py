@@ -36,7 +36,7 @@ def test_rent_dialog_shows_the_chosen_kind_and_its_defaults_rent_at_once(
     log_in(page, live_server_url, owner, team)
 
     page.goto(f"{live_server_url}/offers/?q=machine_id%3D{machine.pk}")
-    page.locator(f"tr[data-machine='{machine.pk}'] .rent-button").click()
+    page.locator(f"tr[data-machine='{machine.pk}'] .rent-button[data-gpus='1']").click()
     dialog = page.locator("#rent-dialog")
     expect(dialog).to_be_visible()
     # Whole GPUs: neither the bid's nor the slice's fields.

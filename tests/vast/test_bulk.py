@@ -11,7 +11,7 @@ from scheduler.models import Instance, InstanceState
 from tests.conftest import key_client
 from tests.factories import TeamFactory, UserFactory, add_member
 from tests.marketplace.conftest import fund, machine_for
-from tests.vast.test_translation import CREATE, rent
+from tests.vast.test_translation import CREATE, bundle, rent
 
 pytestmark = [pytest.mark.django_db]
 
@@ -24,7 +24,9 @@ def spare(sim_host_factory, provider_team):
 def test_create_instances_rents_each_offer_with_the_same_settings(funded_team, machine, spare):
     client = key_client(funded_team)
     response = client.post(
-        "/api/v0/asks/bulk/", {**CREATE, "ids": [machine.pk, spare.pk]}, format="json"
+        "/api/v0/asks/bulk/",
+        {**CREATE, "ids": [bundle(machine).pk, bundle(spare).pk]},
+        format="json",
     )
     assert response.status_code == 200, response.content
     body = response.json()
@@ -40,15 +42,14 @@ def test_create_instances_names_what_it_could_not_rent_beside_what_it_did(
     funded_team, machine, spare
 ):
     client = key_client(funded_team)
+    offers = [bundle(machine, 1).pk, bundle(spare, 1).pk, 999999]  # as searched a moment ago
     rent(client, spare)  # its one GPU is taken
-    response = client.post(
-        "/api/v0/asks/bulk/", {**CREATE, "ids": [machine.pk, spare.pk, 999999]}, format="json"
-    )
+    response = client.post("/api/v0/asks/bulk/", {**CREATE, "ids": offers}, format="json")
     assert response.status_code == 200, response.content
     body = response.json()
     # Something was rented: success, so the CLI does not send the request again.
     assert body["success"] is True and len(body["new_contracts"]) == 1
-    assert set(body["failed"]) == {str(spare.pk), "999999"}
+    assert set(body["failed"]) == {str(offers[1]), "999999"}
     assert "There is no offer 999999" in body["failed"]["999999"]
     assert Rental.objects.filter(machine=machine).count() == 1
 
@@ -56,7 +57,7 @@ def test_create_instances_names_what_it_could_not_rent_beside_what_it_did(
 def test_create_instances_with_bad_settings_rents_nothing(funded_team, machine, spare):
     response = key_client(funded_team).post(
         "/api/v0/asks/bulk/",
-        {**CREATE, "ids": [machine.pk, spare.pk], "env": {"-h": "x"}},
+        {**CREATE, "ids": [bundle(machine).pk, bundle(spare).pk], "env": {"-h": "x"}},
         format="json",
     )
     assert response.status_code == 400 and "'-h' is not supported" in response.json()["msg"]
