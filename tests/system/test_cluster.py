@@ -95,7 +95,7 @@ class Installation:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             status, body = self.api("GET", "/offers/?q=num_gpus>=1", self.renters[0]["key"])
-            if status == 200 and len(body["offers"]) == count:
+            if status == 200 and len({o["machine_id"] for o in body["offers"]}) == count:
                 return
             time.sleep(0.5)
         raise AssertionError(f"offers: {status} {body}")
