@@ -76,9 +76,9 @@ def populate(rng: random.Random, machines: int, deployments: int) -> None:
 
     from billing.credits import credit_grant
     from hosts.models import Gpu, Machine
-    from marketplace.models import Deployment, Offer, Replica, Team
+    from marketplace.models import Deployment, Replica, Team
     from marketplace.models.deployments import PlacementPolicy
-    from marketplace.services.offers import offer_score, short_gpu_name
+    from marketplace.services.offers import offers_refresh
 
     provider = Team.objects.create(name="bench provider")
     batch = 5000
@@ -105,19 +105,7 @@ def populate(rng: random.Random, machines: int, deployments: int) -> None:
                 for machine, (name, memory, count, _, _) in zip(rows, specs, strict=True)
                 for n in range(count)
             )  # fmt: skip
-            Offer.objects.bulk_create(
-                Offer(
-                    machine=machine, provider_team=provider, rentable=True, gpu_name=short_gpu_name(name),
-                    num_gpus=count, total_gpus=count, min_gpus=1, gpu_ram=round(memory / 1024, 2),
-                    cpu_cores_per_unit=16, cpu_ram_per_unit=round(64_000 / 1024, 2),
-                    disk_per_unit=float(DISK_PER_GPU_GB), price_per_gpu_hour=price, dph_total=price * count,
-                    storage_cost=100_000, reliability=machine.reliability, geolocation=machine.location,
-                    driver_version="550.54.14", cuda_max_good=12.4, verified=False,
-                    score=offer_score(reliability=machine.reliability, gpu_total_ram_gb=memory / 1024 * count,
-                                      dph_total=price * count),
-                )
-                for machine, (name, memory, count, price, _) in zip(rows, specs, strict=True)
-            )  # fmt: skip
+            offers_refresh([machine.pk for machine in rows], machines=rows)
 
     teams = Team.objects.bulk_create(
         Team(name=f"renter {i}") for i in range(max(1, deployments // 2))
@@ -197,7 +185,7 @@ def checks() -> dict[str, int]:
             " WHERE released_at IS NULL GROUP BY gpu_id HAVING count(*) > 1) AS twice"
         ),
         "offers whose free count is not the machine's free GPUs": one_value(
-            "SELECT count(*) FROM marketplace_offer o WHERE o.num_gpus <> (SELECT count(*)"
+            "SELECT count(*) FROM marketplace_offer o WHERE o.all_free AND o.num_gpus <> (SELECT count(*)"
             " FROM hosts_gpu g WHERE g.machine_id = o.machine_id AND g.present AND NOT EXISTS"
             " (SELECT 1 FROM scheduler_gpuallocation a WHERE a.gpu_id = g.id"
             " AND a.released_at IS NULL))"
