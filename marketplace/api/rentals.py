@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 
 import django_filters
+from django import forms
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_field
 from rest_framework import mixins, serializers, status
 from rest_framework.decorators import action
@@ -402,6 +403,10 @@ class AttachKeySerializer(serializers.Serializer):
     )
 
 
+class IdFilter(django_filters.NumberFilter):
+    field_class = forms.IntegerField
+
+
 class InstanceFilter(django_filters.FilterSet):
     """``state``: one state, or ``ended`` (failed, expired, destroying or destroyed) or ``all``.
     Without it the list is every rental but the destroyed ones, as it always was."""
@@ -414,7 +419,8 @@ class InstanceFilter(django_filters.FilterSet):
         ],
         method="state_filter",
     )
-    machine_id = django_filters.NumberFilter()
+    # A whole id, as the URLs take them: "1.5", "-1e300" or one past a bigint answer 400.
+    machine_id = IdFilter(min_value=1, max_value=MAX_ID)
 
     class Meta:
         model = Instance

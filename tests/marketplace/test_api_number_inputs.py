@@ -24,6 +24,7 @@ from hosts.models import Gpu, Machine
 from marketplace.models import Role
 from marketplace.services.offers import offer_refresh
 from marketplace.services.renting import RentalRequest, rental_create
+from marketplace.services.templates import template_create
 from tests.conftest import client_for, key_client
 from tests.factories import TeamFactory, UserFactory, add_member
 from tests.marketplace.test_console_actions import page_messages
@@ -80,6 +81,9 @@ def world(team, owner):
         "instance_id": rental.instance_id,
         "cluster": waiting_cluster(team),
         "volume": volume_row(team, for_rent),
+        "template": template_create(
+            team=team, user=owner, fields={"name": "numbers", "image": "gpumkt/busybox:latest"}
+        ),
     }
 
 
@@ -126,6 +130,7 @@ def fill_path(path: str, world) -> str:
         "/api/v1/machines/": "own",
         "/api/v1/clusters/": "cluster",
         "/api/v1/volumes/": "volume",
+        "/api/v1/templates/": "template",
     }
     owner = next((key for prefix, key in owners.items() if path.startswith(prefix)), None)
     ids = {
