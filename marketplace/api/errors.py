@@ -115,10 +115,14 @@ def server_error_body() -> dict:
 
 @csrf_exempt  # answers every method with the same 404 and changes nothing
 def api_not_found(request, exception=None):
-    return JsonResponse(
-        error_body("not_found", f"No API endpoint at {request.path}."),
-        status=status.HTTP_404_NOT_FOUND,
-    )
+    message = f"No API endpoint at {request.path}."
+    body = error_body("not_found", message)
+    if request.path.startswith(VAST_PREFIX):  # the vast CLI prints ``msg`` (vast/errors.py)
+        body = {"success": False, "msg": message, **body}
+    return JsonResponse(body, status=status.HTTP_404_NOT_FOUND)
+
+
+VAST_PREFIX = "/api/v0/"
 
 
 # Project-wide handlers (``marketplace.urls``): under /api/ the error shape, elsewhere Django's

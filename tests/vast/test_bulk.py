@@ -129,3 +129,14 @@ def test_the_clis_autoscaler_paths_answer_json(funded_team, path):
     assert response.status_code == 404
     assert response["Content-Type"] == "application/json"
     assert f"This marketplace does not offer POST {path}" in response.json()["msg"]
+
+
+@pytest.mark.parametrize("path", ["/api/v0/instances/0/ssh/%0A/", "/api/v0/no-such-thing/"])
+def test_an_unknown_v0_path_answers_vasts_json_404(funded_team, path):
+    """A path no route takes (a key id with a newline in it, found by the fuzz test) answers in
+    vast's shape too, so the CLI prints our message rather than nothing."""
+    response = key_client(funded_team).get(path)
+    assert response.status_code == 404
+    body = response.json()
+    assert body["success"] is False and "/api/v0/" in body["msg"]
+    assert body["error"]["message"] == body["msg"]
