@@ -63,6 +63,7 @@ from bench_common import (  # noqa: E402
 )
 
 REDIS = web_bench_environment("rent")
+os.environ.setdefault("LOG_LEVEL", "WARNING")  # this process's own log
 
 BUDGET = 200.0
 GPUS_EACH = 8
@@ -256,14 +257,22 @@ def arrivals(rate: float, seconds: float, seed: int) -> list[float]:
     return times
 
 
-def sender(port: int, key: str, machines: list[int], todo: queue.Queue, done: list, seed: int):
+def sender(
+    port: int, key: str, machines: list[int], todo: queue.Queue, done: list, seed: int,
+    ready: threading.Barrier,
+):  # fmt: skip
     """Send the rents ``todo`` hands out, as they come, on one keep-alive connection; record
-    (scheduled arrival, answered, status, error) for each."""
+    (scheduled arrival, answered, status, error) for each. First one read of the key's
+    instances, so the arrivals meet warm processes (connected, the key seen) as a running
+    marketplace's do."""
     rng = random.Random(seed)
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     headers = {
         "Authorization": f"Bearer {key}", "Content-Type": "application/json", "Host": "localhost",
     }  # fmt: skip
+    connection.request("GET", "/api/v1/instances/", headers=headers)
+    connection.getresponse().read()
+    ready.wait()
     while (scheduled := todo.get()) is not None:
         body = json.dumps(
             {"machine_id": rng.choice(machines), "num_gpus": 1, "image": "gpumkt/busybox:latest",
@@ -292,16 +301,19 @@ def run_open(rate: int, args, machines: list[int], keys: list[str]) -> bool:
     with web_processes(REDIS, overrides={"API_THROTTLE_WRITE": "10000000/min"}) as cluster:
         todo: queue.Queue = queue.Queue()
         done: list = []
+        ready = threading.Barrier(len(keys) + 1, timeout=120)
         threads = [
             threading.Thread(
                 target=sender,
-                args=(cluster.web_ports[n % 2], keys[n], machines, todo, done, args.seed + n),
+                args=(cluster.web_ports[n % 2], keys[n], machines, todo, done, args.seed + n,
+                      ready),
                 daemon=True,
             )
             for n in range(len(keys))
-        ]
+        ]  # fmt: skip
         for thread in threads:
             thread.start()
+        ready.wait()
         print(f"{rate} rents/s arriving for {args.seconds:g} s ({len(schedule)} arrivals) …", flush=True)  # fmt: skip
         cpu_before = cpu_now(cluster)
         started = time.monotonic()

@@ -45,6 +45,7 @@ from bench_common import (  # noqa: E402
 )
 
 REDIS = web_bench_environment("rent_run")
+os.environ.setdefault("LOG_LEVEL", "WARNING")  # this process's own log (its SSH commands)
 os.environ["CONTAINER_EXTRA_LABELS"] = "gpumkt.bench=1"
 
 RUNS = int(os.environ.get("BENCH_RUNS", "15"))
