@@ -72,10 +72,12 @@ def simulated_machine(gpus: int = 4) -> Iterator[object]:
     ensure_dockerd()
     ensure_image()
     with tempfile.TemporaryDirectory() as tmp:
+        from deploy.cluster import free_port
+
         spec = SimHostSpec(
             name="bench",
             address="127.0.9.10",
-            port=2299,
+            port=free_port(),  # two benches at once (two people's) each get their own sshd
             gpus=default_gpus(gpus),
             port_range=(19000, 19099),
         )
@@ -118,9 +120,10 @@ def simulated_machine(gpus: int = 4) -> Iterator[object]:
 
 def web_bench_environment(name: str):
     """For a bench that starts web processes: a private Redis (not started yet), and this
-    process's Django pointed at it, at the scratch database ``gpumkt_bench_<name>`` (plus ``BENCH_DATABASE_SUFFIX``) and at a
-    secret key the web processes share (they read the sessions and keys this process makes).
-    Call before Django is set up."""
+    process's Django pointed at it, at the scratch database ``gpumkt_bench_<name>`` (plus
+    ``BENCH_DATABASE_SUFFIX``), at a secret key the web processes share (they read the
+    sessions and keys this process makes) and at a platform SSH key file they share too
+    (``shared_settings``). Call before Django is set up."""
     import tempfile
     from pathlib import Path
 
@@ -137,7 +140,23 @@ def web_bench_environment(name: str):
     os.environ["DJANGO_SETTINGS_MODULE"] = "marketplace.settings"
     os.environ["REDIS_URL"] = redis.url
     os.environ["SECRET_KEY"] = f"bench-{name}-" + "k" * 50
+    # Each provider team's SSH key is derived from this file (hosts/keys.py): a machine this
+    # process authorized and probed is reached by a recipe worker only if the worker derives
+    # the same key, and the recipe's environment file names another file (its state folder).
+    keys = Path(tempfile.mkdtemp(prefix=f"gpumkt-{name}-keys-"))
+    os.environ["PLATFORM_SSH_KEY_PATH"] = str(keys / "platform_ssh_key")
     return redis
+
+
+def shared_settings() -> dict[str, str]:
+    """What the recipe's processes a bench starts must share with the bench's own Django
+    (``web_bench_environment``), as overrides of the environment file."""
+    return {
+        "SECRET_KEY": os.environ["SECRET_KEY"],
+        "PLATFORM_SSH_KEY_PATH": os.environ["PLATFORM_SSH_KEY_PATH"],
+        "ALLOWED_HOSTS": "localhost,127.0.0.1",
+        "HTTPS_ONLY": "0",
+    }
 
 
 @contextlib.contextmanager
@@ -170,9 +189,7 @@ def web_processes(redis, *, overrides: dict[str, str] | None = None) -> Iterator
         webs=2,
         workers=0,
         overrides={
-            "SECRET_KEY": os.environ["SECRET_KEY"],
-            "ALLOWED_HOSTS": "localhost,127.0.0.1",
-            "HTTPS_ONLY": "0",
+            **shared_settings(),
             "LOG_LEVEL": "WARNING",
             **(overrides or {}),
             **extra,

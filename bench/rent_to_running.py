@@ -1,8 +1,11 @@
 """Rent → running, against a bare `docker run` over SSH on the same simulated host.
 
 Budget (DESIGN.md, raised by issue 17 from 1.5): ≤ 1.2 × the bare `docker run`, with the image
-already present. The rent goes through the real API (credit hold, allocation, rental) and the
-launch task (run inline, as a worker would right after commit) until the instance is running.
+already present. The rent goes the way a user's does: over HTTP to a web process started from
+the production recipe's unit (deploy/), which commits the hold, allocation and rental and
+publishes the launch; a Celery worker of the recipe takes it from Redis (the real broker) and
+launches over SSH; the bench watches the instance's row until it says running. Publishing,
+the broker hop and the worker's pick-up are in the figure.
 
 Two bare runs are timed in each round, by hand over the same SSH connection:
 - *plain*: `docker run IMAGE sleep 600` on Docker's default bridge (the figure of earlier
@@ -19,74 +22,97 @@ Two bare runs are timed in each round, by hand over the same SSH connection:
 
 from __future__ import annotations
 
+import http.client
+import json
 import os
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-os.environ.setdefault("DEBUG", "1")
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 BUDGET = 1.2  # × the bare `docker run` over SSH
-os.environ.setdefault("DATABASE_URL", "postgres://gpumkt:gpumkt@127.0.0.1:5432/gpumkt_bench_rent")
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "marketplace.settings")
-os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6391/15")
-os.environ.setdefault("ALLOWED_HOSTS", "testserver")
-os.environ["CELERY_TASK_ALWAYS_EAGER"] = "1"
+
+from bench_common import (  # noqa: E402
+    private_redis,
+    scratch_database,
+    shared_settings,
+    simulated_machine,
+    web_bench_environment,
+)
+
+REDIS = web_bench_environment("rent_run")
+os.environ.setdefault("LOG_LEVEL", "WARNING")  # this process's own log (its SSH commands)
 os.environ["CONTAINER_EXTRA_LABELS"] = "gpumkt.bench=1"
 
-from bench_common import scratch_database, simulated_machine  # noqa: E402
-
-RUNS = 15
+RUNS = int(os.environ.get("BENCH_RUNS", "15"))
 IMAGE = "gpumkt/busybox:latest"
+POLL_SECONDS = 0.005  # how often the bench reads the instance's state while it launches
 
 
 def main() -> None:
-    with scratch_database(), simulated_machine(gpus=4) as machine:
-        from django.test import Client
-
-        from billing.credits import credit_grant
+    with private_redis(REDIS), scratch_database(), simulated_machine(gpus=4) as machine:
+        from deploy.cluster import LocalCluster, port_open, wait_for
         from hosts import ssh
-        from marketplace.models import Membership, Role, Team, User
-        from marketplace.services.accounts import api_key_create
 
-        user = User.objects.create_user("bench-renter", "br@example.com", "x")
-        team = Team.objects.create(name="bench renter", personal=True)
-        membership = Membership.objects.create(team=team, user=user, role=Role.OWNER)
-        credit_grant(
-            team_id=team.pk, amount=10_000_000_000, reason="bench", idempotency_key="bench"
+        secret = renter_key()
+        cluster = LocalCluster(
+            Path(tempfile.mkdtemp(prefix="gpumkt-bench-rent-run-")),
+            database_url=os.environ["DATABASE_URL"],
+            redis_url=REDIS.url,
+            webs=1,
+            workers=1,
+            overrides={
+                # The secret key and the platform SSH key file this process registered and
+                # probed the machine with: the worker logs in with the key derived from it.
+                **shared_settings(),
+                "HOST_ALLOW_LOOPBACK": "1",  # the simulated host is real sshd on loopback
+                "LOG_LEVEL": os.environ.get("BENCH_LOG_LEVEL", "WARNING"),
+                "CONTAINER_EXTRA_LABELS": "gpumkt.bench=1",
+            },
         )
-        secret = api_key_create(membership=membership, name="bench", access="write").secret
-        client = Client(HTTP_AUTHORIZATION=f"Bearer {secret}")
-
-        body = {"machine_id": machine.pk, "num_gpus": 1, "image": IMAGE, "duration_hours": 1,
-                "entrypoint": "sleep", "args": ["600"]}  # fmt: skip
-        # Each round times a plain run, a rent and the rent's own line by hand, one after
-        # another, so all three see the same machine: on a shared 2-core machine the load
-        # swings within seconds, and blocks measured apart compared the load, not the code.
-        plain, rented, same_line = [], [], []
-        for n in range(RUNS):
-            plain.append(timed_run(ssh, machine, ["docker", "run", "--detach", *LABEL, IMAGE,
-                                                  "sleep", "600"]))  # fmt: skip
-
-            started = time.perf_counter()
-            response = client.post("/api/v1/instances/", body, content_type="application/json")
-            elapsed = (time.perf_counter() - started) * 1000
-            assert response.status_code == 201, response.content[:300]
-            instance_id = response.json()["id"]
-            state = client.get(f"/api/v1/instances/{instance_id}/").json()["state"]
-            assert state == "running", state
-            rented.append(elapsed)
-            line = platform_run_line(instance_id, name=f"gpumkt-bench-bare-{os.getpid()}-{n}")
-            client.delete(f"/api/v1/instances/{instance_id}/")
-            same_line.append(timed_run(ssh, machine, line))
+        try:
+            web = cluster.start_web(cluster.web_ports[0])
+            cluster.start_worker(cluster.worker_ports[0])
+            port = cluster.web_ports[0]
+            wait_for(lambda: port_open(port), timeout=60, what="the web process")
+            wait_for(lambda: cluster.worker_answers(cluster.worker_ports[0]), timeout=60,
+                     what="the worker")  # fmt: skip
+            api = Api(port, secret)
+            body = {"machine_id": machine.pk, "num_gpus": 1, "image": IMAGE,
+                    "duration_hours": 1, "entrypoint": "sleep", "args": ["600"]}  # fmt: skip
+            destroy(api, launched(api, body)[0])  # warm: connections, imports, the network
+            # Each round times a plain run, a rent and the rent's own line by hand, one after
+            # another, so all three see the same machine: on a shared 2-core machine the load
+            # swings within seconds, and blocks measured apart compared the load, not the code.
+            plain, rented, same_line = [], [], []
+            for n in range(RUNS):
+                plain.append(timed_run(ssh, machine, ["docker", "run", "--detach", *LABEL,
+                                                      IMAGE, "sleep", "600"]))  # fmt: skip
+                instance_id, elapsed = launched(api, body)
+                rented.append(elapsed)
+                line = platform_run_line(instance_id, name=f"gpumkt-bench-bare-{os.getpid()}-{n}")
+                destroy(api, instance_id)
+                same_line.append(timed_run(ssh, machine, line))
+            assert web.alive(), "the web process died"
+        except BaseException:
+            for worker in cluster.workers:
+                print(f"{worker.name}'s log ends:\n{worker.tail()}", file=sys.stderr)
+            raise
+        finally:
+            cluster.stop()
 
     p, r, b = (statistics.median(figures) for figures in (plain, rented, same_line))
     # The verdict is the median of each round's ratio: a round ran within a second.
     ratio = statistics.median(rent / run for rent, run in zip(rented, same_line, strict=True))
     to_plain = statistics.median(rent / run for rent, run in zip(rented, plain, strict=True))
     docker = statistics.median(run / bare for run, bare in zip(same_line, plain, strict=True))
-    print(f"rent → running, warm image, simulated host, {RUNS} rounds (medians):")
+    print(
+        f"rent → running over HTTP, broker and worker, warm image, simulated host, {RUNS} rounds (medians):"
+    )
     print(f"  bare docker run, plain          {p:7.1f} ms")
     print(
         f"  bare docker run, same line      {b:7.1f} ms   {docker:.2f}× plain (Docker's own cost)"
@@ -101,6 +127,72 @@ def main() -> None:
 
 
 LABEL = ["--label", "gpumkt.bench=1"]
+
+
+def renter_key() -> str:
+    from billing.credits import credit_grant
+    from marketplace.models import Membership, Role, Team, User
+    from marketplace.services.accounts import api_key_create
+
+    user = User.objects.create_user("bench-renter", "br@example.com", "x")
+    team = Team.objects.create(name="bench renter", personal=True)
+    membership = Membership.objects.create(team=team, user=user, role=Role.OWNER)
+    credit_grant(team_id=team.pk, amount=10_000_000_000, reason="bench", idempotency_key="bench")
+    return api_key_create(membership=membership, name="bench", access="write").secret
+
+
+class Api:
+    """One keep-alive connection to the web process, as an API client keeps."""
+
+    def __init__(self, port: int, secret: str):
+        self.connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        self.headers = {"Authorization": f"Bearer {secret}", "Content-Type": "application/json"}
+
+    def call(self, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
+        payload = json.dumps(body).encode() if body is not None else None
+        self.connection.request(method, path, body=payload, headers=self.headers)
+        response = self.connection.getresponse()
+        text = response.read()
+        return response.status, (json.loads(text) if text else {})
+
+
+def state_of(instance_id: int) -> str:
+    from scheduler.models import Instance
+
+    return Instance.objects.filter(pk=instance_id).values_list("state", flat=True).get()
+
+
+def why(instance_id: int) -> str:
+    """The instance's state and the message the worker left on it, for a launch gone wrong."""
+    from scheduler.models import Instance
+
+    state, message = (
+        Instance.objects.filter(pk=instance_id).values_list("state", "status_message").get()
+    )
+    return f"instance {instance_id} is {state}: {message or '(no message)'}"
+
+
+def launched(api: Api, body: dict) -> tuple[int, float]:
+    """Rent over HTTP and watch the row until the worker says running: (id, milliseconds)."""
+    started = time.perf_counter()
+    status, answer = api.call("POST", "/api/v1/instances/", body)
+    assert status == 201, answer
+    deadline = started + 120
+    while (state := state_of(answer["id"])) != "running":
+        assert state in ("pending", "launching"), why(answer["id"])
+        assert time.perf_counter() < deadline, "not running within 120 s: " + why(answer["id"])
+        time.sleep(POLL_SECONDS)
+    return answer["id"], (time.perf_counter() - started) * 1000
+
+
+def destroy(api: Api, instance_id: int) -> None:
+    """Destroy, and wait until the worker has (so it does not overlap the next round)."""
+    status, answer = api.call("DELETE", f"/api/v1/instances/{instance_id}/")
+    assert status in (200, 202, 204), answer
+    deadline = time.monotonic() + 120
+    while state_of(instance_id) != "destroyed":
+        assert time.monotonic() < deadline, "not destroyed within 120 s"
+        time.sleep(0.02)
 
 
 def timed_run(ssh, machine, argv: list[str]) -> float:
