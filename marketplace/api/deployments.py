@@ -12,7 +12,7 @@ from rest_framework.response import Response
 
 from marketplace.api.base import TeamScopedViewSet
 from marketplace.api.fields import DollarsField, FiniteFloatField
-from marketplace.api.rentals import GpuShareSerializer
+from marketplace.api.rent_requests import GpuShareSerializer
 from marketplace.deployments.reconciler import replica_counts, wanted_live
 from marketplace.deployments.scaling import unreachable
 from marketplace.deployments.services import (

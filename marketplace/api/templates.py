@@ -13,7 +13,8 @@ from rest_framework.response import Response
 
 from marketplace.api.base import TeamScopedViewSet
 from marketplace.api.permissions import api_membership
-from marketplace.api.rentals import InstanceSerializer, RentSerializer, instance_data, rent_request
+from marketplace.api.rent_requests import RentSerializer, rent_request
+from marketplace.api.rentals import InstanceSerializer, instance_data
 from marketplace.models import ApiKey, Template
 from marketplace.services.renting import rental_create
 from marketplace.services.templates import (

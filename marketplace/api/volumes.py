@@ -11,7 +11,7 @@ from rest_framework.response import Response
 from hosts.runtime.volumes import MAX_VOLUME_GB
 from marketplace.api.base import TeamScopedViewSet
 from marketplace.api.fields import DOLLARS_SCHEMA, FiniteFloatField, dollars
-from marketplace.api.rentals import ExtendSerializer
+from marketplace.api.rent_requests import ExtendSerializer
 from marketplace.models import Volume, VolumeState
 from marketplace.services.volumes import (
     DEFAULT_VOLUME_HOURS,

@@ -14,12 +14,8 @@ from django import forms
 from django.core.exceptions import ValidationError
 from rest_framework import serializers
 
-from marketplace.api.rentals import (
-    BidSerializer,
-    ExecSerializer,
-    ExtendSerializer,
-    RentSerializer,
-)
+from marketplace.api.rent_requests import ExtendSerializer, RentSerializer
+from marketplace.api.rentals import BidSerializer, ExecSerializer
 from marketplace.forms.base import ConsoleForm, whole_number
 from marketplace.services.renting import RentalRequest
 

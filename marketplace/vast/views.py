@@ -24,7 +24,7 @@ from marketplace.api.fields import clamped_whole, dollars
 from marketplace.api.offers import MAX_PAGE, search_offers
 from marketplace.api.parsers import json_body
 from marketplace.api.permissions import api_team
-from marketplace.api.rentals import RentSerializer
+from marketplace.api.rent_requests import RentSerializer
 from marketplace.models import ApiKey, Offer, SshKey
 from marketplace.models.rentals import all_free_offers
 from marketplace.selectors import instance_connection, instance_logs
