@@ -59,13 +59,8 @@ def simulated_machine(gpus: int = 4) -> Iterator[object]:
     from pathlib import Path
 
     from hosts import services
-    from hosts.devtools.simulation import (
-        SimHostSpec,
-        create_host,
-        default_gpus,
-        ensure_dockerd,
-        ensure_image,
-    )
+    from hosts.devtools.sim_docker import ensure_dockerd, ensure_image
+    from hosts.devtools.simulation import SimHostSpec, create_host, default_gpus
     from hosts.keys import team_public_key
     from marketplace.models import Membership, Role, Team, User
 

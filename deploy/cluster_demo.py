@@ -27,13 +27,8 @@ QUICK_STOP = ["-c", "trap 'exit 0' TERM; while :; do sleep 1; done"]
 
 
 def sim_hosts(folder: Path) -> list:
-    from hosts.devtools.simulation import (
-        SimHostSpec,
-        create_host,
-        default_gpus,
-        ensure_dockerd,
-        ensure_image,
-    )
+    from hosts.devtools.sim_docker import ensure_dockerd, ensure_image
+    from hosts.devtools.simulation import SimHostSpec, create_host, default_gpus
 
     ensure_dockerd(log_path=folder / "dockerd.log")
     ensure_image()

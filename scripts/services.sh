@@ -138,14 +138,14 @@ start_dockerd() {
   local started=0
   .venv/bin/python -c "
 from pathlib import Path
-from hosts.devtools.simulation import ensure_dockerd
+from hosts.devtools.sim_docker import ensure_dockerd
 Path('var').mkdir(exist_ok=True)
 ensure_dockerd(log_path=Path('var/dockerd.log'))" || started=1
   # Ours only if no dockerd ran before and one runs now (even if it failed to answer).
   if [ -z "$before" ] && pgrep -x dockerd >/dev/null; then DOCKERD_STARTED=1; fi
   [ "$started" = 0 ] || { echo "!! Docker Engine did not start (see var/dockerd.log)"; return 1; }
   .venv/bin/python -c "
-from hosts.devtools.simulation import ensure_image
+from hosts.devtools.sim_docker import ensure_image
 ensure_image()" || { echo "!! the test image could not be made (is busybox-static installed?)"; return 1; }
 }
 

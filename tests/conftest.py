@@ -225,7 +225,7 @@ def sim_container_label() -> str:
 
 @pytest.fixture(scope="session")
 def docker_engine():
-    from hosts.devtools.simulation import ensure_dockerd, ensure_image
+    from hosts.devtools.sim_docker import ensure_dockerd, ensure_image
 
     if shutil.which("dockerd") is None or os.geteuid() != 0:
         pytest.fail("system tests need root and docker.io (make test installs it)")
@@ -270,7 +270,7 @@ def sim_host_factory(docker_engine, sim_root):
     """Makes simulated hosts on addresses and ports that no other xdist worker uses. A host
     lets no team in until a test authorizes the team's key (``host.authorize``), as a
     provider would; the helpers that add machines do."""
-    from hosts.devtools import simulation
+    from hosts.devtools import sim_docker
     from hosts.devtools.simulation import SimHostSpec, create_host, default_gpus
 
     worker, namespace = _worker_index(), _namespace()
@@ -285,10 +285,10 @@ def sim_host_factory(docker_engine, sim_root):
     ):
         """``disk_enforced``: the host's Docker is the second engine, whose btrfs storage
         driver caps a container's disk (started on first use, with the test images)."""
-        docker_host = simulation.DOCKER_SOCKET
+        docker_host = sim_docker.DOCKER_SOCKET
         if disk_enforced:
-            docker_host = simulation.ensure_quota_dockerd()
-            simulation.ensure_image(docker_host=docker_host)
+            docker_host = sim_docker.ensure_quota_dockerd()
+            sim_docker.ensure_image(docker_host=docker_host)
         n = len(made)
         ports = _sim_port_range_start(namespace)
         spec = SimHostSpec(
@@ -307,7 +307,7 @@ def sim_host_factory(docker_engine, sim_root):
     yield make
     for host in made:
         host.stop()
-    for engine in {host.spec.docker_host for host in made} | {simulation.DOCKER_SOCKET}:
+    for engine in {host.spec.docker_host for host in made} | {sim_docker.DOCKER_SOCKET}:
         env = {**os.environ, "DOCKER_HOST": engine}
         ids = subprocess.run(
             ["docker", "ps", "-aq", "--filter", f"label={sim_container_label()}"],

@@ -238,7 +238,7 @@ def test_terms_are_validated(team, sim_host_factory):
 @pytest.fixture
 def demo_images(settings, docker_engine):
     """The images `make run` has: the self-test's and the stand-in GPU benchmark's."""
-    from hosts.devtools.simulation import ensure_gpu_bench_image
+    from hosts.devtools.sim_docker import ensure_gpu_bench_image
 
     settings.HOST_SELFTEST_IMAGE = docker_engine
     settings.HOST_GPU_BENCH_IMAGE = ensure_gpu_bench_image()

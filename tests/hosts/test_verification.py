@@ -10,7 +10,7 @@ import pytest
 from django.utils import timezone
 
 from hosts import services
-from hosts.devtools.simulation import ensure_gpu_bench_image
+from hosts.devtools.sim_docker import ensure_gpu_bench_image
 from hosts.models import BenchmarkRun, HeartbeatSample, Machine, MachineEvent
 from hosts.services import machine_container_killed, reliability_figures
 from hosts.verification import services as verification

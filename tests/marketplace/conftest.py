@@ -37,7 +37,7 @@ def _label_test_containers(settings):
 def engines() -> list[dict[str, str] | None]:
     """The environments that reach each Docker Engine tests use: the system's, and the
     enforced-disk one once it runs."""
-    from hosts.devtools.simulation import QUOTA_DOCKER_SOCKET
+    from hosts.devtools.sim_docker import QUOTA_DOCKER_SOCKET
 
     found: list[dict[str, str] | None] = [None]
     if Path(QUOTA_DOCKER_SOCKET.removeprefix("unix://")).exists():
@@ -140,7 +140,7 @@ def docker(*argv: str, machine: Machine | None = None, check: bool = True):
     """``docker …`` on the engine a machine's sessions reach (the system's by default)."""
     env = None
     if machine is not None and machine.disk_enforced:
-        from hosts.devtools.simulation import QUOTA_DOCKER_SOCKET
+        from hosts.devtools.sim_docker import QUOTA_DOCKER_SOCKET
 
         env = {**os.environ, "DOCKER_HOST": QUOTA_DOCKER_SOCKET}
     return subprocess.run(["docker", *argv], capture_output=True, text=True, check=check, env=env)

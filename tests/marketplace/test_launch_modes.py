@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.system, pytest.mark.django_db(transaction=True)]
 
 @pytest.fixture(scope="module")
 def ssh_image(docker_engine):
-    from hosts.devtools.simulation import ensure_ssh_image
+    from hosts.devtools.sim_docker import ensure_ssh_image
 
     return ensure_ssh_image()
 

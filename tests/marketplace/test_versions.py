@@ -11,7 +11,7 @@ from django.test import Client
 from django.utils import timezone
 
 from billing.models import Hold
-from hosts.devtools.simulation import SSH_IMAGE, ensure_ssh_image
+from hosts.devtools.sim_docker import SSH_IMAGE, ensure_ssh_image
 from marketplace.models import CommittedImage, Rental
 from marketplace.services.metering import rental_owed
 from marketplace.services.pricing import storage_owed

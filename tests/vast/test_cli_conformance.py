@@ -635,7 +635,7 @@ def attach_ssh(cli, table, instance, machine, tmp_path) -> None:
 
 
 def launch_modes(cli, table, machine, tmp_path) -> None:
-    from hosts.devtools.simulation import ensure_ssh_image
+    from hosts.devtools.sim_docker import ensure_ssh_image
 
     ensure_ssh_image()  # gpumkt/sshbox:latest, a real sshd (made once, kept)
     offer = str(offer_id(cli, machine, 1))

@@ -57,18 +57,16 @@ class Command(BaseCommand):
         **options,
     ):
         # Development tooling, imported only when the command runs (see hosts.devtools).
-        from hosts.devtools.simulation import (
+        from hosts.devtools.sim_docker import (
             DOCKER_SOCKET,
             SSH_IMAGE,
-            SimHostSpec,
-            create_host,
-            default_gpus,
             ensure_dockerd,
             ensure_gpu_bench_image,
             ensure_image,
             ensure_quota_dockerd,
             ensure_ssh_image,
         )
+        from hosts.devtools.simulation import SimHostSpec, create_host, default_gpus
 
         root = Path(dir)
         listing = root / "hosts.json"
