@@ -303,10 +303,19 @@ class Client:
         else:
             path, body = "/api/v1/offers/", json.dumps(search.body)
             headers["Content-Type"] = "application/json"
-        started = time.perf_counter()
-        connection.request(search.method, path, body=body, headers=headers)
-        response = connection.getresponse()
-        answer = response.read()
+        for attempt in (1, 2):
+            started = time.perf_counter()
+            try:
+                connection.request(search.method, path, body=body, headers=headers)
+                response = connection.getresponse()
+                answer = response.read()
+                break
+            except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
+                # The server closed a keep-alive connection left idle past its timeout, as
+                # servers do: a client opens a new one and sends again (timed from there).
+                connection.close()
+                if attempt == 2:
+                    raise
         elapsed = (time.perf_counter() - started) * 1000
         if response.status != 200:
             sys.exit(f"{search.label()}: {response.status} {answer[:300]!r}")
