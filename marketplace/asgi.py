@@ -10,7 +10,7 @@ import os
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "marketplace.settings")
 
-from marketplace.asgi_handler import one_hop_asgi_application  # noqa: E402
+from core.asgi_handler import one_hop_asgi_application  # noqa: E402
 
 # Django's handler, with each request's middleware and view run in one thread hop.
 django_asgi_app = one_hop_asgi_application()
