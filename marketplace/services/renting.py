@@ -24,8 +24,8 @@ from prometheus_client import Histogram
 
 from billing import holds
 from billing.errors import InsufficientCredit
-from billing.pg_bulk import insert_models
 from core.group_commit import GroupCommit
+from core.pg_bulk import insert_models
 from hosts.models import Machine, MachineStatus, MaintenanceWindow
 from hosts.runtime.registries import registry_of
 from hosts.selectors import maintenance_overlapping
