@@ -18,8 +18,8 @@ django_asgi_app = one_hop_asgi_application()
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
+from core.fanout import ServerConnection  # noqa: E402
 from marketplace.clusters.auth import GatewayAuthFastPath  # noqa: E402
-from marketplace.fanout import ServerConnection  # noqa: E402
 from marketplace.routing import websocket_urlpatterns  # noqa: E402
 from marketplace.socket_origin import SameOriginOnly  # noqa: E402
 
