@@ -14,7 +14,7 @@ vast-cli-doc:  ## rewrite docs/vast-cli-compatibility.md from a passing run of t
 
 # mypy's Django plugin loads the settings, which want SECRET_KEY unless DEBUG=1; the check
 # serves nothing, so DEBUG=1 rather than a made-up key. [tool.mypy] says what it checks.
-lint:  ## ruff, then mypy (billing strictly)
+lint:  ## ruff, then mypy (billing and core strictly)
 	.venv/bin/ruff check . && .venv/bin/ruff format --check . && DEBUG=1 .venv/bin/mypy
 
 format:

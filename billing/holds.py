@@ -48,7 +48,8 @@ from billing.models import (
     UsageKind,
 )
 from billing.money import format_usd
-from billing.pg_bulk import NewTransfer, bulk_set, insert_models
+from billing.pg_bulk import NewTransfer
+from core.pg_bulk import bulk_set, insert_models
 
 USAGE_KINDS = frozenset(UsageKind.values)
 

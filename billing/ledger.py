@@ -28,14 +28,9 @@ from django.db.models import Q
 
 from billing.errors import InvalidAmount, LedgerError
 from billing.models import SOURCE_ACCOUNT_KINDS, Account, Transfer
-from billing.pg_bulk import (
-    EntryRow,
-    NewTransfer,
-    bulk_set,
-    insert_transfers_and_entries,
-    team_ids_in,
-)
+from billing.pg_bulk import EntryRow, NewTransfer, insert_transfers_and_entries
 from billing.signals import balance_changed
+from core.pg_bulk import bulk_set, ids_in
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +65,7 @@ def _account_filter(keys: Iterable[AccountKey]) -> Q:
             query |= Q(kind=kind, team__isnull=True)
         else:
             # None is not among them (checked above).
-            query |= Q(kind=kind, team_id__in=team_ids_in(cast("set[int]", team_ids)))
+            query |= Q(kind=kind, team_id__in=ids_in(cast("set[int]", team_ids)))
     return query
 
 

@@ -25,14 +25,9 @@ from billing.ledger import (
     require_amount,
 )
 from billing.models import AccountKind, ChargeUsage, Hold, TransferKind
-from billing.pg_bulk import (
-    NewTransfer,
-    SweptHoldRow,
-    bigint_array,
-    bulk_set,
-    lock_open_holds,
-)
+from billing.pg_bulk import NewTransfer, SweptHoldRow, lock_open_holds
 from billing.pg_settle import settle_batch_sql
+from core.pg_bulk import bigint_array, bulk_set
 
 # Holds settled per transaction. Bigger batches amortise each batch's fixed round trips (lock
 # holds, lock accounts, COPY, two UPDATEs, commit), but a batch keeps its holds' and accounts'

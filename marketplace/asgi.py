@@ -10,7 +10,7 @@ import os
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "marketplace.settings")
 
-from marketplace.asgi_handler import one_hop_asgi_application  # noqa: E402
+from core.asgi_handler import one_hop_asgi_application  # noqa: E402
 
 # Django's handler, with each request's middleware and view run in one thread hop.
 django_asgi_app = one_hop_asgi_application()
@@ -18,8 +18,8 @@ django_asgi_app = one_hop_asgi_application()
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
+from core.fanout import ServerConnection  # noqa: E402
 from marketplace.clusters.auth import GatewayAuthFastPath  # noqa: E402
-from marketplace.fanout import ServerConnection  # noqa: E402
 from marketplace.routing import websocket_urlpatterns  # noqa: E402
 from marketplace.socket_origin import SameOriginOnly  # noqa: E402
 

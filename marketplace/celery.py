@@ -22,6 +22,8 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "marketplace.settings")
 app = Celery("marketplace")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+# Tasks that live beside their concept rather than in an app's tasks.py.
+app.autodiscover_tasks(["marketplace.clusters", "marketplace.deployments"])
 app.steps["worker"].add(DjangoStructLogInitStep)
 
 task_metrics.connect()

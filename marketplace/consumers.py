@@ -27,10 +27,10 @@ from channels.consumer import get_handler_name
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
+from core.fanout import CONNECTION_KEY, Feed, fan_out
 from marketplace.api.fields import clamped_whole
 from marketplace.api.parsers import json_body
-from marketplace.events import instance_group, user_group
-from marketplace.fanout import CONNECTION_KEY, TeamFeed, fan_out
+from marketplace.events import instance_group, team_group, user_group
 from marketplace.log_follow import LogFollower, TooManyFollowers
 from marketplace.models import Membership
 from marketplace.tenancy import ACTIVE_TEAM_SESSION_KEY, membership_for, team_objects
@@ -167,10 +167,10 @@ class _MemberSocket(_JsonCommands):
 
 class TeamEventsConsumer(_MemberSocket):
     """``/ws/events/``: the acting team's events. The team's group is heard once per process
-    (marketplace/fanout.py), which writes each event's frame to this socket; the socket's own
+    (core/fanout.py), which writes each event's frame to this socket; the socket's own
     channel hears only its user's group (a loss of access closes it)."""
 
-    feed: TeamFeed | None = None
+    feed: Feed | None = None
 
     async def connect(self) -> None:
         membership, refusal = await _membership(self)
@@ -180,7 +180,9 @@ class TeamEventsConsumer(_MemberSocket):
         if await self._join(membership.team_id, None):
             # Added to the feed only once accepted (a frame may not precede the accept), and
             # before the hello: every event sent after the hello reaches the socket.
-            self.feed = await fan_out().join(self.channel_layer, membership.team_id, self)
+            self.feed = await fan_out().join(
+                self.channel_layer, team_group(membership.team_id), self
+            )
             await self.send_json({"event": "hello", "data": {"team": membership.team_id}})
             if self.feed is not None:  # still open
                 self.feed.write_straight(self, self.scope.get(CONNECTION_KEY))

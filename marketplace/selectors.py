@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from billing.money import format_usd
-from marketplace.db import release_database_connection
+from core.db import release_database_connection
 from scheduler.models import Instance, InstanceState, LaunchMode
 from scheduler.services import JUPYTER_CONTAINER_PORT, SSH_CONTAINER_PORT
 

@@ -323,7 +323,7 @@ CONTAINER_EXTRA_LABELS = dict(
     item.split("=", 1) for item in env_list("CONTAINER_EXTRA_LABELS") if "=" in item
 )
 # Rents a web process receives together are placed in one transaction (group commit,
-# marketplace/group_commit.py); RENT_GROUP_COMMIT=0 places each rent alone.
+# core/group_commit.py); RENT_GROUP_COMMIT=0 places each rent alone.
 RENT_GROUP_COMMIT = env_bool("RENT_GROUP_COMMIT", True)
 # Under load a batch's leader waits up to this many milliseconds
 # for the callers the last batch answered to come back with their next orders; 0: never waits

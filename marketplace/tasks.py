@@ -1,6 +1,9 @@
 """Thin tasks: take ids, reload, return early if there is nothing to do, call a service.
 
 Every task is safe to run twice (a redelivery after a worker died, a duplicate enqueue).
+Services queue them by name (``core.task_queue``), never by importing this module, which
+imports them. Deployments' and clusters' tasks live beside them (``deployments/tasks.py``,
+``clusters/tasks.py``), under the names they were always queued by.
 """
 
 from __future__ import annotations
@@ -10,7 +13,6 @@ import logging
 import structlog
 from celery import shared_task
 
-from marketplace.deployments import reconciler, sweep
 from marketplace.models import Volume
 from marketplace.services import (
     bids,
@@ -197,42 +199,3 @@ def volume_remove(volume_id: int) -> bool:
 @shared_task(name="marketplace.tasks.offers_refresh")
 def offers_refresh() -> int:
     return offers.offers_refresh_all()
-
-
-@shared_task(name="marketplace.tasks.deployment_reconcile")
-def deployment_reconcile(deployment_id: int) -> bool:
-    """One reconcile pass over a deployment (woken by an event about it or its machines)."""
-    return reconciler.deployment_reconcile(deployment_id=deployment_id)
-
-
-@shared_task(name="marketplace.tasks.deployments_place_waiting")
-def deployments_place_waiting(deployment_ids: list[int]) -> int:
-    """Passes over deployments with queued replicas, all at once, when capacity appeared."""
-    return sweep.deployments_pass(sorted(deployment_ids))
-
-
-@shared_task(name="marketplace.tasks.deployments_sweep")
-def deployments_sweep() -> int:
-    """The beat sweep: catches whatever an event missed (a lost task, capacity freed quietly)."""
-    return sweep.deployments_sweep()
-
-
-@shared_task(name="marketplace.tasks.gateway_routes_write", bind=True, max_retries=60)
-def gateway_routes_write(self) -> bool:
-    """Give the gateway the clusters' routes; tried again each second while it is down or a
-    new replica does not answer yet (the beat runs it too, mending a restarted gateway)."""
-    from marketplace.clusters import routes
-
-    if routes.routes_push():
-        return True
-    if self.request.called_directly or self.request.is_eager:
-        return False
-    raise self.retry(countdown=1)
-
-
-@shared_task(name="marketplace.tasks.clusters_tick")
-def clusters_tick() -> int:
-    """The beat's look at clusters: end those whose time is over, autoscale the rest."""
-    from marketplace.clusters import autoscale, services
-
-    return services.clusters_end_expired() + autoscale.clusters_autoscale()

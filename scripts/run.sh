@@ -116,7 +116,7 @@ pids+=($!)
 .venv/bin/celery -A marketplace beat -l info --schedule var/celerybeat-schedule > var/log/beat.log 2>&1 &
 pids+=($!)
 # As the production unit: no per-message deflate, so the team feed writes one frame for all
-# sockets (marketplace/fanout.py).
+# sockets (core/fanout.py).
 .venv/bin/uvicorn marketplace.asgi:application --host 127.0.0.1 --port "$PORT" --ws-per-message-deflate false > var/log/web.log 2>&1 &
 web=$!
 pids+=($web)

@@ -48,7 +48,7 @@ fi
 export HYPOTHESIS_PROFILE="${HYPOTHESIS_PROFILE:-ci}"
 .venv/bin/pytest -n "${PYTEST_WORKERS:-3}" --dist loadfile "$@" || status=$?
 
-# The ledger again on SQLite, `make run`'s database: billing/pg_bulk.py writes differently
+# The ledger again on SQLite, `make run`'s database: billing/ and core/pg_bulk.py write differently
 # there (no arrays, no COPY-style bulk statements), and only this job runs those branches. Run
 # with the whole suite only: ARGS choose tests, and these are not the ones chosen. Each xdist
 # worker makes its own file database (tests/billing/conftest.py); pytest-randomly shuffles

@@ -230,7 +230,7 @@ def gateway_auth(request: HttpRequest, cluster_id: int) -> HttpResponse:
 
 class GatewayAuthMiddleware:
     """Answers the gateway's sub-requests before the rest of the chain. The web processes
-    run the chain in the request's thread (marketplace/asgi_handler.py), where this answers
+    run the chain in the request's thread (core/asgi_handler.py), where this answers
     what ``GatewayAuthFastPath`` did not remember; in an async chain (Django's own ASGI
     handler) a remembered answer is given on the event loop and only a first look hops to
     the thread to read the database."""

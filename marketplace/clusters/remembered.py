@@ -23,7 +23,7 @@ import hashlib
 import logging
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import redis
 from django.conf import settings
@@ -47,6 +47,7 @@ _pushed: set[tuple[int, bytes]] = set()  # (cluster, digest) the gateway remembe
 _lock = threading.Lock()
 _wake = threading.Event()
 _pusher: threading.Thread | None = None
+_push: Callable[[], object] | None = None  # routes' push, once routes has loaded
 
 
 def _digest(key: str) -> bytes:
@@ -88,15 +89,21 @@ def _pusher_wake() -> None:
     _wake.set()
 
 
-def _push_loop() -> None:
-    from marketplace.clusters import routes  # routes imports this module
+def push_with(push: Callable[[], object]) -> None:
+    """What the pusher runs: ``routes.routes_push``, given by routes as it loads (it imports
+    this module, so this one does not import it)."""
+    global _push
+    _push = push
 
+
+def _push_loop() -> None:
     while True:
         _wake.wait()
         time.sleep(COALESCE_SECONDS)
         _wake.clear()
         try:
-            routes.routes_push()
+            if _push is not None:
+                _push()
         except Exception:  # a failed push is retried by the next key or the beat
             logger.exception("gateway routes not pushed")
         finally:

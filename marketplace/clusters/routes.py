@@ -22,13 +22,16 @@ from dataclasses import dataclass
 import redis
 from django.conf import settings
 from django.db import connection, transaction
+from django.dispatch import receiver
 from django.utils import timezone
 
+from core.task_queue import task_queue
 from marketplace.clusters import remembered, traffic
 from marketplace.deployments import reconciler, rolling
 from marketplace.models import Cluster, Replica
 from marketplace.models.clusters import ClusterState
 from marketplace.models.deployments import ReplicaState
+from marketplace.signals import access_lost
 from scheduler import gateway
 
 logger = logging.getLogger(__name__)
@@ -97,8 +100,6 @@ def routes_push() -> bool:
 
     One push at a time across processes (a Redis lock), each reading the database inside the
     lock: two pushes racing could otherwise land out of order, the older routes last."""
-    from marketplace import tasks  # the tasks module imports this one
-
     admin = _admin()
     if admin is None:
         return False
@@ -116,8 +117,12 @@ def routes_push() -> bool:
             with contextlib.suppress(redis.RedisError):
                 lock.release()
     for deployment_id in sorted(woken):  # after the lock: a pass may push again
-        tasks.deployment_reconcile.delay(deployment_id)
+        task_queue("marketplace.tasks.deployment_reconcile", deployment_id)
     return complete
+
+
+# The web process's pusher of remembered keys pushes with this (remembered cannot import it).
+remembered.push_with(routes_push)
 
 
 def _push(admin: gateway.CaddyAdmin) -> tuple[bool, set[int]]:
@@ -193,12 +198,10 @@ def _remembered_keys(
 def _push_on_commit() -> None:
     """On commit: push now (before anything queued after it, such as a replica's destroy);
     where the gateway did not take it, or a replica did not answer yet, the task tries again."""
-    from marketplace import tasks  # the tasks module imports this one
-
     if not settings.GATEWAY_ADMIN:
         return
     if not routes_push() and not settings.CELERY_TASK_ALWAYS_EAGER:
-        tasks.gateway_routes_write.apply_async(countdown=1)
+        task_queue("marketplace.tasks.gateway_routes_write", countdown=1)
 
 
 def routes_changed() -> None:
@@ -208,6 +211,12 @@ def routes_changed() -> None:
     ):
         return
     transaction.on_commit(_push_on_commit)
+
+
+@receiver(access_lost, dispatch_uid="marketplace.clusters.routes.access_lost")
+def _on_access_lost(**kwargs: object) -> None:
+    """A key revoked or a member gone: the gateway forgets what no longer passes."""
+    routes_changed()
 
 
 def _replica_changed(replica: Replica) -> None:

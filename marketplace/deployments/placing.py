@@ -23,8 +23,8 @@ from django.db.models import F, QuerySet, Sum
 
 from billing.errors import InsufficientCredit
 from billing.models import Hold
-from billing.pg_bulk import bulk_set
 from billing.usd import format_usd
+from core.pg_bulk import bulk_set
 from marketplace.deployments.conditions import matching_offers, placement_request, queue_reason
 from marketplace.models import Deployment, Offer, Rental, Replica
 from marketplace.models.deployments import ReplicaState

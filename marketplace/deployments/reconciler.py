@@ -32,6 +32,7 @@ from django.db import transaction
 from django.db.models import Count
 from django.utils import timezone
 
+from core.task_queue import task_queue_on_commit
 from hosts.models import MachineStatus
 from marketplace.deployments import rolling, scaling
 from marketplace.deployments.conditions import (
@@ -461,9 +462,7 @@ def _failure_backoff(failures: list[tuple[datetime, str]]) -> str:
 
 def deployment_wake(deployment_id: int) -> None:
     """Queue a pass over the deployment once the current transaction commits."""
-    from marketplace import tasks  # the tasks module imports this one
-
-    transaction.on_commit(lambda: tasks.deployment_reconcile.delay(deployment_id))
+    task_queue_on_commit("marketplace.tasks.deployment_reconcile", deployment_id)
 
 
 def deployments_wake_waiting(deployment_ids: set[int]) -> None:
@@ -471,10 +470,7 @@ def deployments_wake_waiting(deployment_ids: set[int]) -> None:
     once the current transaction commits: one task and one snapshot of the fleet for them
     all, however many wait. One that another worker is reconciling is skipped: that pass, or
     the next sweep, sees the capacity."""
-    from marketplace import tasks  # the tasks module imports this one
-
-    ids = sorted(deployment_ids)
-    transaction.on_commit(lambda: tasks.deployments_place_waiting.delay(ids))
+    task_queue_on_commit("marketplace.tasks.deployments_place_waiting", sorted(deployment_ids))
 
 
 def deployments_waiting_for_capacity() -> list[int]:

@@ -6,6 +6,7 @@ from datetime import datetime
 
 from django.dispatch import receiver
 
+from core.task_queue import task_queue
 from hosts.models import in_service
 from hosts.selectors import register_occupancy
 from hosts.services import register_commitments
@@ -32,10 +33,8 @@ def on_machine_status_changed(sender, *, machine_id, team_id, old, new, reason, 
         # Its volumes' storage too; volumes deleted while it was out are removed now.
         volumes_follow_machine(machine_id=machine_id)
         if in_service(new):
-            from marketplace.tasks import volume_remove  # the tasks import the receivers' services
-
             for volume_id in volumes_pending_removal(machine_id=machine_id):
-                volume_remove.delay(volume_id)
+                task_queue("marketplace.tasks.volume_remove", volume_id)
             # Its unknown instances learn now, not at the next reconcile, what became of
             # their containers (those the host killed meanwhile start again).
             machine_reconcile_one.delay(machine_id)

@@ -15,6 +15,7 @@ from django.utils import timezone
 
 from hosts.user_text import name_check
 from marketplace.models import ApiKey, Invitation, Membership, Role, Team, User
+from marketplace.signals import access_lost
 
 INVITATION_LIFETIME = timedelta(days=7)
 API_KEY_PREFIX = "gpk"
@@ -157,10 +158,9 @@ def membership_remove(*, actor: Membership, target: Membership) -> None:
 
 def _gateway_keys_changed() -> None:
     """The cluster gateway drops keys that no longer pass from what it lets through by itself
-    while the web processes are down (marketplace/clusters/remembered.py): on commit."""
-    from marketplace.clusters import routes  # the clusters app builds on accounts
-
-    routes.routes_changed()
+    while the web processes are down (marketplace/clusters/remembered.py): on commit, told
+    by a signal (the clusters app builds on accounts)."""
+    access_lost.send(sender=Membership)
 
 
 def _ensure_another_owner(target: Membership) -> None:

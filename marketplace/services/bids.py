@@ -30,6 +30,7 @@ from django.utils import timezone
 
 from billing import holds
 from billing.usd import format_usd
+from core.task_queue import task_queue
 from hosts.models import Machine, MachineStatus
 from hosts.runtime import CommandFailed, HostUnreachable
 from marketplace.models import Rental
@@ -318,9 +319,7 @@ def interrupted_note(instance_id: int) -> str | None:
 
 
 def _resume_later(instance_id: int) -> None:
-    from marketplace.tasks import rental_resume  # the tasks module imports the services
-
-    rental_resume.delay(instance_id)
+    task_queue("marketplace.tasks.rental_resume", instance_id)
 
 
 def interrupted_rental_resume(*, instance_id: int) -> Instance | None:

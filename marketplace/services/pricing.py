@@ -13,6 +13,10 @@ from hosts.models import Machine
 from marketplace.models import Rental
 from scheduler.placement import SliceSize, slice_fraction
 
+# How long a rental (or a volume's period) may be held for, and extended by, at once.
+MAX_RENTAL_HOURS = 24 * 365
+MIN_RENTAL_HOURS = 0.01  # 36 seconds: less would hold nothing
+
 SECONDS_PER_MONTH = 30 * 24 * 3600
 
 

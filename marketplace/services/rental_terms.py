@@ -13,14 +13,12 @@ from django.core.exceptions import ValidationError
 
 from hosts.models import Machine
 from marketplace.services.bids import bid_check
+from marketplace.services.pricing import MAX_RENTAL_HOURS, MIN_RENTAL_HOURS
 from marketplace.services.volumes import MountRequest
 from marketplace.validation import label_check, registry_login_check, validate_launch
 from scheduler.models import LaunchMode
 from scheduler.placement import BINPACK, CARD_POLICIES, SliceSize
 from scheduler.services import JUPYTER_CONTAINER_PORT, SSH_CONTAINER_PORT
-
-MAX_RENTAL_HOURS = 24 * 365
-MIN_RENTAL_HOURS = 0.01  # 36 seconds: less would hold nothing
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,8 @@ from __future__ import annotations
 from django.db import transaction
 from django.utils import timezone
 
+from core.db import release_database_connection
 from hosts.runtime import CommandResult, DockerHost
-from marketplace.db import release_database_connection
 from marketplace.models import Rental
 from marketplace.validation import label_check
 from scheduler.models import Instance, InstanceState

@@ -24,13 +24,13 @@ from prometheus_client import Histogram
 
 from billing import holds
 from billing.errors import InsufficientCredit
-from billing.pg_bulk import insert_models
+from core.group_commit import GroupCommit
+from core.pg_bulk import insert_models
 from hosts.models import Machine, MachineStatus, MaintenanceWindow
 from hosts.runtime.registries import registry_of
 from hosts.selectors import maintenance_overlapping
 from marketplace.events import publish_team_events
 from marketplace.fleet import machine_reference
-from marketplace.group_commit import GroupCommit
 from marketplace.models import Rental, Team
 from marketplace.models.rentals import rental_reference
 from marketplace.services.bids import (

@@ -97,8 +97,8 @@ def _takes_keys(instance) -> None:
 
 
 def _in_container(instance, script: str, line: str) -> None:
+    from core.db import release_database_connection
     from hosts.runtime import DockerHost
-    from marketplace.db import release_database_connection
 
     _takes_keys(instance)
     host = DockerHost(instance.machine)

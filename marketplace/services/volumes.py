@@ -25,6 +25,7 @@ from django.db.models import Sum
 from django.utils import timezone
 
 from billing import holds
+from core.task_queue import task_queue_on_commit
 from hosts.models import Machine, MachineStatus, in_service
 from hosts.runtime import CommandFailed, HostKeyMismatch, HostUnreachable, InvalidContainerSpec
 from hosts.runtime.container_spec import validate_volumes
@@ -34,7 +35,7 @@ from marketplace.events import publish_team_events
 from marketplace.fleet import machine_reference
 from marketplace.models import Team, Volume, VolumeMount, VolumeState, VolumeVersion
 from marketplace.models.volumes import volume_reference
-from marketplace.services.pricing import storage_owed
+from marketplace.services.pricing import MAX_RENTAL_HOURS, MIN_RENTAL_HOURS, storage_owed
 from marketplace.services.volume_metering import volume_meter
 from scheduler.models import Instance, InstanceState
 
@@ -157,7 +158,7 @@ def volume_create(
     volume.save(update_fields=["hold_id"])
     _version(volume, size_gb, "created", user)
     volume_id = volume.pk
-    transaction.on_commit(lambda: _queue("volume_build", volume_id))
+    task_queue_on_commit("marketplace.tasks.volume_build", volume_id)
     return volume
 
 
@@ -225,19 +226,11 @@ def volumes_still_creating() -> list[int]:
     )
 
 
-def _queue(task_name: str, volume_id: int) -> None:
-    from marketplace import tasks  # the task module imports this one
-
-    getattr(tasks, task_name).delay(volume_id)
-
-
 def volume_extend(*, volume: Volume, hours: float) -> Volume:
     """Add ``hours`` to the volume's period and its size × the price × ``hours`` to its hold
     (402 when credit is short), never past the machine's end date; the rules and error
     shapes of a rental's extension. A period that has ended already starts again from now
     (the time since its end was not held, and is not charged)."""
-    from marketplace.services.renting import MAX_RENTAL_HOURS, MIN_RENTAL_HOURS
-
     if not (
         isinstance(hours, int | float) and MIN_RENTAL_HOURS <= hours <= MAX_RENTAL_HOURS
     ):  # (NaN fails both)
@@ -434,7 +427,7 @@ def volume_delete(*, volume: Volume) -> Volume:
 def _remove_after_commit(volume: Volume) -> None:
     if in_service(volume.machine.status):
         volume_id = volume.pk
-        transaction.on_commit(lambda: _queue("volume_remove", volume_id))
+        task_queue_on_commit("marketplace.tasks.volume_remove", volume_id)
 
 
 def volume_remove_on_host(*, volume_id: int) -> bool:

@@ -47,6 +47,7 @@ from marketplace.tenancy import team_objects
 from marketplace.vast import bulk, shapes
 from marketplace.vast.errors import Refused, vast_exception_handler
 from marketplace.vast.schema import VastSchema
+from marketplace.vast.template_rent import rent_body_from_template
 from scheduler.models import Instance, InstanceState
 
 ANY_JSON = {"type": "object", "additionalProperties": True}
@@ -194,8 +195,6 @@ def rent_order(team, body: dict[str, Any], offer_id: int) -> RentalRequest:
     """The CLI's create body for one offer → what ``rental_create`` takes (400 naming the
     field for bad settings, 404 for an offer that is not there)."""
     if body.get("template_hash_id"):
-        from marketplace.vast.templates import rent_body_from_template
-
         body = rent_body_from_template(team, body)
     fields = shapes.rental_fields(body)
     offer = Offer.objects.filter(pk=offer_id).first()  # a bundle: exactly its GPUs

@@ -151,7 +151,7 @@ def test_a_cluster_ends_at_its_time_and_cannot_be_resumed(funded):
 
     from django.utils import timezone
 
-    from marketplace.tasks import clusters_tick
+    from marketplace.clusters.tasks import clusters_tick
 
     client = key_client(funded)
     created = client.post("/api/v1/clusters/", WAITING, format="json").json()

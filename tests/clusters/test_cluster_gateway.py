@@ -14,10 +14,10 @@ from django.test import Client
 from billing.models import Hold
 from billing.selectors import team_balance
 from marketplace.clusters import routes
+from marketplace.clusters.tasks import clusters_tick
 from marketplace.models import ApiKey, Cluster, Rental
 from marketplace.services.accounts import api_key_revoke, membership_remove
 from marketplace.services.pricing import quote_at
-from marketplace.tasks import clusters_tick
 from scheduler import services as scheduler
 from scheduler.models import PortAllocation
 from tests.billing.ledger_checks import assert_ledger_consistent

@@ -16,8 +16,8 @@ from hosts.models import Machine
 from hosts.services.events import set_status
 from marketplace.deployments import rolling
 from marketplace.deployments.conditions import spec_hash
+from marketplace.deployments.tasks import deployments_sweep
 from marketplace.models import Deployment, Replica
-from marketplace.tasks import deployments_sweep
 from scheduler import services as scheduler
 from scheduler.models import Instance, InstanceEvent
 from scheduler.tasks import machines_reconcile

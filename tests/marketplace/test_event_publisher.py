@@ -1,5 +1,6 @@
-"""Events leave through one publisher per process (marketplace/events.py), in the order they
-were handed over; a forked child (a Celery pool process) publishes through its own."""
+"""Events leave through one publisher per process (core/events.py; the groups and messages are
+marketplace/events.py's), in the order they were handed over; a forked child (a Celery pool
+process) publishes through its own."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Group commit (marketplace/group_commit.py): orders that arrive together share one batch and
+"""Group commit (core/group_commit.py): orders that arrive together share one batch and
 one transaction; a batch that fails is undone and its orders served one by one; each order
 keeps its caller's context.
 
@@ -17,7 +17,7 @@ import time
 import pytest
 from django.db import connection, transaction
 
-from marketplace.group_commit import GroupCommit
+from core.group_commit import GroupCommit
 from marketplace.models import Team
 from tests.marketplace.conftest import until
 
@@ -127,7 +127,7 @@ def test_a_follow_up_that_fails_after_the_commit_runs_nothing_twice(caplog):
         return placed
 
     scenario = Scenario(follow_up_fails)
-    with caplog.at_level(logging.ERROR, logger="marketplace.group_commit"):
+    with caplog.at_level(logging.ERROR, logger="core.group_commit"):
         scenario.run("first", ["a", "b"])
     assert scenario.batches == [["first"], ["a", "b"]]
     assert scenario.outcomes == {o: f"placed {o}" for o in ("first", "a", "b")}

@@ -1,4 +1,4 @@
-"""The per-process team feed (marketplace/fanout.py) on a private Redis: one subscription per
+"""The per-process team feed (core/fanout.py) on a private Redis: one subscription per
 team in a process however many of its sockets watch it, each event written once to each of
 that team's sockets and to no other team's; and when Redis goes away, the sockets are closed
 (1011, so the console reconnects and fetches what it missed) instead of staying open and deaf.
@@ -15,9 +15,9 @@ import redis
 from channels_redis.core import RedisChannelLayer
 from websockets.frames import Frame, Opcode
 
+from core.fanout import CONNECTION_KEY, FanOut, ServerConnection, write_frame
 from deploy.cluster import Redis
 from marketplace.events import team_group
-from marketplace.fanout import CONNECTION_KEY, FanOut, ServerConnection, write_frame
 
 pytestmark = pytest.mark.asyncio
 
@@ -57,8 +57,8 @@ async def test_one_subscription_per_team_and_sockets_closed_when_redis_goes(priv
     hub = FanOut()
     acme = [Browser() for _ in range(3)]
     other = Browser()
-    feeds = [await hub.join(layer, 1, browser) for browser in acme]
-    await hub.join(layer, 2, other)
+    feeds = [await hub.join(layer, team_group(1), browser) for browser in acme]
+    await hub.join(layer, team_group(2), other)
     assert feeds[0] is feeds[1] is feeds[2]
     groups = redis.Redis.from_url(private_redis.url)
     assert groups.zcard(f"{PREFIX}:group:{team_group(1)}") == 1  # one member, three sockets
@@ -105,7 +105,7 @@ async def feed_server(layer, hub: FanOut, connections: list):
         await send({"type": "websocket.accept"})
         socket, connection = AppSocket(send), scope[CONNECTION_KEY]
         connections.append(connection)
-        feed = await hub.join(layer, 1, socket)
+        feed = await hub.join(layer, team_group(1), socket)
         await send({"type": "websocket.send", "text": '{"event": "hello", "data": {}}'})
         feed.write_straight(socket, connection)
         try:

@@ -12,9 +12,10 @@ from billing.holds import hold_create
 from billing.models import Account, AccountKind
 from hosts.models import Gpu, Machine
 from marketplace.celery import app as celery_app
+from marketplace.deployments.tasks import deployment_reconcile
 from marketplace.models.deployments import Deployment, Replica
 from marketplace.observability.ledger_check import CACHE_KEY
-from marketplace.tasks import deployment_reconcile, invitations_expire
+from marketplace.tasks import invitations_expire
 from scheduler.models import GpuAllocation, Instance
 from tests.conftest import client_for, key_client
 from tests.factories import UserFactory

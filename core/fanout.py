@@ -1,17 +1,22 @@
-"""One subscription per web process to each team's group, fanned out to that process's sockets.
+"""One subscription per web process to each group, fanned out to that process's sockets.
 
-A team event used to reach every console socket through channels' per-consumer path: the
-group held one channel per socket, so ``group_send`` stored one message per socket in Redis,
-each web process popped them one at a time (a Redis round trip and the receive lock's task
-juggling per socket), and each socket's consumer task woke to encode the same JSON again.
+Why it exists: a team event used to reach every console socket through channels'
+per-consumer path: the group held one channel per socket, so ``group_send`` stored one message
+per socket in Redis, each web process popped them one at a time (a Redis round trip and the
+receive lock's task juggling per socket), and each socket's consumer task woke to encode the
+same JSON again.
 With 500 sockets a process, that was most of the event's way to the last browser
 (bench/websocket_fanout.py; figures in docs/benchmarks.md).
 
-Here a process joins a team's group once, with one channel of its own, while it has at least
-one socket of that team's feed; an event is popped once, encoded once, and the same frame is
-written to each of the process's sockets of that team. Tenancy is unchanged: a socket is added
-only after its membership check, and removed the moment it loses access or closes, so it only
-ever receives its own team's events.
+Here a process joins a group once, with one channel of its own, while it has at least one
+socket of that group's feed; an event is popped once, encoded once, and the same frame is
+written to each of the process's sockets of that group. Who may join which group is the
+caller's check (marketplace's consumers add a socket only after its membership check, and
+remove it the moment it loses access or closes), so a socket only ever receives its own
+group's events.
+
+A feed relays a group message that has an ``event`` and its ``data`` as the text frame
+``{"event": …, "data": …}``; other messages are not for browsers and are dropped.
 """
 
 from __future__ import annotations
@@ -22,17 +27,16 @@ import json
 import logging
 import sys
 import weakref
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
+from channels.layers import BaseChannelLayer
 from websockets.frames import Frame, Opcode
-
-from marketplace.events import team_group
 
 logger = logging.getLogger(__name__)
 
 # channels_redis forgets a group's members after ``group_expiry`` (a day by default); a feed
-# lives as long as its process has sockets of the team, so it joins again well before.
+# lives as long as its process has sockets in the group, so it joins again well before.
 REJOIN_SECONDS = 3600.0
 # What a socket is closed with when its feed fails: 1011, the server hit an unexpected error.
 CLOSE_FAILED = {"type": "websocket.close", "code": 1011}
@@ -44,11 +48,20 @@ class FeedSocket(Protocol):
     async def base_send(self, message: dict[str, Any]) -> None: ...
 
 
-class TeamFeed:
-    """The process's subscription to one team's group and the team's sockets in it."""
+# ASGI's callables, as ``ServerConnection`` passes them on.
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-    def __init__(self, layer, team_id: int, on_failure: Callable[[TeamFeed], None]) -> None:
-        self.layer, self.team_id, self.group = layer, team_id, team_group(team_id)
+
+class Feed:
+    """The process's subscription to one group and the process's sockets in it."""
+
+    def __init__(
+        self, layer: BaseChannelLayer, group: str, on_failure: Callable[[Feed], None]
+    ) -> None:
+        self.layer, self.group = layer, group
         self.on_failure = on_failure
         # Each socket with its server connection once frames may go straight to it
         # (``write_straight``), else None; ordered, so sockets get frames in join order.
@@ -57,8 +70,8 @@ class TeamFeed:
         self.sending: dict[FeedSocket, int] = {}
         self.subscribed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.channel: str | None = None
-        self.task = asyncio.create_task(self._run(), name=f"team feed {team_id}")
-        self.writes: set[asyncio.Task] = set()
+        self.task = asyncio.create_task(self._run(), name=f"feed {group}")
+        self.writes: set[asyncio.Task[None]] = set()
 
     async def _run(self) -> None:
         rejoin = None
@@ -77,7 +90,7 @@ class TeamFeed:
         except Exception as error:
             if not self.subscribed.done():
                 self.subscribed.set_exception(error)
-            logger.exception("the feed of team %s stopped", self.team_id)
+            logger.exception("the feed of %s stopped", self.group)
             self._fail()
         finally:
             if not self.subscribed.done():
@@ -118,14 +131,14 @@ class TeamFeed:
             self.sockets[socket] = connection
 
     def deliver(self, message: dict[str, Any]) -> None:
-        """Encode once; write the same frame to every socket of the team in this process.
+        """Encode once; write the same frame to every socket of the group in this process.
 
         A server's text frame is unmasked, so it is the same bytes for every socket that did
         not negotiate compression: those get them straight onto their connection
         (``write_frame``), with no task and no per-socket encoding. The others (compressed,
         not served by uvicorn's ``websockets`` protocol, behind on reading, or with an
         earlier frame still on its way) take the normal ASGI send."""
-        if message.get("type") != "team.event":
+        if "event" not in message or "data" not in message:
             return
         text = json.dumps({"event": message["event"], "data": message["data"]})
         frame = {"type": "websocket.send", "text": text}
@@ -143,7 +156,7 @@ class TeamFeed:
         self.writes.add(task)
         task.add_done_callback(lambda task: self._sent(task, socket))
 
-    def _sent(self, task: asyncio.Task, socket: FeedSocket) -> None:
+    def _sent(self, task: asyncio.Task[None], socket: FeedSocket) -> None:
         self.writes.discard(task)
         left = self.sending.pop(socket, 1) - 1
         if left:
@@ -165,12 +178,12 @@ class ServerConnection:
     """ASGI middleware: remembers in the scope the object whose ``send`` the server gave the
     socket (uvicorn's connection), for ``write_frame``. Changes nothing else."""
 
-    def __init__(self, app) -> None:
+    def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
-    async def __call__(self, scope, receive, send):
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         connection = getattr(send, "__self__", None)
-        return await self.app({**scope, CONNECTION_KEY: connection}, receive, send)
+        await self.app({**scope, CONNECTION_KEY: connection}, receive, send)
 
 
 def write_frame(connection: Any, encoded: bytes) -> bool:
@@ -214,14 +227,14 @@ class FanOut:
     """The feeds of one event loop (one per web process; tests run several loops)."""
 
     def __init__(self) -> None:
-        self.feeds: dict[int, TeamFeed] = {}
+        self.feeds: dict[str, Feed] = {}
 
-    async def join(self, layer, team_id: int, socket: FeedSocket) -> TeamFeed:
-        """Add ``socket`` to its team's feed; returns the feed once the process listens on the
+    async def join(self, layer: BaseChannelLayer, group: str, socket: FeedSocket) -> Feed:
+        """Add ``socket`` to the group's feed; returns the feed once the process listens on the
         group, so anything sent after this reaches the socket."""
-        feed = self.feeds.get(team_id)
+        feed = self.feeds.get(group)
         if feed is None:
-            feed = self.feeds[team_id] = TeamFeed(layer, team_id, self._forget)
+            feed = self.feeds[group] = Feed(layer, group, self._forget)
         feed.sockets[socket] = None
         try:
             await asyncio.shield(feed.subscribed)
@@ -230,7 +243,7 @@ class FanOut:
             raise
         return feed
 
-    def leave(self, feed: TeamFeed, socket: FeedSocket) -> None:
+    def leave(self, feed: Feed, socket: FeedSocket) -> None:
         """Remove ``socket`` from ``feed``: nothing more is written to it. The last one out
         stops the feed."""
         feed.sockets.pop(socket, None)
@@ -238,9 +251,9 @@ class FanOut:
             self._forget(feed)
             feed.stop()
 
-    def _forget(self, feed: TeamFeed) -> None:
-        if self.feeds.get(feed.team_id) is feed:
-            del self.feeds[feed.team_id]
+    def _forget(self, feed: Feed) -> None:
+        if self.feeds.get(feed.group) is feed:
+            del self.feeds[feed.group]
 
 
 _fan_outs: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, FanOut] = (

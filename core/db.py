@@ -1,4 +1,10 @@
-"""Database helpers for requests that wait on a host."""
+"""Database connections around slow I/O.
+
+Why it exists: a request that waits on a host (SSH, a container's logs) would hold its
+pooled database connection for the whole wait, and a handful of such requests would starve
+every other request of connections. Giving it back first is a rule of the connection, not of
+any app, so it lives here.
+"""
 
 from __future__ import annotations
 
