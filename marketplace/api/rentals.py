@@ -49,6 +49,7 @@ from marketplace.services.renter_actions import (
     rental_stop_request,
 )
 from marketplace.services.renting import (
+    Rented,
     rental_create,
     rental_extend,
 )
@@ -168,11 +169,18 @@ class InstanceSerializer(serializers.ModelSerializer):
         return dollars(rental.price_per_gpu_hour * rental.gpu_count)
 
     def get_gpus(self, instance) -> list[str]:
-        rented = getattr(instance, "rented_gpu_uuids", None)  # a rent's answer: as written
-        return rented if rented is not None else scheduler.instance_gpu_uuids(instance)
+        return scheduler.instance_gpu_uuids(instance)
 
     def get_connection(self, instance) -> dict:
-        return instance_connection(instance, ports=getattr(instance, "rented_ports", None))
+        return instance_connection(instance)
+
+
+class _RentedInstanceSerializer(InstanceSerializer):
+    """A rent's answer but its GPUs and connection, which ``rented_data`` takes from what the
+    rent wrote."""
+
+    class Meta(InstanceSerializer.Meta):
+        fields = [f for f in InstanceSerializer.Meta.fields if f not in ("gpus", "connection")]
 
 
 @functools.cache
@@ -186,6 +194,24 @@ def instance_data(instance: Instance) -> dict:
     times the cost of using them (figures in docs/benchmarks.md). Its fields keep no state
     between uses."""
     return _instance_shape().to_representation(instance)
+
+
+@functools.cache
+def _rented_shape() -> _RentedInstanceSerializer:
+    return _RentedInstanceSerializer()
+
+
+def rented_data(rented: Rented) -> dict:
+    """A rent's answer, ``instance_data``'s shape, from what the rent wrote (the instance with
+    its rental and machine, its GPUs and ports, all in memory), not read back: the rows are
+    exactly these."""
+    rental = rented.rental
+    instance = rental.instance
+    instance.rental, instance.machine = rental, rental.machine
+    data = _rented_shape().to_representation(instance)
+    data["gpus"] = rented.gpu_uuids
+    data["connection"] = instance_connection(instance, ports=rented.ports)
+    return {name: data[name] for name in InstanceSerializer.Meta.fields}
 
 
 MAX_COMMAND_LENGTH = 4096
@@ -265,12 +291,8 @@ class InstanceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScop
 
     @extend_schema(request=RentSerializer, responses={201: InstanceSerializer})
     def create(self, request):
-        rental = rental_create(team=self.team, request=rent_request(request.data))
-        # The response is built from what the rent just wrote (the instance with its rental
-        # and machine, all in memory), not read back: the rows are exactly these.
-        instance = rental.instance
-        instance.rental, instance.machine = rental, rental.machine
-        return Response(instance_data(instance), status=status.HTTP_201_CREATED)
+        rented = rental_create(team=self.team, request=rent_request(request.data))
+        return Response(rented_data(rented), status=status.HTTP_201_CREATED)
 
     def _as_now(self, instance: Instance) -> dict:
         """The instance as it is after an action (a worker may have moved it on already)."""

@@ -14,7 +14,7 @@ from rest_framework.response import Response
 from marketplace.api.base import TeamScopedViewSet
 from marketplace.api.permissions import api_membership
 from marketplace.api.rent_requests import RentSerializer, rent_request
-from marketplace.api.rentals import InstanceSerializer, instance_data
+from marketplace.api.rentals import InstanceSerializer, rented_data
 from marketplace.models import ApiKey, Template
 from marketplace.services.renting import rental_create
 from marketplace.services.templates import (
@@ -110,9 +110,7 @@ class TemplateViewSet(
         template = self.get_object()
         if not isinstance(request.data, dict):
             raise serializers.ValidationError({"non_field_errors": ["Send a JSON object."]})
-        rental = rental_create(
+        rented = rental_create(
             team=self.team, request=rent_request({**template_settings(template), **request.data})
         )
-        instance = rental.instance
-        instance.rental, instance.machine = rental, rental.machine
-        return Response(instance_data(instance), status=status.HTTP_201_CREATED)
+        return Response(rented_data(rented), status=status.HTTP_201_CREATED)

@@ -29,7 +29,7 @@ from marketplace.deployments.conditions import matching_offers, placement_reques
 from marketplace.models import Deployment, Offer, Rental, Replica
 from marketplace.models.deployments import ReplicaState
 from marketplace.services.pricing import quote_at, slice_rate
-from marketplace.services.renting import RentalRequest, rentals_create
+from marketplace.services.renting import RentalRequest, Rented, rentals_create
 from scheduler.placement import Card, MachineSnapshot, Placement, Planner
 from scheduler.services import NoCapacity
 
@@ -203,7 +203,7 @@ def _rent(planned: list[_Planned], fleet: Fleet) -> set[int]:
     short_of_credit: set[Placing] = set()
     placed = []
     for p, outcome in zip(planned, outcomes, strict=True):
-        if isinstance(outcome, Rental):
+        if isinstance(outcome, Rented):
             p.replica.instance = outcome.instance
             p.replica.state = ReplicaState.PLACED
             p.replica.spec_hash = p.placing.spec

@@ -76,7 +76,21 @@ class OfferUnavailable(Exception):
     error_code = "offer_unavailable"
 
 
-def rental_create(*, team: Team, request: RentalRequest) -> Rental:
+@dataclass(frozen=True)
+class Rented:
+    """What one rent wrote: the rental (its instance and machine with it, in memory) and what
+    it was given, as written, so its answer shows them without reading them back."""
+
+    rental: Rental
+    gpu_uuids: list[str]
+    ports: list[tuple[int, int, str]]  # (container port, host port, protocol)
+
+    @property
+    def instance(self) -> Instance:
+        return self.rental.instance
+
+
+def rental_create(*, team: Team, request: RentalRequest) -> Rented:
     """Rent units of a machine: allocate, hold credit, create rental + instance, all or none.
 
     Raises OfferUnavailable (409) for a machine that is not rentable, NoCapacity (409) when
@@ -91,17 +105,17 @@ RentalOrder = tuple[Team, RentalRequest]
 
 def rentals_create(
     orders: list[RentalOrder], contexts: list[contextvars.Context] | None = None
-) -> list[Rental | Exception]:
+) -> list[Rented | Exception]:
     """Rent for many orders at once, each as ``rental_create`` would, in one transaction and a
     few statements whatever their number (the platform placing a deployment's replicas rents
-    hundreds). Returns, in order, each order's rental or the error that refused it (the
+    hundreds). Returns, in order, each order's ``Rented`` or the error that refused it (the
     exceptions ``rental_create`` raises); a refused order writes nothing, the others are
     rented. Orders on one machine are served in order from what is free on it.
 
     ``contexts``, one for each order: the context its launch is queued in (the request that
     placed it, whose log context the launch task carries).
     """
-    outcomes: list[Rental | Exception | None] = [None] * len(orders)
+    outcomes: list[Rented | Exception | None] = [None] * len(orders)
     credentials = _check_orders(orders, outcomes)  # before any lock: a name lookup may be slow
     mounts = _check_mounts(orders, outcomes)
     with transaction.atomic():
@@ -148,8 +162,8 @@ def rentals_create(
                     [b.instance_id for b in a.terms.interrupts], reason=reason, now=now
                 )
         written = _rentals_write(accepted, credentials, hold_accounts, now, contexts)
-        for i, rental in zip([a.index for a in accepted], written, strict=True):
-            outcomes[i] = rental
+        for i, rented in zip([a.index for a in accepted], written, strict=True):
+            outcomes[i] = rented
     return outcomes  # type: ignore[return-value]  (every order has its outcome now)
 
 
@@ -387,7 +401,7 @@ def _rentals_write(
     hold_accounts: holds.HoldAccounts,
     now: datetime,
     contexts: list[contextvars.Context] | None,
-) -> list[Rental]:
+) -> list[Rented]:
     """Instances, allocations, holds, rentals and events of the accepted orders, a statement
     or two each; launches queued and consoles told on commit."""
     if not accepted:
@@ -406,12 +420,6 @@ def _rentals_write(
         ],
         savepoint=False,
     )
-    for a, instance in zip(accepted, instances, strict=True):
-        # What the response shows of the allocations, as written (no read back).
-        instance.rented_gpu_uuids = list(a.terms.gpu_uuids)
-        instance.rented_ports = [
-            (container, host, PORT_PROTOCOL) for container, host in sorted(a.terms.ports)
-        ]
     hold_rows = holds.holds_create_many(
         [
             holds.HoldRequest(
@@ -464,7 +472,14 @@ def _rentals_write(
     for a, instance in zip(accepted, instances, strict=True):
         enqueue = functools.partial(work_enqueue_on_commit, instance.pk, InstanceState.LAUNCHING)
         contexts[a.index].run(enqueue) if contexts else enqueue()
-    return rentals
+    return [
+        Rented(
+            rental=rental,
+            gpu_uuids=list(a.terms.gpu_uuids),
+            ports=[(container, host, PORT_PROTOCOL) for container, host in sorted(a.terms.ports)],
+        )
+        for a, rental in zip(accepted, rentals, strict=True)
+    ]
 
 
 def _what_rented(request: RentalRequest) -> str:

@@ -121,7 +121,7 @@ def rent_many(team, orders: list, offer_ids: list[int]) -> Response:
         if isinstance(outcome, Exception):
             failed[str(offer_id)] = error_message(outcome)
         else:
-            contracts.append(outcome.instance_id)
+            contracts.append(outcome.rental.instance_id)
     if not contracts:
         message = "; ".join(f"offer {key}: {why}" for key, why in failed.items())
         return Response(

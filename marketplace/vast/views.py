@@ -158,8 +158,8 @@ class Ask(RenterView):
     )
     def put(self, request, offer_id: int):
         order = rent_order(self.team, self.body(), offer_id)
-        rental = rental_create(team=self.team, request=order)
-        return Response({"success": True, "new_contract": rental.instance_id})
+        rented = rental_create(team=self.team, request=order)
+        return Response({"success": True, "new_contract": rented.rental.instance_id})
 
 
 class AskBulk(RenterView):

@@ -163,14 +163,14 @@ def rent(request: HttpRequest, machine_id: int) -> HttpResponse:
     require_role(request, Role.MEMBER)
     form = RentForm(request.POST, machine_id=machine_id)
     try:
-        rental = rental_create(team=request.team, request=form.rental_request())
+        rented = rental_create(team=request.team, request=form.rental_request())
     except Exception as error:  # domain errors (402/409) and validation alike become a message
         if not hasattr(error, "http_status") and not isinstance(error, ValidationError):
             raise
         messages.error(request, f"Could not rent: {error_text(error)}")
         return redirect(request.META.get("HTTP_REFERER") or "offers")
     messages.success(request, "Rented. The container is launching; this page updates by itself.")
-    return redirect("instance-detail", pk=rental.instance_id)
+    return redirect("instance-detail", pk=rented.rental.instance_id)
 
 
 # The instance list's views: what runs or can run again, what has ended, or both.

@@ -74,7 +74,7 @@ def world(team, owner):
         request=RentalRequest(
             machine_id=for_rent.pk, gpu_count=1, image="gpumkt/busybox:latest", hours=2
         ),
-    )
+    ).rental
     return {
         "for_rent": for_rent,
         "own": own,

@@ -161,7 +161,10 @@ def test_twenty_renters_race_for_the_last_quarter_of_a_card(sim_host, provider_t
     for team in racers:
         fund(team, 5)
     results = race(
-        [lambda t=t: rental_create(team=t, request=slice_order(machine, 25, 4000)) for t in racers]
+        [
+            lambda t=t: rental_create(team=t, request=slice_order(machine, 25, 4000)).rental
+            for t in racers
+        ]
     )
     won = [r for r in results if isinstance(r, Rental)]
     assert len(won) == 1, results
@@ -183,7 +186,7 @@ def test_launch_of_a_slice_starts_the_mps_daemon_the_host_lost(
     host = sim_host_factory(gpus=1)
     machine = machine_for(host, provider_team, mps_available=True, sharing_enabled=True)
     (host.root / "mps" / "daemon").unlink(missing_ok=True)  # as after a reboot
-    rental = rental_create(team=funded_team, request=slice_order(machine, 50, 1000))
+    rental = rental_create(team=funded_team, request=slice_order(machine, 50, 1000)).rental
     # The launch ran when the rental committed (tasks run eagerly here).
     assert Instance.objects.get(pk=rental.instance_id).state in (
         InstanceState.RUNNING,

@@ -70,7 +70,9 @@ def test_four_quarters_fill_a_card_a_fifth_is_refused_and_memory_counts_too(
 ):
     machine = sharing_machine(sim_host, provider_team, gpus=1)
     teams = funded_teams(6)
-    rentals = [rental_create(team=t, request=slice_order(machine, 25, 6000)) for t in teams[:4]]
+    rentals = [
+        rental_create(team=t, request=slice_order(machine, 25, 6000)).rental for t in teams[:4]
+    ]
     card = Gpu.objects.get(machine=machine)
     assert {r.instance.gpu_slices.get().gpu_id for r in rentals} == {card.pk}
     # Priced at the card's rate × the larger fraction: 25 % of compute beats 6000/24564 memory.
@@ -105,16 +107,16 @@ def test_four_quarters_fill_a_card_a_fifth_is_refused_and_memory_counts_too(
 def test_a_card_is_rented_whole_or_sliced_never_both(sim_host, provider_team):
     machine = sharing_machine(sim_host, provider_team, gpus=2)
     renter = funded_teams(1)[0]
-    first = rental_create(team=renter, request=slice_order(machine, 50, 1000))
+    first = rental_create(team=renter, request=slice_order(machine, 50, 1000)).rental
     sliced = first.instance.gpu_slices.get().gpu
     # The other card is whole-rentable; two whole GPUs are not there any more.
     with pytest.raises(NoCapacity, match="Only 1 GPU"):
         rental_create(team=renter, request=whole_order(machine, 2))
-    whole = rental_create(team=renter, request=whole_order(machine, 1))
+    whole = rental_create(team=renter, request=whole_order(machine, 1)).rental
     whole_gpu = whole.instance.gpu_allocations.get().gpu
     assert whole_gpu != sliced
     # A slice never lands on the whole-rented card: the sliced card takes it, or nothing.
-    second = rental_create(team=renter, request=slice_order(machine, 50, 1000))
+    second = rental_create(team=renter, request=slice_order(machine, 50, 1000)).rental
     assert second.instance.gpu_slices.get().gpu == sliced
     with pytest.raises(NoCapacity):
         rental_create(team=renter, request=slice_order(machine, 10, 1000))
@@ -162,11 +164,13 @@ def test_slice_terms_are_refused_by_name(sim_host, provider_team):
 def test_card_policy_binpack_fills_the_fullest_card_spread_the_emptiest(sim_host, provider_team):
     machine = sharing_machine(sim_host, provider_team, gpus=3)
     renter = funded_teams(1)[0]
-    first = rental_create(team=renter, request=slice_order(machine, 40, 1000))
+    first = rental_create(team=renter, request=slice_order(machine, 40, 1000)).rental
     card = first.instance.gpu_slices.get().gpu_id
-    packed = rental_create(team=renter, request=slice_order(machine, 40, 1000))
+    packed = rental_create(team=renter, request=slice_order(machine, 40, 1000)).rental
     assert packed.instance.gpu_slices.get().gpu_id == card
-    spread = rental_create(team=renter, request=slice_order(machine, 10, 1000, card_policy=SPREAD))
+    spread = rental_create(
+        team=renter, request=slice_order(machine, 10, 1000, card_policy=SPREAD)
+    ).rental
     assert spread.instance.gpu_slices.get().gpu_id != card
     # Binpack kept one card whole for whole renters; the offer says so.
     offer = Offer.objects.get(machine=machine, all_free=True)
@@ -235,7 +239,7 @@ def test_a_stopped_slice_does_not_come_back_once_the_machine_stopped_sharing(
     from scheduler.services import gpu_allocation_reclaim, gpu_allocation_release
 
     machine = sharing_machine(sim_host, provider_team, gpus=1)
-    rental = rental_create(team=funded_teams(1)[0], request=slice_order(machine, 50, 1000))
+    rental = rental_create(team=funded_teams(1)[0], request=slice_order(machine, 50, 1000)).rental
     instance = rental.instance
     gpu_allocation_release(instance=instance)  # as a stop does once the host confirms
     Machine.objects.filter(pk=machine.pk).update(sharing_enabled=False)

@@ -80,7 +80,7 @@ def place(team, owner):
         request=RentalRequest(
             machine_id=machine.pk, gpu_count=1, image="gpumkt/busybox:latest", hours=2
         ),
-    )
+    ).rental
     session = APIClient()  # for what the API leaves to the console (API keys, members)
     session.cookies = client_for(Client(), owner, team).cookies
     return {

@@ -137,7 +137,7 @@ def test_an_instance_is_named_through_the_api_and_a_bad_name_is_refused(funded_t
     request = RentalRequest(
         machine_id=machine.pk, gpu_count=1, image="gpumkt/busybox:latest", hours=1, label="first"
     )
-    rental = rental_create(team=funded_team, request=request)
+    rental = rental_create(team=funded_team, request=request).rental
     api = key_client(funded_team)
     url = f"/api/v1/instances/{rental.instance_id}/"
     assert api.get(url).json()["label"] == "first"

@@ -49,3 +49,16 @@ def test_every_task_queued_by_name_is_registered():
 def test_an_unknown_name_is_refused_at_once():
     with pytest.raises(NotRegistered):
         task_queue("marketplace.tasks.no_such_task", 1)
+
+
+def test_every_task_the_beat_runs_is_registered():
+    """Deployments' and clusters' tasks moved beside their concepts under their old names; the
+    beat schedule still finds each by name in a worker (which imports the apps' task modules
+    as it starts, as here)."""
+    from django.conf import settings
+
+    current_app.loader.import_default_modules()
+
+    scheduled = {entry["task"] for entry in settings.CELERY_BEAT_SCHEDULE.values()}
+    assert {"marketplace.tasks.clusters_tick", "marketplace.tasks.deployments_sweep"} <= scheduled
+    assert sorted(scheduled - set(current_app.tasks)) == []

@@ -131,7 +131,7 @@ def build_world(
         request=RentalRequest(
             machine_id=machine.pk, gpu_count=1, image=f"{tag}/trainer:1", hours=2
         ),
-    )
+    ).rental
     hold_capture_usage(hold_id=rental.hold_id, kind="gpu", owed_total=dollars * 1_000)
     now = timezone.now()
     window = maintenance_window_add(
