@@ -45,11 +45,11 @@ def payout_minimum() -> int:
 def payout_validate_amount(amount: int) -> None:
     """Whole cents, at least the minimum (InvalidAmount naming ``amount`` otherwise). Whether
     the earnings cover it is checked under the lock, by ``payout_request_create``."""
-    require_amount(amount)
+    require_amount(amount, allow_zero=True)  # a whole number, not negative
+    if amount < payout_minimum() or amount == 0:
+        raise InvalidAmount(f"The minimum payout is {format_usd(payout_minimum())}.")
     if amount % MICRO_PER_CENT:
         raise InvalidAmount("Payouts are in whole cents.")
-    if amount < payout_minimum():
-        raise InvalidAmount(f"The minimum payout is {format_usd(payout_minimum())}.")
 
 
 def _earnings_keys(team_id: int) -> tuple[AccountKey, AccountKey]:
