@@ -37,6 +37,7 @@ from billing.models import (
     Entry,
     Hold,
     Payout,
+    PayoutDestination,
     PayoutRequest,
     PayoutStatus,
     StripeEvent,
@@ -53,10 +54,12 @@ if TYPE_CHECKING:
     _CreditGrantAdmin = admin.ModelAdmin[CreditGrant]
     _TransferAdmin = admin.ModelAdmin[Transfer]  # payouts: its pages show and write transfers
     _PayoutRequestAdmin = admin.ModelAdmin[PayoutRequest]
+    _PayoutDestinationAdmin = admin.ModelAdmin[PayoutDestination]
     _EntryInline = admin.TabularInline[Entry, Transfer]
     _CreditGrantForm = forms.ModelForm[CreditGrant]
 else:
-    _AnyModelAdmin = _CreditGrantAdmin = _TransferAdmin = _PayoutRequestAdmin = admin.ModelAdmin
+    _AnyModelAdmin = _CreditGrantAdmin = _TransferAdmin = admin.ModelAdmin
+    _PayoutRequestAdmin = _PayoutDestinationAdmin = admin.ModelAdmin
     _EntryInline = admin.TabularInline
     _CreditGrantForm = forms.ModelForm
 
@@ -345,11 +348,21 @@ class PayoutAdmin(_TransferAdmin):
         return transfer
 
 
+PAYOUT_DECISIONS = [("approve", "Paid: I sent the money"), ("reject", "Reject")]
+
+
 class PayoutDecisionForm(forms.Form):
-    decision = forms.ChoiceField(
-        choices=[("approve", "Paid: I sent the money"), ("reject", "Reject")],
-        widget=forms.RadioSelect,
-    )
+    decision = forms.ChoiceField(choices=PAYOUT_DECISIONS, widget=forms.RadioSelect)
+
+    def __init__(self, *args: Any, stripe_destination: str | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if stripe_destination:
+            decision = cast("forms.ChoiceField", self.fields["decision"])
+            decision.choices = [
+                ("stripe", f"Pay now through Stripe Connect, to {stripe_destination}"),
+                *PAYOUT_DECISIONS,
+            ]
+
     note = forms.CharField(
         max_length=300,
         required=False,
@@ -402,7 +415,9 @@ class PayoutRequestAdmin(_PayoutRequestAdmin):
         can_decide = payout.status == PayoutStatus.REQUESTED and self.has_change_permission(
             request, payout
         )
-        form = PayoutDecisionForm(request.POST or None)
+        form = PayoutDecisionForm(
+            request.POST or None, stripe_destination=payouts.stripe_destination(payout.team_id)
+        )
         if request.method == "POST":
             if not can_decide:
                 raise PermissionDenied
@@ -423,7 +438,11 @@ class PayoutRequestAdmin(_PayoutRequestAdmin):
     ) -> bool:
         data = form.cleaned_data
         try:
-            if data["decision"] == "approve":
+            if data["decision"] == "stripe":
+                decided = payouts.payout_pay_with_stripe(
+                    payout_id=payout.pk, decided_by_id=request.user.pk
+                )
+            elif data["decision"] == "approve":
                 decided = payouts.payout_approve(
                     payout_id=payout.pk, note=data["note"], decided_by_id=request.user.pk
                 )
@@ -431,7 +450,8 @@ class PayoutRequestAdmin(_PayoutRequestAdmin):
                 decided = payouts.payout_reject(
                     payout_id=payout.pk, reason=data["reason"], decided_by_id=request.user.pk
                 )
-        except BillingError as error:  # decided meanwhile the other way, by another operator
+        # Decided meanwhile the other way by another operator, or Stripe refused to pay.
+        except BillingError as error:
             form.add_error(None, str(error))
             return False
         self.log_change(request, decided, f"{decided.get_status_display()}")
@@ -441,3 +461,11 @@ class PayoutRequestAdmin(_PayoutRequestAdmin):
             f"{decided.get_status_display().lower()}.",
         )
         return True
+
+
+@admin.register(PayoutDestination)
+class PayoutDestinationAdmin(_PayoutDestinationAdmin):
+    """Providers' Stripe Connect accounts, for paying payout requests through Stripe."""
+
+    list_display = ["team", "stripe_account_id", "created_at"]
+    search_fields = ["team__name", "stripe_account_id"]

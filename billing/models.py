@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from django.conf import settings
 from django.contrib.postgres.indexes import BrinIndex
+from django.core.validators import RegexValidator
 from django.db import models
 from django.db.models import F, Q
 from django.utils import timezone
@@ -603,3 +604,21 @@ class PayoutRequest(models.Model):
 
     def __str__(self) -> str:
         return f"Payout request {self.pk} ({self.status})"
+
+
+class PayoutDestination(models.Model):
+    """Where a provider's payouts go when the operator pays them through Stripe Connect: the
+    provider's connected account (set by the operator; onboarding is not built here)."""
+
+    team = models.OneToOneField("marketplace.Team", on_delete=models.PROTECT, related_name="+")
+    stripe_account_id = models.CharField(
+        max_length=255,
+        validators=[
+            RegexValidator(r"^acct_[A-Za-z0-9]+$", "A Stripe account id, like acct_1Nv0FG…")
+        ],
+        help_text="The provider's Stripe Connect account, acct_….",
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self) -> str:
+        return f"{self.team} → {self.stripe_account_id}"

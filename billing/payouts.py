@@ -18,10 +18,13 @@ from __future__ import annotations
 from django.conf import settings
 from django.db import transaction
 
+from billing import stripe_gateway
 from billing.errors import (
     IdempotencyConflict,
     InsufficientEarnings,
     InvalidAmount,
+    PaymentProviderError,
+    PaymentsUnavailable,
     PayoutConflict,
 )
 from billing.ledger import (
@@ -32,7 +35,14 @@ from billing.ledger import (
     postings_write,
     require_amount,
 )
-from billing.models import AccountKind, PayoutRequest, PayoutStatus, Transfer, TransferKind
+from billing.models import (
+    AccountKind,
+    PayoutDestination,
+    PayoutRequest,
+    PayoutStatus,
+    Transfer,
+    TransferKind,
+)
 from billing.money import MICRO_PER_CENT, format_usd
 
 REASON_MAX = 300
@@ -190,6 +200,59 @@ def payout_reject(*, payout_id: int, reason: str, decided_by_id: int | None) -> 
         ]
     )
     return _decided(payout, PayoutStatus.REJECTED, transfer, decided_by_id, reason=reason)
+
+
+# --- Stripe Connect: the operator pays through Stripe instead of outside ---------------------
+
+
+def stripe_connect_enabled() -> bool:
+    return bool(settings.STRIPE_SECRET_KEY) and bool(settings.STRIPE_CONNECT_PAYOUTS)
+
+
+def stripe_destination(team_id: int) -> str | None:
+    """The team's connected account, when Connect payouts are on and it has one."""
+    if not stripe_connect_enabled():
+        return None
+    return (
+        PayoutDestination.objects.filter(team_id=team_id)
+        .values_list("stripe_account_id", flat=True)
+        .first()
+    )
+
+
+@transaction.atomic
+def payout_pay_with_stripe(*, payout_id: int, decided_by_id: int | None) -> PayoutRequest:
+    """Pay a waiting request with a Stripe Connect transfer to the team's connected account,
+    then approve it (its note names the transfer).
+
+    The request's row stays locked across Stripe's answer, so nobody rejects it meanwhile;
+    Stripe refusing writes nothing. The transfer's idempotency key is the request's, so a
+    retry after a lost answer (or a commit that failed after Stripe paid) gets the same
+    transfer back from Stripe instead of paying twice.
+    """
+    payout = _decide_lock(payout_id)
+    if payout.status == PayoutStatus.PAID:
+        return payout
+    if payout.status != PayoutStatus.REQUESTED:
+        raise PayoutConflict("This payout request was rejected; it cannot be paid now.")
+    if not stripe_connect_enabled():
+        raise PaymentsUnavailable("Stripe Connect payouts are not configured on this server.")
+    destination = stripe_destination(payout.team_id)
+    if destination is None:
+        raise PayoutConflict(f"{payout.team} has no Stripe account to pay to; set one first.")
+    try:
+        transfer_id = stripe_gateway.connect_transfer_create(
+            amount_cents=payout.amount // MICRO_PER_CENT,  # whole cents (payout_validate_amount)
+            currency=settings.BILLING_CURRENCY,
+            destination=destination,
+            metadata={"payout_request": str(payout.pk), "team": str(payout.team_id)},
+            idempotency_key=f"payout-{payout.pk}",
+        )
+    except stripe_gateway.GatewayError as error:
+        raise PaymentProviderError(f"Stripe did not pay it: {error}") from error
+    return payout_approve(
+        payout_id=payout.pk, note=f"Stripe transfer {transfer_id}", decided_by_id=decided_by_id
+    )
 
 
 def _decision_transfer(

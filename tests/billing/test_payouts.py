@@ -221,3 +221,63 @@ def test_the_admin_cannot_add_or_delete_requests(client, operator, earned):
     payout, _ = payouts.payout_request_create(team_id=earned.pk, amount=12 * USD)
     assert client.get("/admin/billing/payoutrequest/add/").status_code == 403
     assert client.get(f"/admin/billing/payoutrequest/{payout.pk}/delete/").status_code == 403
+
+
+# --- Stripe Connect: the operator pays through Stripe (its servers: tests/billing/stripe_fakes)
+
+
+@pytest.fixture
+def connect(fake_stripe, settings, earned):
+    from billing.models import PayoutDestination
+
+    settings.STRIPE_CONNECT_PAYOUTS = True
+    PayoutDestination.objects.create(team=earned, stripe_account_id="acct_1ProviderCo")
+    return fake_stripe
+
+
+def test_operator_pays_through_stripe_connect_once(client, operator, connect, earned):
+    payout, _ = payouts.payout_request_create(team_id=earned.pk, amount=12_340_000)
+    page = client.get(admin_url(payout)).content.decode()
+    assert "Pay now through Stripe Connect, to acct_1ProviderCo" in page
+
+    response = client.post(admin_url(payout), {"decision": "stripe"})
+    assert response.status_code == 302
+    [sent] = connect.requests
+    assert sent["path"] == "/v1/transfers"
+    assert sent["headers"]["idempotency-key"] == f"payout-{payout.pk}"
+    form = sent["form"]
+    assert (form["amount"], form["currency"], form["destination"]) == (
+        "1234", "usd", "acct_1ProviderCo",
+    )  # fmt: skip
+    assert form["metadata[payout_request]"] == str(payout.pk)
+    payout.refresh_from_db()
+    assert (payout.status, payout.note) == ("paid", "Stripe transfer tr_test_local_1")
+    assert platform_payouts() == 12_340_000
+    assert_ledger_consistent()
+
+    # Paid: paying again asks Stripe for nothing and writes nothing.
+    before = ledger_counts()
+    payouts.payout_pay_with_stripe(payout_id=payout.pk, decided_by_id=None)
+    assert len(connect.requests) == 1 and ledger_counts() == before
+
+
+def test_stripe_refusing_writes_nothing_and_the_request_still_waits(
+    client, operator, connect, earned
+):
+    payout, _ = payouts.payout_request_create(team_id=earned.pk, amount=12 * USD)
+    connect.status = 500
+    before = ledger_counts()
+    page = client.post(admin_url(payout), {"decision": "stripe"})
+    assert page.status_code == 200 and "Stripe did not pay it" in page.content.decode()
+    assert ledger_counts() == before
+    payout.refresh_from_db()
+    assert payout.status == "requested"
+
+
+def test_without_connect_or_an_account_stripe_is_not_offered(client, operator, earned, settings):
+    payout, _ = payouts.payout_request_create(team_id=earned.pk, amount=12 * USD)
+    assert "Stripe Connect" not in client.get(admin_url(payout)).content.decode()
+    before = ledger_counts()
+    page = client.post(admin_url(payout), {"decision": "stripe"})
+    assert page.status_code == 200  # not a choice: the form says so
+    assert ledger_counts() == before
