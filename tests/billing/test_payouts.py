@@ -281,3 +281,35 @@ def test_without_connect_or_an_account_stripe_is_not_offered(client, operator, e
     page = client.post(admin_url(payout), {"decision": "stripe"})
     assert page.status_code == 200  # not a choice: the form says so
     assert ledger_counts() == before
+
+
+# --- races (real threads, each with its own connection) ------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_asks_at_once_make_one_request_and_approve_racing_reject_decides_once(earned):
+    from tests.billing.test_concurrency import race
+
+    def ask(key: str):
+        return lambda: payouts.payout_request_create(
+            team_id=earned.pk, amount=30 * USD, idempotency_key=key
+        )
+
+    results = race([ask("a"), ask("b")])
+    assert sum(isinstance(r, tuple) for r in results) == 1, results
+    assert sum(isinstance(r, PayoutConflict) for r in results) == 1, results
+    payout = PayoutRequest.objects.get(team=earned)
+
+    results = race(
+        [
+            lambda: payouts.payout_approve(payout_id=payout.pk, decided_by_id=None),
+            lambda: payouts.payout_reject(payout_id=payout.pk, reason="no", decided_by_id=None),
+        ]
+    )
+    assert sum(isinstance(r, PayoutRequest) for r in results) == 1, results
+    assert sum(isinstance(r, PayoutConflict) for r in results) == 1, results
+    payout.refresh_from_db()
+    assert balances(earned)["payout_pending"] == 0
+    expected = 6 * USD if payout.status == "paid" else 36 * USD
+    assert balances(earned)["earnings"] == expected
+    assert_ledger_consistent()
