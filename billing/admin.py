@@ -28,7 +28,7 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.html import format_html
 
-from billing import credits
+from billing import credits, payouts
 from billing.errors import BillingError, IdempotencyConflict, InsufficientEarnings
 from billing.models import (
     Account,
@@ -37,6 +37,9 @@ from billing.models import (
     Entry,
     Hold,
     Payout,
+    PayoutDestination,
+    PayoutRequest,
+    PayoutStatus,
     StripeEvent,
     TopUp,
     Transfer,
@@ -50,10 +53,13 @@ if TYPE_CHECKING:
     _AnyModelAdmin = admin.ModelAdmin[Any]  # ReadOnlyAdmin serves several models
     _CreditGrantAdmin = admin.ModelAdmin[CreditGrant]
     _TransferAdmin = admin.ModelAdmin[Transfer]  # payouts: its pages show and write transfers
+    _PayoutRequestAdmin = admin.ModelAdmin[PayoutRequest]
+    _PayoutDestinationAdmin = admin.ModelAdmin[PayoutDestination]
     _EntryInline = admin.TabularInline[Entry, Transfer]
     _CreditGrantForm = forms.ModelForm[CreditGrant]
 else:
     _AnyModelAdmin = _CreditGrantAdmin = _TransferAdmin = admin.ModelAdmin
+    _PayoutRequestAdmin = _PayoutDestinationAdmin = admin.ModelAdmin
     _EntryInline = admin.TabularInline
     _CreditGrantForm = forms.ModelForm
 
@@ -340,3 +346,126 @@ class PayoutAdmin(_TransferAdmin):
             request, f"Recorded a payout of {format_usd(transfer.amount)} to {account.team}."
         )
         return transfer
+
+
+PAYOUT_DECISIONS = [("approve", "Paid: I sent the money"), ("reject", "Reject")]
+
+
+class PayoutDecisionForm(forms.Form):
+    decision = forms.ChoiceField(choices=PAYOUT_DECISIONS, widget=forms.RadioSelect)
+
+    def __init__(self, *args: Any, stripe_destination: str | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if stripe_destination:
+            decision = cast("forms.ChoiceField", self.fields["decision"])
+            decision.choices = [
+                ("stripe", f"Pay now through Stripe Connect, to {stripe_destination}"),
+                *PAYOUT_DECISIONS,
+            ]
+
+    note = forms.CharField(
+        max_length=300,
+        required=False,
+        help_text="When paid: the payment's reference (e.g. the bank transfer's).",
+    )
+    reason = forms.CharField(
+        max_length=300,
+        required=False,
+        help_text="When rejected: why. The provider reads it; the amount goes back to their"
+        " earnings.",
+    )
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        if data.get("decision") == "reject" and not (data.get("reason") or "").strip():
+            self.add_error("reason", "Say why the payout is rejected; the provider reads it.")
+        return data
+
+
+@admin.register(PayoutRequest)
+class PayoutRequestAdmin(_PayoutRequestAdmin):
+    """Providers' payout requests: pay them (after sending the money) or reject them with a
+    reason. Both go through billing.payouts, as balanced ledger transfers; deciding twice
+    changes nothing."""
+
+    list_display = [
+        "id", "created_at", "team", "amount_usd", "status", "requested_by", "decided_by",
+    ]  # fmt: skip
+    list_filter = ["status"]
+    search_fields = ["team__name", "note", "reason"]
+    date_hierarchy = "created_at"
+    amount_usd = _usd("amount", "Amount")
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # providers ask for payouts; operators decide them
+
+    def has_delete_permission(self, request: HttpRequest, obj: PayoutRequest | None = None) -> bool:
+        return False
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        payout = self.get_object(request, object_id)
+        if payout is None or not self.has_view_or_change_permission(request, payout):
+            raise PermissionDenied
+        can_decide = payout.status == PayoutStatus.REQUESTED and self.has_change_permission(
+            request, payout
+        )
+        form = PayoutDecisionForm(
+            request.POST or None, stripe_destination=payouts.stripe_destination(payout.team_id)
+        )
+        if request.method == "POST":
+            if not can_decide:
+                raise PermissionDenied
+            if form.is_valid() and self._decide(request, payout, form):
+                return redirect("admin:billing_payoutrequest_changelist")
+        context = {
+            **self.admin_site.each_context(request),
+            **(extra_context or {}),
+            "title": f"Payout request {payout.pk}",
+            "payout": payout,
+            "form": form if can_decide else None,
+            "opts": self.model._meta,
+        }
+        return TemplateResponse(request, "billing/admin_payout_request.html", context)
+
+    def _decide(
+        self, request: HttpRequest, payout: PayoutRequest, form: PayoutDecisionForm
+    ) -> bool:
+        data = form.cleaned_data
+        try:
+            if data["decision"] == "stripe":
+                decided = payouts.payout_pay_with_stripe(
+                    payout_id=payout.pk, decided_by_id=request.user.pk
+                )
+            elif data["decision"] == "approve":
+                decided = payouts.payout_approve(
+                    payout_id=payout.pk, note=data["note"], decided_by_id=request.user.pk
+                )
+            else:
+                decided = payouts.payout_reject(
+                    payout_id=payout.pk, reason=data["reason"], decided_by_id=request.user.pk
+                )
+        # Decided meanwhile the other way by another operator, or Stripe refused to pay.
+        except BillingError as error:
+            form.add_error(None, str(error))
+            return False
+        self.log_change(request, decided, f"{decided.get_status_display()}")
+        messages.success(
+            request,
+            f"Payout request {decided.pk} of {format_usd(decided.amount)} to {decided.team}: "
+            f"{decided.get_status_display().lower()}.",
+        )
+        return True
+
+
+@admin.register(PayoutDestination)
+class PayoutDestinationAdmin(_PayoutDestinationAdmin):
+    """Providers' Stripe Connect accounts, for paying payout requests through Stripe."""
+
+    list_display = ["team", "stripe_account_id", "created_at"]
+    search_fields = ["team__name", "stripe_account_id"]

@@ -86,3 +86,11 @@ class LedgerError(BillingError):
 
     http_status = 500
     error_code = "ledger_error"
+
+
+class PayoutConflict(BillingError):
+    """A payout request that cannot be made or decided now: one is already waiting, or it
+    was already decided the other way."""
+
+    http_status = 409
+    error_code = "payout_conflict"

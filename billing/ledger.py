@@ -1,10 +1,11 @@
 """The double-entry ledger: accounts, the posting of transfers, idempotency, balance events.
 
-Every write to the money (``credits``, ``holds``, ``metering``, ``topups``) is built from
-these pieces and stays correct under concurrency the same way (the saleor pattern):
+Every write to the money (``credits``, ``holds``, ``metering``, ``topups``, ``payouts``) is
+built from these pieces and stays correct under concurrency the same way (the saleor pattern):
 
 1. lock the rows it changes, always in the same order — holds (by pk), then top-ups, then
-   accounts (by pk) — so two writers never wait on each other in a cycle;
+   payout requests, then accounts (by pk) — so two writers never wait on each other in a
+   cycle;
 2. check idempotency keys *after* taking the locks: a concurrent twin of the same call waited on
    the first one's locks and now sees its committed result;
 3. compute everything in memory and raise a domain error before writing anything;

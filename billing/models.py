@@ -4,12 +4,14 @@ Every movement is a ``Transfer`` whose ``Entry`` rows sum to zero; each entry ch
 ``Account``'s balance and records the balance after it. Transfers and entries are append-only
 (the database refuses UPDATE and DELETE on PostgreSQL) and idempotent by a unique key.
 
-Accounts: each team's *available* and *held* credit and *earnings* (as a provider), and the
+Accounts: each team's *available* and *held* credit, *earnings* (as a provider) and
+*payout_pending* (earnings a provider asked to be paid, waiting for the operator), and the
 platform's *revenue*, *stripe_clearing* (money in from card payments), *grants* (credit given
 by operators) and *payouts* (earnings paid out). The two sources of credit, clearing and
 grants, run negative; every other account is kept at or above zero by a CHECK constraint, so
 
-    -(stripe_clearing + grants) = Σ available + Σ held + Σ earnings + revenue + payouts.
+    -(stripe_clearing + grants)
+        = Σ available + Σ held + Σ earnings + Σ payout_pending + revenue + payouts.
 
 A ``Hold`` reserves credit for a rental (available → held). Captures move part of it to the
 provider's earnings and the platform fee to revenue; release returns the rest and closes it;
@@ -25,6 +27,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from django.conf import settings
 from django.contrib.postgres.indexes import BrinIndex
+from django.core.validators import RegexValidator
 from django.db import models
 from django.db.models import F, Q
 from django.utils import timezone
@@ -44,9 +47,15 @@ class AccountKind(models.TextChoices):
     STRIPE_CLEARING = "stripe_clearing", "Stripe clearing"
     GRANTS = "grants", "Operator grants"
     PAYOUTS = "payouts", "Payouts"
+    PAYOUT_PENDING = "payout_pending", "Payout requested"
 
 
-TEAM_ACCOUNT_KINDS = (AccountKind.AVAILABLE, AccountKind.HELD, AccountKind.EARNINGS)
+TEAM_ACCOUNT_KINDS = (
+    AccountKind.AVAILABLE,
+    AccountKind.HELD,
+    AccountKind.EARNINGS,
+    AccountKind.PAYOUT_PENDING,
+)
 # Where credit comes from: these run negative by the amount that came in.
 SOURCE_ACCOUNT_KINDS = (AccountKind.STRIPE_CLEARING, AccountKind.GRANTS)
 
@@ -99,6 +108,8 @@ class TransferKind(models.TextChoices):
     RELEASE = "release", "Hold released"
     VOID = "void", "Hold voided"
     PAYOUT = "payout", "Payout"
+    PAYOUT_REQUEST = "payout_request", "Payout requested"
+    PAYOUT_REJECT = "payout_reject", "Payout rejected"
 
 
 class UsageKind(models.TextChoices):
@@ -491,3 +502,123 @@ class Payout(Transfer):
     class Meta:
         proxy = True
         verbose_name = "payout"
+
+
+class PayoutStatus(models.TextChoices):
+    REQUESTED = "requested", "Waiting for approval"
+    PAID = "paid", "Paid"
+    REJECTED = "rejected", "Rejected"
+
+
+class PayoutRequest(models.Model):
+    """A provider's request to be paid ``amount`` of their earnings (billing/payouts.py).
+
+    Asking moves the amount from the team's earnings to its payout_pending account
+    (``request_transfer``); the operator's decision moves it on to the platform's payouts
+    account (paid) or back to earnings (rejected, with a reason) in ``decision_transfer``.
+    """
+
+    team = models.ForeignKey("marketplace.Team", on_delete=models.PROTECT, related_name="+")
+    amount = models.BigIntegerField(help_text="Micro-dollars (whole cents).")
+    status = models.CharField(
+        max_length=10, choices=PayoutStatus.choices, default=PayoutStatus.REQUESTED
+    )
+    idempotency_key = models.CharField(
+        max_length=150, blank=True, help_text="The requester's key: a retry returns this request."
+    )
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="+",
+        db_constraint=False,
+    )
+    # Empty only inside the transaction that makes the request (its transfer names it).
+    request_transfer = models.OneToOneField(
+        Transfer,
+        on_delete=models.PROTECT,
+        null=True,
+        blank=True,
+        related_name="payout_requested",
+    )
+    decision_transfer = models.OneToOneField(
+        Transfer,
+        on_delete=models.PROTECT,
+        null=True,
+        blank=True,
+        related_name="payout_decided",
+    )
+    reason = models.CharField(
+        max_length=300, blank=True, help_text="Why it was rejected (the provider reads it)."
+    )
+    note = models.CharField(
+        max_length=300, blank=True, help_text="The payment's reference, e.g. the bank transfer's."
+    )
+    decided_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="+",
+        db_constraint=False,
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+    decided_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(condition=Q(amount__gt=0), name="billing_payout_amount_pos"),
+            # One request waits at a time per team: the next one is asked after the decision.
+            models.UniqueConstraint(
+                fields=["team"],
+                condition=Q(status=PayoutStatus.REQUESTED),
+                name="billing_payout_one_open_per_team",
+            ),
+            models.UniqueConstraint(
+                fields=["team", "idempotency_key"],
+                condition=~Q(idempotency_key=""),
+                name="billing_payout_unique_team_key",
+            ),
+            # Waiting: no decision. Decided: when and its transfer; a rejection says why.
+            models.CheckConstraint(
+                condition=Q(
+                    status=PayoutStatus.REQUESTED,
+                    decided_at__isnull=True,
+                    decision_transfer__isnull=True,
+                )
+                | Q(
+                    status=PayoutStatus.PAID,
+                    decided_at__isnull=False,
+                    decision_transfer__isnull=False,
+                )
+                | Q(
+                    Q(status=PayoutStatus.REJECTED)
+                    & ~Q(reason="")
+                    & Q(decided_at__isnull=False, decision_transfer__isnull=False)
+                ),
+                name="billing_payout_status_consistent",
+            ),
+        ]
+        indexes = [models.Index(fields=["team", "-created_at"], name="billing_payout_team_new")]
+
+    def __str__(self) -> str:
+        return f"Payout request {self.pk} ({self.status})"
+
+
+class PayoutDestination(models.Model):
+    """Where a provider's payouts go when the operator pays them through Stripe Connect: the
+    provider's connected account (set by the operator; onboarding is not built here)."""
+
+    team = models.OneToOneField("marketplace.Team", on_delete=models.PROTECT, related_name="+")
+    stripe_account_id = models.CharField(
+        max_length=255,
+        validators=[
+            RegexValidator(r"^acct_[A-Za-z0-9]+$", "A Stripe account id, like acct_1Nv0FG…")
+        ],
+        help_text="The provider's Stripe Connect account, acct_….",
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self) -> str:
+        return f"{self.team} → {self.stripe_account_id}"

@@ -24,6 +24,8 @@ from billing.models import (
     Entry,
     Hold,
     HoldStatus,
+    PayoutRequest,
+    PayoutStatus,
     TransferKind,
     UsageKind,
 )
@@ -351,9 +353,12 @@ def earnings_by_day(entries: QuerySet[Entry], *, since: date | None = None) -> l
 
 
 def earnings_paid_out(entries: QuerySet[Entry]) -> int:
+    """Earnings paid out: the operator's direct payouts (from earnings) and the approved
+    payout requests (from payout_pending)."""
     return -(
         entries.filter(
-            account_kind=AccountKind.EARNINGS, transfer__kind=TransferKind.PAYOUT
+            account_kind__in=[AccountKind.EARNINGS, AccountKind.PAYOUT_PENDING],
+            transfer__kind=TransferKind.PAYOUT,
         ).aggregate(total=Sum("amount"))["total"]
         or 0
     )
@@ -404,10 +409,31 @@ def ledger_problems() -> list[str]:
         )
     if len(off) > LEDGER_TEAMS_NAMED:
         problems.append(f"{len(off) - LEDGER_TEAMS_NAMED} more teams whose held account is off")
+    problems.extend(_payout_pending_problems())
     negative = Account.objects.exclude(kind__in=SOURCE_ACCOUNT_KINDS).filter(balance__lt=0).count()
     if negative:
         problems.append(f"{negative} accounts below zero")
     return problems
+
+
+def _payout_pending_problems() -> list[str]:
+    """Each team's payout_pending account holds exactly its waiting payout request."""
+    waiting = dict(
+        PayoutRequest.objects.filter(status=PayoutStatus.REQUESTED).values_list("team_id", "amount")
+    )
+    pending = dict(
+        Account.objects.filter(kind=AccountKind.PAYOUT_PENDING).values_list("team_id", "balance")
+    )
+    off = [
+        team_id
+        for team_id in sorted(set(waiting) | set(pending), key=str)
+        if waiting.get(team_id, 0) != pending.get(team_id, 0)
+    ]
+    return [
+        f"team {team_id}: payout_pending account {pending.get(team_id, 0)}, "
+        f"waiting payout request {waiting.get(team_id, 0)}"
+        for team_id in off[:LEDGER_TEAMS_NAMED]
+    ]
 
 
 def spend_by_day(entries: QuerySet[Entry], *, since: date) -> list[tuple[date, int]]:

@@ -72,6 +72,33 @@ def checkout_session_create(
     return CheckoutSession(id=session.id, url=session.url)
 
 
+def connect_transfer_create(
+    *,
+    amount_cents: int,
+    currency: str,
+    destination: str,
+    metadata: dict[str, str],
+    idempotency_key: str,
+) -> str:
+    """Send money from the platform's Stripe balance to a connected account (Stripe
+    Connect); returns the transfer's id. The same key returns the same transfer."""
+    try:
+        transfer = stripe_client().v1.transfers.create(
+            params={
+                "amount": amount_cents,
+                "currency": currency,
+                "destination": destination,
+                "metadata": metadata,
+            },
+            options={"idempotency_key": idempotency_key},
+        )
+    except stripe.StripeError as error:
+        raise GatewayError(error.user_message or str(error)) from error
+    if not transfer.id:
+        raise GatewayError("Stripe answered without a transfer id.")
+    return str(transfer.id)
+
+
 def webhook_event_verify(payload: bytes, signature: str) -> None:
     """Raise ValueError or stripe.SignatureVerificationError unless Stripe signed ``payload``."""
     secret = settings.STRIPE_WEBHOOK_SECRET

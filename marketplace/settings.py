@@ -458,6 +458,11 @@ BILLING_TOPUP_PRODUCT_NAME = "GPU Marketplace credit"
 # Top-up limits in micro-dollars ($5 to $10,000 by default).
 BILLING_TOPUP_MIN = int(os.environ.get("BILLING_TOPUP_MIN_USD", "5")) * 1_000_000
 BILLING_TOPUP_MAX = int(os.environ.get("BILLING_TOPUP_MAX_USD", "10000")) * 1_000_000
+# The least a provider may ask to be paid out at once, in micro-dollars ($10 by default).
+BILLING_PAYOUT_MIN = int(os.environ.get("BILLING_PAYOUT_MIN_USD", "10")) * 1_000_000
+# With Stripe keys: the operator may pay payout requests through Stripe Connect, to the
+# provider's connected account (billing.PayoutDestination). Off: paid outside, then recorded.
+STRIPE_CONNECT_PAYOUTS = env_bool("STRIPE_CONNECT_PAYOUTS", False)
 # The DEBUG test-credit button grants this much (micro-dollars) per click.
 BILLING_TEST_CREDIT_AMOUNT = 100 * 1_000_000
 # Connections the metering sweep settles its batches on (PostgreSQL; each a thread with its

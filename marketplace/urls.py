@@ -16,6 +16,7 @@ from marketplace.api import env_vars as env_vars_api
 from marketplace.api import hosts as hosts_api
 from marketplace.api import offer_figures as offer_figures_api
 from marketplace.api import offers as offers_api
+from marketplace.api import payouts as payouts_api
 from marketplace.api import rentals as rentals_api
 from marketplace.api import templates as templates_api
 from marketplace.api import volumes as volumes_api
@@ -30,6 +31,7 @@ from marketplace.views import clusters as clusters_views
 from marketplace.views import deployments as deployments_views
 from marketplace.views import hosts as hosts_views
 from marketplace.views import overview as overview_views
+from marketplace.views import payouts as payouts_views
 from marketplace.views import rentals as rentals_views
 from marketplace.views import volumes as volumes_views
 
@@ -44,6 +46,7 @@ router.register("clusters", clusters_api.ClusterViewSet, basename="api-cluster")
 router.register("volumes", volumes_api.VolumeViewSet, basename="api-volume")
 router.register("images", rentals_api.CommittedImageViewSet, basename="api-image")
 router.register("templates", templates_api.TemplateViewSet, basename="api-template")
+router.register("payouts", payouts_api.PayoutViewSet, basename="api-payout")
 
 api_v1 = [
     # The vastai CLI (1.9.1) lists instances at this v1 path: its request goes to the vast
@@ -115,6 +118,7 @@ urlpatterns = [
     path("gateway/auth/<id:cluster_id>/", gateway_auth, name="gateway-auth"),
     path("", include(hosts_views.urlpatterns)),
     path("", include(billing_views.urlpatterns)),
+    path("", include(payouts_views.urlpatterns)),
     re_path(r"^api(/.*)?$", api_not_found),  # /api/, /api/v2/…: the API's 404, not a page
 ]
 

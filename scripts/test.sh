@@ -55,7 +55,7 @@ export HYPOTHESIS_PROFILE="${HYPOTHESIS_PROFILE:-ci}"
 # this job too and prints its seed.
 SQLITE_MONEY_TESTS=(
   tests/billing/test_holds.py tests/billing/test_metering.py tests/billing/test_concurrency.py
-  tests/billing/test_rentals_in_step.py tests/billing/test_admin.py
+  tests/billing/test_rentals_in_step.py tests/billing/test_admin.py tests/billing/test_payouts.py
 )
 if [ $# -eq 0 ]; then
   echo "==> pytest on SQLite: the money tests"

@@ -17,6 +17,8 @@ from billing.models import (
     Entry,
     Hold,
     HoldStatus,
+    PayoutRequest,
+    PayoutStatus,
     Transfer,
     TransferKind,
 )
@@ -53,6 +55,7 @@ def assert_ledger_consistent() -> None:
     # only the sources of credit run negative.
     totals: dict[str, int] = {}
     held_accounts: dict[int, int] = {}
+    pending_accounts: dict[int, int] = {}
     accounts = _rows(
         "SELECT a.id, a.team_id, a.kind, a.balance,"
         " (SELECT coalesce(sum(e.amount), 0) FROM billing_entry e WHERE e.account_id = a.id),"
@@ -69,6 +72,8 @@ def assert_ledger_consistent() -> None:
         totals[kind] = totals.get(kind, 0) + balance
         if kind == AccountKind.HELD:
             held_accounts[team_id] = balance
+        if kind == AccountKind.PAYOUT_PENDING:
+            pending_accounts[team_id] = balance
 
     # Per hold, its usage charges add up to what it captured of each kind. A "gpu" charge is
     # all GPU time, a "storage" charge all storage, and a "gpu+storage" charge (the metering
@@ -107,6 +112,25 @@ def assert_ledger_consistent() -> None:
         assert balance == held_by_team.get(team_id, 0), (team_id, balance)
     assert all(team_id in held_accounts for team_id, held in held_by_team.items() if held)
 
+    # Payout requests: each team's payout_pending account is exactly what its waiting request
+    # asks for; every request has its transfer, and every decided one its decision's.
+    waiting_by_team: dict[int, int] = {}
+    requests = PayoutRequest.objects.values_list(
+        "pk", "team_id", "status", "amount", "request_transfer__amount", "decision_transfer__kind"
+    )
+    decision_kinds = {
+        PayoutStatus.PAID: TransferKind.PAYOUT,
+        PayoutStatus.REJECTED: TransferKind.PAYOUT_REJECT,
+    }
+    for pk, team_id, status, amount, requested, decision_kind in requests:
+        assert requested == amount, pk
+        if status == PayoutStatus.REQUESTED:
+            waiting_by_team[team_id] = waiting_by_team.get(team_id, 0) + amount
+        else:
+            assert decision_kind == decision_kinds[status], pk
+    for team_id in set(pending_accounts) | set(waiting_by_team):
+        assert pending_accounts.get(team_id, 0) == waiting_by_team.get(team_id, 0), team_id
+
     # Conservation: credit that came in = balances + earnings + revenue + payouts.
     credit_in = -sum(totals.get(kind, 0) for kind in SOURCE_ACCOUNT_KINDS)
     held_somewhere = sum(
@@ -115,6 +139,7 @@ def assert_ledger_consistent() -> None:
             AccountKind.AVAILABLE,
             AccountKind.HELD,
             AccountKind.EARNINGS,
+            AccountKind.PAYOUT_PENDING,
             AccountKind.PLATFORM_REVENUE,
             AccountKind.PAYOUTS,
         )
@@ -122,11 +147,12 @@ def assert_ledger_consistent() -> None:
     assert credit_in == held_somewhere
 
 
-def ledger_counts() -> tuple[int, int, int, list]:
+def ledger_counts() -> tuple[int, int, int, list, list]:
     """A snapshot to prove that a failed operation wrote nothing."""
     return (
         Transfer.objects.count(),
         Entry.objects.count(),
         Hold.objects.count(),
         list(Account.objects.order_by("pk").values_list("pk", "balance")),
+        list(PayoutRequest.objects.order_by("pk").values()),
     )

@@ -69,7 +69,8 @@ def post_event(client, event: dict | bytes, *, signature: str | None = None, **k
 
 
 class FakeStripeApi:
-    """A threaded HTTP server on 127.0.0.1 that answers Checkout Session creation."""
+    """A threaded HTTP server on 127.0.0.1 that answers Checkout Session creation, and
+    Connect transfers (``/v1/transfers``)."""
 
     def __init__(self, *, status: int = 200):
         self.requests: list[dict] = []
@@ -88,7 +89,17 @@ class FakeStripeApi:
                     }
                 )
                 n = len(outer.requests)
-                if outer.status == 200:
+                form = outer.requests[-1]["form"]
+                if outer.status == 200 and self.path.startswith("/v1/transfers"):
+                    answer = {  # a Connect transfer, as Stripe answers one
+                        "id": f"tr_test_local_{n}",
+                        "object": "transfer",
+                        "amount": int(form.get("amount", 0)),
+                        "currency": form.get("currency"),
+                        "destination": form.get("destination"),
+                        "reversed": False,
+                    }
+                elif outer.status == 200:
                     answer = {
                         "id": f"cs_test_local_{n}",
                         "object": "checkout.session",

@@ -36,14 +36,15 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from django.apps import apps
 from django.db import transaction
 from django.db.models import Model
-from django.test import Client
+from django.test import Client, override_settings
 from django.urls import URLPattern, URLResolver, get_resolver
 from django.utils import timezone
 from django.utils.html import escape
 
 from billing.credits import credit_grant
 from billing.holds import hold_capture_usage, hold_create
-from billing.models import Entry, Hold, TopUp
+from billing.models import Entry, Hold, PayoutRequest, TopUp
+from billing.payouts import payout_reject, payout_request_create
 from billing.selectors import invoice_months, team_balance
 from hosts.models import Gpu, Machine, MaintenanceWindow
 from hosts.services import maintenance_window_add
@@ -92,6 +93,7 @@ class World:
     invitation_token: str
     topup: TopUp
     window: MaintenanceWindow
+    payout: PayoutRequest  # asked of the team's earnings from its own machine
     member: Membership  # a membership other teams must not touch
     member_email: str
     month: str = field(default_factory=lambda: f"{timezone.now():%Y-%m}")
@@ -141,6 +143,8 @@ def build_world(
         note=f"{tag} maintenance",
     )
     issued = invitation_create(membership=admin, email=f"{tag}-invitee@example.com")
+    with override_settings(BILLING_PAYOUT_MIN=10_000):  # the team earned cents here
+        payout, _ = payout_request_create(team_id=team.pk, amount=10_000)
     return World(
         tag=tag,
         team=team,
@@ -159,6 +163,7 @@ def build_world(
             checkout_url=f"https://checkout.stripe.com/c/pay/cs_test_{tag}",
         ),  # fmt: skip
         window=window,
+        payout=payout,
         member=member,
         member_email=member.user.email,
     )
@@ -367,6 +372,23 @@ def dollar_string(micro: int) -> str:
 
 def invoice_totals(w: World) -> list[str]:
     return [dollar_string(total) for _, total in invoice_months(Entry.objects.filter(team=w.team))]
+
+
+def payout_row(w: World) -> str:
+    return f'data-payout="{w.payout.pk}"'
+
+
+def check_console_payout_ask(c: Checker) -> None:
+    """The Payouts form asks for the caller's own team, whatever team id rides along; Acme's
+    request, earnings and ledger stay as they were."""
+    payout_reject(payout_id=c.theirs.payout.pk, reason="matrix", decided_by_id=None)
+    client = c.outsider()
+    before = c.team_rows(c.acme.team)
+    with override_settings(BILLING_PAYOUT_MIN=10_000):
+        response = client.post("/payouts/", smuggled(c.acme, amount="0.02", nonce="matrix"))
+    assert response.status_code == 302, response.content
+    assert c.team_rows(c.acme.team) == before
+    assert PayoutRequest.objects.get(team=c.theirs.team, status="requested").amount == 20_000
 
 
 def check_deployments(c: Checker) -> None:
@@ -794,6 +816,10 @@ MATRIX: dict[str, list[Check]] = {
     ],
     "billing-topup-return": [Obj(lambda w: f"/billing/topup/return/?session_id=cs_test_{w.tag}")],
     "earnings": [console_page(lambda w: "/earnings/", machine_reference)],
+    "payouts": [
+        console_page(lambda w: "/payouts/", payout_row),
+        Custom(check_console_payout_ask),
+    ],
     # --- API: who am I, team
     "api-me": [Custom(check_me)],
     "api-member-list": [Listing(lambda w: "/api/v1/team/members/", lambda w: [w.member.pk])],
@@ -947,6 +973,12 @@ MATRIX: dict[str, list[Check]] = {
             key="reference",
         )
     ],
+    "api-payout-list": [
+        Listing(lambda w: "/api/v1/payouts/", lambda w: [w.payout.pk]),
+        Creates(lambda w: "/api/v1/payouts/", lambda w: smuggled(w, amount="0.02")),
+    ],
+    # Read only: a request is decided by the operator, never changed through the API.
+    "api-payout-detail": [Obj(lambda w: f"/api/v1/payouts/{w.payout.pk}/")],
     "billing-earnings-list": [
         Listing(
             lambda w: "/api/v1/billing/earnings/",
