@@ -711,6 +711,60 @@ def check_vast_bulk(c: Checker) -> None:
             assert queued == [] and c.database() == before
 
 
+def check_serverless(c: Checker) -> None:
+    """Acme's vast.ai endpoint and workergroup (its cluster, workers queued): its members list
+    them and read the workers; to the outsider they are in no list, and every path (the
+    /api/v0/ ones and the autoscaler's at the site's root) answers 404, changing nothing."""
+    from marketplace.services.templates import template_create
+    from marketplace.vast.serverless import endpoint_create, workergroup_create
+
+    template = template_create(
+        team=c.acme.team, user=None, fields={"name": "acme-worker", "image": "busybox:latest"}
+    )
+    endpoint = endpoint_create(
+        team=c.acme.team, body={"endpoint_name": "acme-llm", "max_workers": 4}
+    )
+    group = workergroup_create(
+        team=c.acme.team,
+        body={
+            "endpoint_id": endpoint.pk,
+            "template_hash": template.hash_id,
+            "search_params": "gpu_name=No_Such_GPU",
+        },
+    )
+
+    def post_json(client, url, data):
+        return client.generic("POST", url, json.dumps(data), content_type="application/json")
+
+    for client in c.members():
+        assert endpoint.pk in [r["id"] for r in client.get("/api/v0/endptjobs/").json()["results"]]
+        assert group.pk in [r["id"] for r in client.get("/api/v0/autojobs/").json()["results"]]
+        workers = post_json(client, "/get_endpoint_workers/", {"id": endpoint.pk})
+        assert workers.status_code == 200 and len(workers.json()) == 2
+    tries = [
+        ("put", f"/api/v0/endptjobs/{endpoint.pk}/", {"max_workers": 9}),
+        ("delete", f"/api/v0/endptjobs/{endpoint.pk}/", {}),
+        ("put", f"/api/v0/autojobs/{group.pk}/", {"search_params": "gpu_name=A100"}),
+        ("delete", f"/api/v0/autojobs/{group.pk}/", {}),
+        ("post", "/api/v0/autojobs/", {"endpoint_id": endpoint.pk, "template_hash": "x"}),
+        ("post", "/get_endpoint_workers/", {"id": endpoint.pk}),
+        ("post", "/get_endpoint_logs/", {"id": endpoint.pk}),
+        ("post", "/get_autogroup_logs/", {"id": group.pk}),
+        ("post", "/update_workers/", {"workergroup_id": group.pk}),
+    ]
+    for client in c.outsider_api_clients():
+        assert "acme-llm" not in client.get("/api/v0/endptjobs/").content.decode()
+        assert "acme-llm" not in client.get("/api/v0/autojobs/").content.decode()
+        for method, url, data in tries:
+            before = c.database()
+            with c.capture() as queued:
+                response = client.generic(
+                    method.upper(), url, json.dumps(data), content_type="application/json"
+                )
+            assert response.status_code == 404, (method, url, response.content)
+            assert queued == [] and c.database() == before, (method, url)
+
+
 SOME_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl me@box"
 
 MATRIX: dict[str, list[Check]] = {
@@ -964,6 +1018,14 @@ MATRIX: dict[str, list[Check]] = {
         Custom(check_vast_bulk),
     ],
     "vast-templates": [Custom(check_templates)],
+    "vast-endpoints": [Custom(check_serverless)],
+    "vast-endpoint": [Custom(check_serverless)],
+    "vast-workergroups": [Custom(check_serverless)],
+    "vast-workergroup": [Custom(check_serverless)],
+    "vast-endpoint-workers": [Custom(check_serverless)],
+    "vast-endpoint-logs": [Custom(check_serverless)],
+    "vast-workergroup-logs": [Custom(check_serverless)],
+    "vast-update-workers": [Custom(check_serverless)],
     "vast-machine": [Obj(lambda w: f"/api/v0/machines/{w.machine.pk}")],
     "vast-maintenances": [
         Obj(lambda w: f"/api/v0/machines/maintenances?owner=me&machine_ids=[{w.machine.pk}]")
@@ -1079,8 +1141,6 @@ EXEMPT: dict[str, str] = {
     "(tests/vast/test_translation.py)",
     "vast-asks-bulk": "renting other teams' listed machines is the product, as vast-ask "
     "(tests/vast/test_bulk.py)",
-    "vast-autoscaler": "vast.ai's serverless paths at the site's root: the JSON 'not offered' "
-    "404 for everyone",
 }
 # Unnamed routes, by pattern.
 EXEMPT_UNNAMED: dict[str, str] = {
