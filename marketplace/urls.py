@@ -30,6 +30,7 @@ from marketplace.views import deployments as deployments_views
 from marketplace.views import hosts as hosts_views
 from marketplace.views import overview as overview_views
 from marketplace.views import rentals as rentals_views
+from marketplace.views import templates as templates_views
 from marketplace.views import volumes as volumes_views
 
 router = DefaultRouter(trailing_slash=True)
@@ -103,6 +104,7 @@ urlpatterns = [
     path("invitations/<str:token>/", views.invitation_accept, name="invitation-accept"),
     path("", include(rentals_views.urlpatterns)),
     path("", include(volumes_views.urlpatterns)),
+    path("", include(templates_views.urlpatterns)),
     path("", include(deployments_views.urlpatterns)),
     path("", include(clusters_views.urlpatterns)),
     # Caddy's forward-auth sub-request (answered by GatewayAuthMiddleware before the chain).

@@ -53,6 +53,7 @@ from marketplace.models import Cluster, ServerlessEndpoint, Team, Template, Work
 from marketplace.models.clusters import ClusterState
 from marketplace.models.deployments import LIVE_REPLICA_STATES, ReplicaState
 from marketplace.models.serverless import EndpointState
+from marketplace.services.offers import short_gpu_name
 from marketplace.tenancy import team_objects, team_or_public_objects
 from marketplace.vast.errors import Refused
 from scheduler.models import LaunchMode
@@ -585,4 +586,5 @@ def worker_row(replica) -> dict[str, Any]:
 
 
 def _gpu_names(instance) -> list[str]:
-    return [allocation.gpu.name for allocation in instance.gpu_allocations.all()]
+    """As offers name them ("RTX 4090", not "NVIDIA GeForce RTX 4090")."""
+    return [short_gpu_name(allocation.gpu.name) for allocation in instance.gpu_allocations.all()]

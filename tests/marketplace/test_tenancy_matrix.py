@@ -656,6 +656,42 @@ def check_templates(c: Checker) -> None:
         assert c.team_rows(c.acme.team) == before
 
 
+def check_console_templates(c: Checker) -> None:
+    """The console's Templates page: Acme's members see Acme's private template; the outsider
+    sees only the public one, and editing or deleting either answers 404, changing nothing.
+    The offers page filled from Acme's private template (``?template=``) fills nothing."""
+    from marketplace.services.templates import template_create
+
+    private = template_create(
+        team=c.acme.team, user=None, fields={"name": "acme-secret-tpl", "image": "acme/secret:1"}
+    )
+    public = template_create(
+        team=c.acme.team,
+        user=None,
+        fields={"name": "acme-open-tpl", "image": "busybox:latest", "public": True},
+    )
+    for client in c.members():
+        page = client.get("/templates/").content.decode()
+        assert "acme-secret-tpl" in page and "acme-open-tpl" in page
+        assert client.get(f"/templates/{private.pk}/").status_code == 200
+    outsider = c.outsider()
+    page = outsider.get("/templates/").content.decode()
+    assert "acme-secret-tpl" not in page and "acme-open-tpl" in page
+    offers = outsider.get(f"/offers/?template={private.hash_id}").content.decode()
+    assert "acme/secret:1" not in offers and "renting-from-template" not in offers
+    before = c.database()
+    with c.capture() as queued:
+        for template in (private, public):
+            assert outsider.get(f"/templates/{template.pk}/").status_code == 404
+            edit = {"name": "sneak", "image": "x:1"}
+            assert outsider.post(f"/templates/{template.pk}/", edit).status_code == 404
+            assert outsider.post(f"/templates/{template.pk}/delete/").status_code == 404
+    assert queued == [] and c.database() == before
+    acme_rows = c.team_rows(c.acme.team)
+    outsider.post("/templates/", smuggled(c.acme, name="sneak", image="busybox:latest"))
+    assert c.team_rows(c.acme.team) == acme_rows
+
+
 def check_env_vars(c: Checker) -> None:
     """Acme's environment variable: its members see its name (never its value); the outsider
     sees none of Acme's, and changing or deleting it by name answers 404 (v1 and vast.ai)."""
@@ -1018,6 +1054,9 @@ MATRIX: dict[str, list[Check]] = {
         Custom(check_vast_bulk),
     ],
     "vast-templates": [Custom(check_templates)],
+    "templates": [Custom(check_console_templates)],
+    "template-edit": [Custom(check_console_templates)],
+    "template-delete": [Custom(check_console_templates)],
     "vast-endpoints": [Custom(check_serverless)],
     "vast-endpoint": [Custom(check_serverless)],
     "vast-workergroups": [Custom(check_serverless)],
