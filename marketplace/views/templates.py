@@ -121,7 +121,7 @@ def template_edit(request: HttpRequest, pk: int) -> HttpResponse:
         require_role(request, Role.MEMBER)
         form = TemplateForm(request.POST)
         try:
-            template_update(template=template, fields=form.fields_or_error())
+            template = template_update(template=template, fields=form.fields_or_error())
         except ValidationError as error:
             messages.error(request, f"Could not save the template: {error_text(error)}")
             return render(
