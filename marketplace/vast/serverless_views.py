@@ -105,9 +105,12 @@ class WorkergroupDetail(RenterView):
 
 
 class AutoscalerView(RenterView):
-    """POSTs that read (workers, logs): read-only keys may use them."""
+    """POSTs that read (workers, logs): read-only keys may use them. Outside /api/v0/, so in
+    neither API description: /api/v1/schema/ promises v1's error shape, and /api/v0/schema/
+    describes the paths under /api/v0/ (tests/vast/test_serverless.py tries these)."""
 
     read_only_methods = frozenset({"POST"})
+    schema = None
 
     def tail(self) -> int:
         try:
@@ -169,7 +172,10 @@ class WorkergroupLogs(AutoscalerView):
 
 
 class UpdateWorkers(RenterView):
-    """``update workers ID``: the template's current settings rolled onto the workers."""
+    """``update workers ID``: the template's current settings rolled onto the workers (in no
+    API description, as ``AutoscalerView``)."""
+
+    schema = None
 
     @_schema("update workers")
     def post(self, request):
