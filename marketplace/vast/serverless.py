@@ -76,6 +76,14 @@ NOT_OFFERED = {
 # The filters the CLI adds to every ``--search_params`` (unless -n): all true of a new worker.
 CLI_SEARCH_DEFAULTS = {"verified": True, "rentable": True, "rented": False}
 PLACEMENT_FIELDS = "gpu_name, num_gpus, dph_per_gpu, reliability, geolocation"
+# A cluster's placement conditions when a search names none of them.
+UNCONDITIONED = {
+    "gpu_names": [],
+    "gpus_per_replica": 1,
+    "max_price_per_gpu_hour": None,
+    "regions": [],
+    "min_reliability": 0.0,
+}
 ENDPOINT_STATES = {"active": EndpointState.ACTIVE, "stopped": EndpointState.STOPPED}
 
 
@@ -427,10 +435,12 @@ def workergroup_update(*, workergroup: Workergroup, body: dict[str, Any]) -> Wor
     if template is not None:
         workergroup.template, workergroup.template_hash = template, template.hash_id
     params = body.get("search_params")
-    if params not in (None, ""):
-        conditions = placement_conditions(params)
+    conditions = placement_conditions(params)
+    # The CLI sends its default filters when --search_params is left out: only a search
+    # that names a condition replaces the workergroup's, all of them.
+    if conditions:
         workergroup.search_params = params[:2000]
-        changes.update(conditions)
+        changes.update({**UNCONDITIONED, **conditions})
     workergroup.save()
     if workergroup.cluster is not None:
         if template is not None:

@@ -122,7 +122,7 @@ class AutoscalerView(RenterView):
 def workers_log(cluster: Cluster | None, tail: int) -> str:
     """Each placed worker's last ``tail`` lines, headed by its instance id."""
     if cluster is None:
-        return "No workers: the endpoint has no workergroup yet."
+        return "No workers: no workergroup has made the endpoint's cluster (or it was deleted)."
     replicas = (
         cluster.deployment.replicas.filter(state__in=PLACED_REPLICA_STATES)
         .select_related("instance__machine")

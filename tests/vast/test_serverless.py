@@ -169,6 +169,21 @@ def test_update_workers_rolls_the_templates_new_settings(funded, template):
     assert updated.status_code == 200, updated.content
     deployment = Cluster.objects.get().deployment
     assert (deployment.gpu_names, deployment.gpus_per_replica) == (["A100", "H100"], 2)
+    # Left out, the CLI sends its default filters alone: the conditions stay as they were.
+    kept = client.put(
+        f"/api/v0/autojobs/{group_id}/",
+        {"autojob_id": group_id, "search_params": "verified=True rentable=True rented=False"},
+        format="json",
+    )
+    assert kept.json()["workergroup"]["search_params"] == "gpu_name in [A100,H100] num_gpus=2"
+    # A search replaces them all: no GPU count named is one GPU again.
+    client.put(f"/api/v0/autojobs/{group_id}/", {"search_params": "geolocation=EU"}, format="json")
+    deployment.refresh_from_db()
+    assert (deployment.gpu_names, deployment.gpus_per_replica, deployment.regions) == (
+        [],
+        1,
+        ["EU"],
+    )
 
     # delete workergroup: the cluster goes, the endpoint stays.
     assert client.delete(f"/api/v0/autojobs/{group_id}/", format="json").status_code == 200
