@@ -23,7 +23,6 @@ from marketplace.api import volumes as volumes_api
 from marketplace.api.errors import api_not_found
 from marketplace.clusters.auth import gateway_auth
 from marketplace.vast import templates as vast_templates
-from marketplace.vast.errors import vast_not_found
 from marketplace.vast.views import for_vastai_cli
 from marketplace.views import accounts as views
 from marketplace.views import billing as billing_views
@@ -33,6 +32,7 @@ from marketplace.views import hosts as hosts_views
 from marketplace.views import overview as overview_views
 from marketplace.views import payouts as payouts_views
 from marketplace.views import rentals as rentals_views
+from marketplace.views import templates as templates_views
 from marketplace.views import volumes as volumes_views
 
 router = DefaultRouter(trailing_slash=True)
@@ -82,13 +82,8 @@ urlpatterns = [
     # request's CPU when the API came last). No pattern below matches these paths.
     path("api/v1/", include(api_v1)),
     path("api/v0/", include("marketplace.vast.urls")),
-    # The vastai CLI's serverless commands call vast.ai's autoscaler at the site's root: they
-    # get the API's "not offered" answer in JSON, not the site's HTML 404.
-    re_path(
-        r"^(get_endpoint_logs|get_endpoint_workers|get_autogroup_logs|update_workers)/?$",
-        vast_not_found,
-        name="vast-autoscaler",
-    ),
+    # The vastai CLI's serverless commands call vast.ai's autoscaler at the site's root.
+    path("", include("marketplace.vast.autoscaler_urls")),
     path("", include("marketplace.observability.urls")),
     path("admin/", admin.site.urls),
     # Browsers ask for /favicon.ico on pages without an icon link (the admin, the API docs).
@@ -112,6 +107,7 @@ urlpatterns = [
     path("invitations/<str:token>/", views.invitation_accept, name="invitation-accept"),
     path("", include(rentals_views.urlpatterns)),
     path("", include(volumes_views.urlpatterns)),
+    path("", include(templates_views.urlpatterns)),
     path("", include(deployments_views.urlpatterns)),
     path("", include(clusters_views.urlpatterns)),
     # Caddy's forward-auth sub-request (answered by GatewayAuthMiddleware before the chain).

@@ -52,6 +52,10 @@ class ClusterSpec:
     min_replicas: int | None = None
     max_replicas: int | None = None
     target_rps_per_replica: float | None = None
+    # Placement conditions beyond the GPU model, as a deployment's.
+    max_price_per_gpu_hour: int | None = None
+    regions: list[str] = field(default_factory=list)
+    min_reliability: float = 0.0
 
 
 # Changes that go to the deployment as they are (a changed image, command, env or disk rolls,
@@ -126,6 +130,9 @@ def cluster_create(*, team: Team, spec: ClusterSpec) -> Cluster:
             disk_gb=spec.disk_gb,
             gpu_names=list(spec.gpu_names),
             gpus_per_replica=spec.gpus_per_replica,
+            max_price_per_gpu_hour=spec.max_price_per_gpu_hour,
+            regions=list(spec.regions),
+            min_reliability=spec.min_reliability,
             replica_count=spec.replicas,
             duration_hours=spec.duration_hours,
         ),

@@ -3,6 +3,7 @@ from marketplace.models.clusters import Cluster
 from marketplace.models.deployments import Deployment, Replica
 from marketplace.models.env_vars import TeamEnvVar
 from marketplace.models.rentals import Offer, Rental, SshKey
+from marketplace.models.serverless import ServerlessEndpoint, Workergroup
 from marketplace.models.templates import Template
 from marketplace.models.volumes import (
     CommittedImage,
@@ -18,6 +19,7 @@ __all__ = [
     "CommittedImage",
     "Deployment",
     "Rental",
+    "ServerlessEndpoint",
     "Invitation",
     "Membership",
     "Offer",
@@ -32,4 +34,5 @@ __all__ = [
     "VolumeMount",
     "VolumeState",
     "VolumeVersion",
+    "Workergroup",
 ]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from django.urls import path, re_path
 
-from marketplace.vast import hosting, keys, templates, views
+from marketplace.vast import hosting, keys, serverless_views, templates, views
 from marketplace.vast.errors import vast_not_found
 from marketplace.vast.schema import schema_view
 
@@ -30,6 +30,12 @@ urlpatterns = [
         "instances/command/<id:pk>/", views.InstanceCommand.as_view(), name="vast-instance-command"
     ),
     path("template/", templates.Templates.as_view(), name="vast-templates"),
+    path("endptjobs/", serverless_views.Endpoints.as_view(), name="vast-endpoints"),
+    path("endptjobs/<id:pk>/", serverless_views.EndpointDetail.as_view(), name="vast-endpoint"),
+    path("autojobs/", serverless_views.Workergroups.as_view(), name="vast-workergroups"),
+    path(
+        "autojobs/<id:pk>/", serverless_views.WorkergroupDetail.as_view(), name="vast-workergroup"
+    ),
     path("auth/apikeys/", keys.ApiKeys.as_view(), name="vast-api-keys"),
     path("auth/apikeys/<id:pk>/", keys.ApiKeyDetail.as_view(), name="vast-api-key"),
     path("secrets/", keys.EnvVars.as_view(), name="vast-env-vars"),

@@ -54,6 +54,7 @@ from marketplace.services.ssh_keys import ssh_key_add
 from marketplace.tenancy import team_object_or_404, team_objects
 from marketplace.views.console import error_text, require_role
 from marketplace.views.offer_figures import offer_figures
+from marketplace.views.templates import template_for_rent
 from scheduler import services as scheduler
 from scheduler.models import Instance, InstanceEvent, InstanceState, LaunchMode
 
@@ -152,6 +153,7 @@ def offers(request: HttpRequest) -> HttpResponse:
         "can_rent": request.membership.allows(Role.MEMBER),
         "volumes": team_objects(request.team, Volume.objects.filter(state=VolumeState.READY)),
         "has_ssh_keys": team_objects(request.team, SshKey.objects.all()).exists(),
+        "from_template": template_for_rent(request),
     }
     # A bad query is the renter's error: 400, with the position, token and reason shown.
     return render(request, "marketplace/offers.html", context, status=400 if error else 200)

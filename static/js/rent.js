@@ -6,7 +6,8 @@
   var form = document.getElementById("rent-form");
   var priceBox = document.getElementById("rent-price");
   var current = null;
-  var DEFAULT_DISK_GB = 10;
+  // Renting from a template: its disk is the default (as far as the offer has room).
+  var DEFAULT_DISK_GB = +form.dataset.templateDisk || 10;
 
   function money(micro) {
     return "$" + (micro / 1e6).toFixed(micro % 10000 === 0 ? 2 : 4);

@@ -13,6 +13,7 @@ import pytest
 from django.utils import timezone
 
 from marketplace.models import Cluster, Deployment
+from marketplace.services.templates import template_create
 from tests.browser.test_bid_flow import elsewhere
 from tests.browser.test_machine_list_layout import a_busy_fleet
 from tests.browser.test_rent_flow import log_in
@@ -91,11 +92,17 @@ def a_console_with_everything(team, owner, provider_team, sim_host_factory):
         team=team, deployment=cluster_deployment, state="stopped",
         ends_at=timezone.now() + timedelta(hours=3),
     )  # fmt: skip
+    template = template_create(
+        team=team, user=None,
+        fields={"name": "pytorch-notebook-with-a-long-name", "image": "gpumkt/busybox:latest",
+                "args": ["-c", "echo " + "y" * 120], "env": {"MODE": "serve"}, "ports": [8080],
+                "readme": "# Notebook\n" + "z" * 200, "public": True},
+    )  # fmt: skip
     month = timezone.now().strftime("%Y-%m")
     return [
         "/", "/offers/", "/instances/", f"/instances/{response.json()['id']}/",
         "/deployments/", f"/deployments/{deployment.pk}/", "/clusters/", f"/clusters/{cluster.pk}/",
-        "/volumes/", "/ssh-keys/", "/machines/", f"/machines/{own_machine.pk}/", "/machines/add/",
+        "/volumes/", "/templates/", f"/templates/{template.pk}/", "/ssh-keys/", "/machines/", f"/machines/{own_machine.pk}/", "/machines/add/",
         "/earnings/", "/billing/", "/billing/invoices/", f"/billing/invoices/{month}/",
         "/team/", "/team/api-keys/", "/operator/",
     ]  # fmt: skip

@@ -678,6 +678,42 @@ def check_templates(c: Checker) -> None:
         assert c.team_rows(c.acme.team) == before
 
 
+def check_console_templates(c: Checker) -> None:
+    """The console's Templates page: Acme's members see Acme's private template; the outsider
+    sees only the public one, and editing or deleting either answers 404, changing nothing.
+    The offers page filled from Acme's private template (``?template=``) fills nothing."""
+    from marketplace.services.templates import template_create
+
+    private = template_create(
+        team=c.acme.team, user=None, fields={"name": "acme-secret-tpl", "image": "acme/secret:1"}
+    )
+    public = template_create(
+        team=c.acme.team,
+        user=None,
+        fields={"name": "acme-open-tpl", "image": "busybox:latest", "public": True},
+    )
+    for client in c.members():
+        page = client.get("/templates/").content.decode()
+        assert "acme-secret-tpl" in page and "acme-open-tpl" in page
+        assert client.get(f"/templates/{private.pk}/").status_code == 200
+    outsider = c.outsider()
+    page = outsider.get("/templates/").content.decode()
+    assert "acme-secret-tpl" not in page and "acme-open-tpl" in page
+    offers = outsider.get(f"/offers/?template={private.hash_id}").content.decode()
+    assert "acme/secret:1" not in offers and "renting-from-template" not in offers
+    before = c.database()
+    with c.capture() as queued:
+        for template in (private, public):
+            assert outsider.get(f"/templates/{template.pk}/").status_code == 404
+            edit = {"name": "sneak", "image": "x:1"}
+            assert outsider.post(f"/templates/{template.pk}/", edit).status_code == 404
+            assert outsider.post(f"/templates/{template.pk}/delete/").status_code == 404
+    assert queued == [] and c.database() == before
+    acme_rows = c.team_rows(c.acme.team)
+    outsider.post("/templates/", smuggled(c.acme, name="sneak", image="busybox:latest"))
+    assert c.team_rows(c.acme.team) == acme_rows
+
+
 def check_env_vars(c: Checker) -> None:
     """Acme's environment variable: its members see its name (never its value); the outsider
     sees none of Acme's, and changing or deleting it by name answers 404 (v1 and vast.ai)."""
@@ -731,6 +767,60 @@ def check_vast_bulk(c: Checker) -> None:
                 response = _send(client, method, "/api/v0/instances/", body)
             assert response.status_code in (401, 404), response.content
             assert queued == [] and c.database() == before
+
+
+def check_serverless(c: Checker) -> None:
+    """Acme's vast.ai endpoint and workergroup (its cluster, workers queued): its members list
+    them and read the workers; to the outsider they are in no list, and every path (the
+    /api/v0/ ones and the autoscaler's at the site's root) answers 404, changing nothing."""
+    from marketplace.services.templates import template_create
+    from marketplace.vast.serverless import endpoint_create, workergroup_create
+
+    template = template_create(
+        team=c.acme.team, user=None, fields={"name": "acme-worker", "image": "busybox:latest"}
+    )
+    endpoint = endpoint_create(
+        team=c.acme.team, body={"endpoint_name": "acme-llm", "max_workers": 4}
+    )
+    group = workergroup_create(
+        team=c.acme.team,
+        body={
+            "endpoint_id": endpoint.pk,
+            "template_hash": template.hash_id,
+            "search_params": "gpu_name=No_Such_GPU",
+        },
+    )
+
+    def post_json(client, url, data):
+        return client.generic("POST", url, json.dumps(data), content_type="application/json")
+
+    for client in c.members():
+        assert endpoint.pk in [r["id"] for r in client.get("/api/v0/endptjobs/").json()["results"]]
+        assert group.pk in [r["id"] for r in client.get("/api/v0/autojobs/").json()["results"]]
+        workers = post_json(client, "/get_endpoint_workers/", {"id": endpoint.pk})
+        assert workers.status_code == 200 and len(workers.json()) == 2
+    tries = [
+        ("put", f"/api/v0/endptjobs/{endpoint.pk}/", {"max_workers": 9}),
+        ("delete", f"/api/v0/endptjobs/{endpoint.pk}/", {}),
+        ("put", f"/api/v0/autojobs/{group.pk}/", {"search_params": "gpu_name=A100"}),
+        ("delete", f"/api/v0/autojobs/{group.pk}/", {}),
+        ("post", "/api/v0/autojobs/", {"endpoint_id": endpoint.pk, "template_hash": "x"}),
+        ("post", "/get_endpoint_workers/", {"id": endpoint.pk}),
+        ("post", "/get_endpoint_logs/", {"id": endpoint.pk}),
+        ("post", "/get_autogroup_logs/", {"id": group.pk}),
+        ("post", "/update_workers/", {"workergroup_id": group.pk}),
+    ]
+    for client in c.outsider_api_clients():
+        assert "acme-llm" not in client.get("/api/v0/endptjobs/").content.decode()
+        assert "acme-llm" not in client.get("/api/v0/autojobs/").content.decode()
+        for method, url, data in tries:
+            before = c.database()
+            with c.capture() as queued:
+                response = client.generic(
+                    method.upper(), url, json.dumps(data), content_type="application/json"
+                )
+            assert response.status_code == 404, (method, url, response.content)
+            assert queued == [] and c.database() == before, (method, url)
 
 
 SOME_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl me@box"
@@ -996,6 +1086,17 @@ MATRIX: dict[str, list[Check]] = {
         Custom(check_vast_bulk),
     ],
     "vast-templates": [Custom(check_templates)],
+    "templates": [Custom(check_console_templates)],
+    "template-edit": [Custom(check_console_templates)],
+    "template-delete": [Custom(check_console_templates)],
+    "vast-endpoints": [Custom(check_serverless)],
+    "vast-endpoint": [Custom(check_serverless)],
+    "vast-workergroups": [Custom(check_serverless)],
+    "vast-workergroup": [Custom(check_serverless)],
+    "vast-endpoint-workers": [Custom(check_serverless)],
+    "vast-endpoint-logs": [Custom(check_serverless)],
+    "vast-workergroup-logs": [Custom(check_serverless)],
+    "vast-update-workers": [Custom(check_serverless)],
     "vast-machine": [Obj(lambda w: f"/api/v0/machines/{w.machine.pk}")],
     "vast-maintenances": [
         Obj(lambda w: f"/api/v0/machines/maintenances?owner=me&machine_ids=[{w.machine.pk}]")
@@ -1111,8 +1212,6 @@ EXEMPT: dict[str, str] = {
     "(tests/vast/test_translation.py)",
     "vast-asks-bulk": "renting other teams' listed machines is the product, as vast-ask "
     "(tests/vast/test_bulk.py)",
-    "vast-autoscaler": "vast.ai's serverless paths at the site's root: the JSON 'not offered' "
-    "404 for everyone",
 }
 # Unnamed routes, by pattern.
 EXEMPT_UNNAMED: dict[str, str] = {

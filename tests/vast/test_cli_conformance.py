@@ -35,6 +35,7 @@ from tests.factories import TeamFactory, UserFactory, add_member
 from tests.marketplace.conftest import PRICE_PER_GPU_HOUR, docker, fund, machine_for
 from tests.marketplace.test_launch_modes import login, make_key
 from tests.vast.cli import CLI_VERSION, ROOT, VastCli, ensure_cli
+from tests.vast.serverless_cli import WORKER_GPU, serverless
 
 pytestmark = [pytest.mark.system, pytest.mark.django_db(transaction=True)]
 
@@ -158,6 +159,8 @@ def test_the_vastai_cli_drives_the_marketplace(
         invoices(cli, table)
         fresh = machine_for(sim_host_factory(gpus=1), provider_team)  # never rented
         hosting(cli, table, main, spare, fresh, key_for(provider_team))
+        machine_for(sim_host_factory(gpus=2, gpu_name=WORKER_GPU), provider_team)
+        serverless(cli, table, funded_team)
         not_offered(cli, table)
     finally:
         written = tmp_path / DOC.name
@@ -923,8 +926,6 @@ def hosting(cli, table, machine, spare, fresh, provider_key: str) -> None:
 
 
 def not_offered(cli, table) -> None:
-    """Commands this marketplace does not offer answer our message in vast's shape, also
-    those the CLI sends outside /api/v0/ (vast.ai's autoscaler paths at the site's root)."""
-    for command in (["get", "endpt-logs", "1"], ["get", "wrkgrp-logs", "1"]):
-        run = cli(*command)
-        table.refused(" ".join(command[:2]) + " <id>", run, "This marketplace does not offer")
+    """Commands this marketplace does not offer answer our message in vast's shape."""
+    run = cli("show", "audit-logs")
+    table.refused("show audit-logs", run, "This marketplace does not offer")
