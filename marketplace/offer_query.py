@@ -25,6 +25,7 @@ from django.db import connection
 from django.db.models import ExpressionWrapper, F, FloatField, Q, QuerySet
 from django.utils import timezone
 
+from hosts.countries import country_code
 from scheduler.placement import gpu_family_matches
 
 MICRO = 1_000_000
@@ -64,7 +65,9 @@ FIELDS: dict[str, FieldSpec] = {
     "duration": FieldSpec(
         "days", "end_date", "days until the offer ends (end date or next maintenance)"
     ),
-    "geolocation": FieldSpec("str", "geolocation", "region label, e.g. US"),
+    "geolocation": FieldSpec(
+        "str", "geolocation", "country (ISO 3166 code, e.g. US; a name like Germany works too)"
+    ),
     "driver_version": FieldSpec("str", "driver_version", "NVIDIA driver version"),
     "cuda_max_good": FieldSpec("float", "cuda_max_good", "highest CUDA version supported"),
     "machine_id": FieldSpec("int", "machine_id", "machine id"),
@@ -265,6 +268,8 @@ def _value(spec: FieldSpec, name: str, raw: str, token: str, position: int | Non
             raise QueryError(
                 f"{name} must not contain control characters", token=token, position=position
             )
+        if name == "geolocation":  # a country's name or alpha-3 code means its code
+            return country_code(raw.replace("_", " ")) or raw.replace("_", " ")
         return raw.replace("_", " ")
     if spec.kind == "bool":
         lowered = raw.lower()

@@ -10,6 +10,7 @@ from django.utils.html import format_html_join
 from django.utils.safestring import SafeString
 
 from billing.money import format_usd
+from hosts.countries import country_name
 from scheduler.models import InstanceState
 
 register = template.Library()
@@ -19,6 +20,12 @@ register = template.Library()
 def usd(micro: int | None) -> str:
     """Micro-dollars as ``$1.25``."""
     return format_usd(int(micro or 0))
+
+
+@register.filter
+def country(code: str | None) -> str:
+    """A region's country code as its name: "DE" → "Germany" (other text as it is)."""
+    return country_name(code or "")
 
 
 @register.filter
