@@ -11,13 +11,20 @@ import re
 from fractions import Fraction
 
 from billing.errors import InvalidAmount
-from billing.usd import MICRO_PER_CENT, MICRO_PER_DOLLAR, format_usd, micro_to_decimal_str
+from billing.usd import (
+    MICRO_PER_CENT,
+    MICRO_PER_DOLLAR,
+    format_amount,
+    format_usd,
+    micro_to_decimal_str,
+)
 
 __all__ = [
     "MICRO_PER_CENT",
     "MICRO_PER_DOLLAR",
     "PARSE_MAX_MICRO",
     "SECONDS_PER_HOUR",
+    "format_amount",
     "format_usd",
     "micro_to_decimal_str",
     "parse_usd",

@@ -17,7 +17,7 @@ DEMO_PRICES = {  # micro-dollars per GPU-hour, by GPU model
     "NVIDIA GeForce RTX 4090": 420_000,
     "NVIDIA GeForce RTX 3090": 230_000,
 }
-DEMO_REGIONS = ["US", "EU", "CA"]
+DEMO_REGIONS = ["US", "DE", "CA"]
 # A host `make run` has just started can fail its first probe on a busy machine (a command past
 # its timeout), and a machine in error waits minutes for the heartbeats to probe it again: the
 # demo probes again until each machine is online, for this long, then says which is not.

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import date
 from typing import TYPE_CHECKING, Any
 
-from billing.money import format_usd
+from billing.money import format_amount
 
 if TYPE_CHECKING:
     from billing.selectors import BalancePoint, EarningsRow
@@ -131,7 +131,7 @@ def daily_earnings_chart(rows: Sequence[EarningsRow]) -> dict[str, Any]:
     frame = DAILY_USD
     top = max([row.gross for row in rows] + [0])
     scale = nice_ceiling(top) if top else EMPTY_EARNINGS_SCALE
-    grid = frame.grid(lambda share: format_usd(int(scale * share)))
+    grid = frame.grid(lambda share: format_amount(int(scale * share)))
     if not top:
         return frame.chart(grid, bars=[])
     bars = []
@@ -141,8 +141,8 @@ def daily_earnings_chart(rows: Sequence[EarningsRow]) -> dict[str, Any]:
             "x": slot.x, "w": slot.width, "y": bar_top(frame, gross_h), "h": round(gross_h, 1),
             "fee_h": round(row.fee / scale * frame.plot_height, 1),
             "label": f"{row.key:%m-%d}", "show_label": slot.show_label,
-            "gross": format_usd(row.gross), "fee": format_usd(row.fee),
-            "net": format_usd(row.net), "empty": not row.gross,
+            "gross": format_amount(row.gross), "fee": format_amount(row.fee),
+            "net": format_amount(row.net), "empty": not row.gross,
         })  # fmt: skip
     return frame.chart(grid, bars=bars)
 
@@ -153,7 +153,7 @@ def daily_spend_chart(days: Sequence[tuple[date, int]]) -> dict[str, Any]:
     frame = DAILY_USD
     top = max([amount for _, amount in days] + [0])
     scale = nice_ceiling(top) if top else EMPTY_EARNINGS_SCALE
-    grid = frame.grid(lambda share: format_usd(int(scale * share)))
+    grid = frame.grid(lambda share: format_amount(int(scale * share)))
     if not top:
         return frame.chart(grid, bars=[])
     bars = []
@@ -162,7 +162,7 @@ def daily_spend_chart(days: Sequence[tuple[date, int]]) -> dict[str, Any]:
         bars.append({
             "x": slot.x, "w": slot.width, "y": bar_top(frame, height), "h": round(height, 1),
             "label": f"{day:%m-%d}", "show_label": slot.show_label,
-            "amount": format_usd(amount), "empty": not amount,
+            "amount": format_amount(amount), "empty": not amount,
         })  # fmt: skip
     return frame.chart(grid, bars=bars)
 
@@ -231,7 +231,7 @@ def balance_chart(points: Sequence[BalancePoint]) -> dict[str, Any]:
     area = f"{frame.left},{frame.baseline} {available} {x(last):.1f},{frame.baseline}"
     labelled = sorted({0, len(points) // 2, len(points) - 1} & set(range(len(points))))
     return frame.chart(
-        frame.grid(lambda share: format_usd(round(peak * share))),
+        frame.grid(lambda share: format_amount(round(peak * share))),
         total=line([p.available + p.held for p in points]),
         available=available,
         area=area,

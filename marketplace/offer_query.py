@@ -21,15 +21,19 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from django.db import connection
 from django.db.models import ExpressionWrapper, F, FloatField, Q, QuerySet
 from django.utils import timezone
+
+from hosts.countries import country_code
+from scheduler.placement import gpu_family_matches
 
 MICRO = 1_000_000
 
 
 @dataclass(frozen=True)
 class FieldSpec:
-    kind: str  # "int" | "float" | "str" | "bool" | "money" | "days"
+    kind: str  # "int" | "float" | "str" | "gpu" | "bool" | "money" | "days"
     column: str  # model field or annotation
     help: str
 
@@ -46,7 +50,7 @@ ANNOTATIONS = {
 
 FIELDS: dict[str, FieldSpec] = {
     "id": FieldSpec("int", "id", "offer id (one GPU-count bundle of a machine)"),
-    "gpu_name": FieldSpec("str", "gpu_name", "GPU model, e.g. RTX_4090"),
+    "gpu_name": FieldSpec("gpu", "gpu_name", "GPU model or family, e.g. RTX_4090 or A100"),
     "num_gpus": FieldSpec("int", "num_gpus", "GPUs of the offer (1, 2, 4… bundles)"),
     "gpu_ram": FieldSpec("float", "gpu_ram", "GB per GPU"),
     "gpu_total_ram": FieldSpec("float", "gpu_total_ram", "GB across the offer"),
@@ -61,7 +65,9 @@ FIELDS: dict[str, FieldSpec] = {
     "duration": FieldSpec(
         "days", "end_date", "days until the offer ends (end date or next maintenance)"
     ),
-    "geolocation": FieldSpec("str", "geolocation", "region label, e.g. US"),
+    "geolocation": FieldSpec(
+        "str", "geolocation", "country (ISO 3166 code, e.g. US; a name like Germany works too)"
+    ),
     "driver_version": FieldSpec("str", "driver_version", "NVIDIA driver version"),
     "cuda_max_good": FieldSpec("float", "cuda_max_good", "highest CUDA version supported"),
     "machine_id": FieldSpec("int", "machine_id", "machine id"),
@@ -251,17 +257,19 @@ def _term(name: str, op: str, raw: str, *, token: str, position: int | None = No
         raise QueryError(
             f"a list needs 'in' or 'notin', not '{op}'", token=token, position=position
         )
-    if spec.kind in ("str", "bool") and op in ("<", "<=", ">", ">="):
+    if spec.kind in ("str", "gpu", "bool") and op in ("<", "<=", ">", ">="):
         raise QueryError(f"'{op}' does not apply to {name}", token=token, position=position)
     return (op, _value(spec, name, raw, token, position))
 
 
 def _value(spec: FieldSpec, name: str, raw: str, token: str, position: int | None):
-    if spec.kind == "str":
+    if spec.kind in ("str", "gpu"):
         if any(ord(c) < 32 for c in raw):
             raise QueryError(
                 f"{name} must not contain control characters", token=token, position=position
             )
+        if name == "geolocation":  # a country's name or alpha-3 code means its code
+            return country_code(raw.replace("_", " ")) or raw.replace("_", " ")
         return raw.replace("_", " ")
     if spec.kind == "bool":
         lowered = raw.lower()
@@ -293,6 +301,7 @@ def _value(spec: FieldSpec, name: str, raw: str, token: str, position: int | Non
 
 def apply(queryset: QuerySet, query: OfferQuery) -> QuerySet:
     """Filter and sort an Offer queryset by the query (defaults included)."""
+    query = resolve_families(query)
     filters = query.effective_filters()
     order = query.order or DEFAULT_ORDER
     needed = {name for name in filters if name in ANNOTATIONS}
@@ -300,7 +309,8 @@ def apply(queryset: QuerySet, query: OfferQuery) -> QuerySet:
     if needed:
         queryset = queryset.annotate(**{name: ANNOTATIONS[name] for name in needed})
     for name, (op, value) in filters.items():
-        queryset = queryset.filter(_condition(FIELDS[name], op, value))
+        spec = GPU_MODEL if name == "gpu_model" else FIELDS[name]
+        queryset = queryset.filter(_condition(spec, op, value))
     ordering = []
     for name, descending in order:
         column = FIELDS[name].column
@@ -332,6 +342,8 @@ def _condition(spec: FieldSpec, op: str, value: Any) -> Q:
 def _eq(spec: FieldSpec, column: str, value: Any) -> Q:
     if spec.kind == "str":
         return Q(**{f"{column}__iexact": value})
+    if spec.kind == "gpu":
+        return _gpu_family(column, value)
     return Q(**{column: value})
 
 
@@ -340,6 +352,56 @@ def _in(spec: FieldSpec, column: str, values: list) -> Q:
     for value in values:
         condition |= _eq(spec, column, value)
     return condition
+
+
+# ``gpu_name=A100`` means the family, as deployment conditions do (``gpu_family_matches``):
+# A100-SXM4-80GB and A100-PCIE-40GB; a full model name matches itself. A family is a prefix,
+# and a prefix match (LIKE) cannot use the upper-cased GPU index under every collation, so
+# a search of rentable offers first reads the few models the market lists (one index probe
+# each, below) and asks for those by name (``gpu_model``): the indexed equality an exact name
+# gets. Elsewhere (SQLite, ``rentable=any``) the family is matched by prefix.
+RENTABLE_GPU_NAMES = """
+WITH RECURSIVE names(name) AS (
+    SELECT MIN(UPPER(gpu_name)) FROM marketplace_offer WHERE rentable
+    UNION ALL
+    SELECT (SELECT MIN(UPPER(gpu_name)) FROM marketplace_offer
+            WHERE rentable AND UPPER(gpu_name) > names.name)
+    FROM names WHERE names.name IS NOT NULL
+)
+SELECT name FROM names WHERE name IS NOT NULL
+"""
+# GPU models by exact name (case aside): what a family resolves to. Not a query field.
+GPU_MODEL = FieldSpec("str", "gpu_name", "GPU models by exact name")
+RESOLVED_OPERATORS = {"=": "in", "==": "in", "in": "in", "!=": "notin", "notin": "notin"}
+
+
+def resolve_families(query: OfferQuery) -> OfferQuery:
+    """The query with its ``gpu_name`` family replaced by the listed models of that family,
+    where it searches rentable offers on PostgreSQL; otherwise the query as it is."""
+    condition = query.filters.get("gpu_name")
+    if not condition or connection.vendor != "postgresql":
+        return query
+    if query.effective_filters().get("rentable") != ("=", True):
+        return query
+    op, value = condition
+    wanted = value if isinstance(value, list) else [value]
+    with connection.cursor() as cursor:
+        cursor.execute(RENTABLE_GPU_NAMES)
+        listed = [row[0] for row in cursor.fetchall()]
+    names = [n for n in listed if any(gpu_family_matches(w, n) for w in wanted)]
+    filters = {name: f for name, f in query.filters.items() if name != "gpu_name"}
+    # Nothing listed of the family: the names as typed, which match no rentable offer.
+    filters["gpu_model"] = (RESOLVED_OPERATORS[op], names or wanted)
+    return OfferQuery(filters=filters, order=query.order)
+
+
+def _gpu_family(column: str, wanted: str) -> Q:
+    wanted = wanted.strip()
+    return (
+        Q(**{f"{column}__iexact": wanted})
+        | Q(**{f"{column}__istartswith": f"{wanted}-"})
+        | Q(**{f"{column}__istartswith": f"{wanted} "})
+    )
 
 
 def _duration_condition(op: str, days: float) -> Q:

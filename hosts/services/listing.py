@@ -1,4 +1,4 @@
-"""Listing terms: price, storage price, minimum GPUs, end date, region, host ports; listing and
+"""Listing terms: price, storage price, minimum GPUs, end date, region (a country), host ports; listing and
 unlisting; the private ranges rentals may not reach; the commitments (rentals' end dates) that
 higher rooms register."""
 
@@ -11,11 +11,11 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
+from hosts.countries import country_code
 from hosts.models import Machine, MachineStatus
 from hosts.runtime import InvalidContainerSpec
 from hosts.runtime.firewall import validate_blocked_ranges
 from hosts.services.events import notify_changed, record_event
-from hosts.user_text import name_problem
 
 MAX_PRICE_PER_GPU_HOUR = 1_000 * 1_000_000  # $1,000/GPU-hour: anything above is a typo
 MAX_STORAGE_PRICE = 100 * 1_000_000  # $100/GB-month
@@ -84,8 +84,14 @@ def machine_set_terms(
             "Between $0.000001 and $1,000 per GPU-hour, or none to take no bids."
         )
     location = location.strip()
-    if (problem := name_problem(location, max_length=64, required=False)) is not None:
-        errors["location"] = problem
+    if location:  # the region is a country (ISO 3166-1 alpha-2), as offers are searched by
+        code = country_code(location)
+        if code is None:
+            errors["location"] = (
+                f"'{location[:64]}' is not a country: choose one from the list "
+                "(an ISO 3166 code like US or DE, or its name)."
+            )
+        location = code or ""
     start = port_range_start or machine.port_range_start
     end = port_range_end or machine.port_range_end
     if not (1024 <= start <= end <= 65535):

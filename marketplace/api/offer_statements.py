@@ -49,6 +49,7 @@ class Statement:
 def search_rows(query: offer_query.OfferQuery, columns: tuple[str, ...], limit: int, offset: int):
     """A page of the search's offers as rows (dicts of ``columns``), in its order."""
     connection = connections[Offer.objects.db]
+    query = offer_query.resolve_families(query)
     shape = _shape(query)
     # On other databases than PostgreSQL (SQLite embedded) a lookup may rewrite its value
     # while compiling (iexact escapes it for LIKE) and rows need the backend's converters:
@@ -67,13 +68,17 @@ def search_rows(query: offer_query.OfferQuery, columns: tuple[str, ...], limit: 
 
 def _shape(query: offer_query.OfferQuery) -> tuple | None:
     """What the search's statement depends on, as a hashable value; None for a search on
-    ``duration``, whose condition counts from the moment of the search."""
+    ``duration``, whose condition counts from the moment of the search, and for a GPU family
+    left unresolved (``resolve_families``), matched by prefix."""
     filters = []
     for name, condition in query.filters.items():
         if condition is None:  # ``field=any``: the default filter dropped
             filters.append((name, None))
             continue
-        if offer_query.FIELDS[name].kind == "days":
+        if name == "gpu_model":
+            filters.append((name, *condition[:1], _value_shape(condition[1])))
+            continue
+        if offer_query.FIELDS[name].kind in ("days", "gpu"):
             return None
         op, value = condition
         filters.append((name, op, _value_shape(value)))
@@ -144,6 +149,8 @@ def _slotted(value_shape, places, field):
 
 
 def _output_field(name: str):
+    if name == "gpu_model":
+        return Offer._meta.get_field("gpu_name")
     if name in offer_query.ANNOTATIONS:
         return offer_query.ANNOTATIONS[name].output_field
     return Offer._meta.get_field(offer_query.FIELDS[name].column)

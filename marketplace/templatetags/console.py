@@ -9,16 +9,22 @@ from django import template
 from django.utils.html import format_html_join
 from django.utils.safestring import SafeString
 
-from billing.money import format_usd
+from billing.templatetags import billing_money
+from hosts.countries import country_name
 from scheduler.models import InstanceState
 
 register = template.Library()
 
 
+# Money: the billing room's filters, the same functions on every page (``billing_money``).
+register.filter("usd", billing_money.usd)
+register.filter("rate", billing_money.rate)
+
+
 @register.filter
-def usd(micro: int | None) -> str:
-    """Micro-dollars as ``$1.25``."""
-    return format_usd(int(micro or 0))
+def country(code: str | None) -> str:
+    """A region's country code as its name: "DE" → "Germany" (other text as it is)."""
+    return country_name(code or "")
 
 
 @register.filter

@@ -14,6 +14,7 @@ import re
 from typing import Any
 
 from billing.money import MICRO_PER_DOLLAR
+from hosts.countries import COUNTRY_NAMES
 from marketplace.models import Offer
 from marketplace.models.rentals import machine_offer
 from marketplace.vast.errors import Refused
@@ -119,7 +120,7 @@ def offer_row(offer: Offer) -> dict[str, Any]:
         "reliability2": float(offer.reliability),
         "duration": seconds_until(offer.end_date),
         "end_date": offer.end_date.timestamp() if offer.end_date else None,
-        "geolocation": offer.geolocation,
+        "geolocation": vast_geolocation(offer.geolocation),
         "driver_version": offer.driver_version,
         "cuda_max_good": float(offer.cuda_max_good),
         "verified": offer.verified,
@@ -147,6 +148,13 @@ def offer_row(offer: Offer) -> dict[str, Any]:
         "inet_down": float(offer.inet_down),
         "disk_bw": float(offer.disk_bw),
     }
+
+
+def vast_geolocation(code: str) -> str:
+    """A region (a country code) as vast.ai writes ``geolocation``: "Germany, DE", the place
+    before the code its search filters by (``geolocation in [DE]``); empty when unset."""
+    name = COUNTRY_NAMES.get(code)
+    return f"{name}, {code}" if name else code
 
 
 def seconds_until(moment) -> float | None:
@@ -329,7 +337,7 @@ def instance_row(instance: Instance, connection: dict[str, Any]) -> dict[str, An
         "onstart": instance.entrypoint,
         "extra_env": [[key, value] for key, value in (instance.env or {}).items()],
         "label": instance.label or None,
-        "geolocation": machine.location,
+        "geolocation": vast_geolocation(machine.location),
         "reliability2": float(machine.reliability),
         "inet_up": None,
         "inet_down": None,
@@ -366,7 +374,7 @@ def machine_row(machine) -> dict[str, Any]:
         "reliability2": float(machine.reliability),
         "verification": "verified" if machine.verified else "unverified",
         "public_ipaddr": machine.address,
-        "geolocation": machine.location,
+        "geolocation": vast_geolocation(machine.location),
         "num_reports": 0,
         "status": machine.status,
         "listed": machine.listed,

@@ -27,7 +27,7 @@ from django.views.decorators.http import require_POST
 from billing import credits, selectors, topups
 from billing.errors import BillingError
 from billing.models import Account, Entry, Hold, HoldStatus, TopUp, TopUpStatus, TransferKind
-from billing.money import format_usd, micro_to_decimal_str, parse_usd
+from billing.money import format_amount, micro_to_decimal_str, parse_usd
 from billing.views import stripe_webhook
 from marketplace.models import Role
 from marketplace.tenancy import role_allows, team_object_or_404, team_objects
@@ -308,7 +308,7 @@ def test_credit(request: HttpRequest) -> HttpResponse:
         idempotency_key=f"test-credit:{request.POST.get('nonce') or uuid.uuid4()}",
         created_by_id=request.user.pk,
     )
-    messages.success(request, f"Added {format_usd(amount)} of test credit.")
+    messages.success(request, f"Added {format_amount(amount)} of test credit.")
     return redirect("billing-balance")
 
 

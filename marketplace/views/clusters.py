@@ -14,7 +14,7 @@ from django.shortcuts import redirect, render
 from django.urls import path
 from django.views.decorators.http import require_POST
 
-from billing.usd import format_usd
+from billing.usd import format_amount, format_usd
 from marketplace.api.clusters import ClusterSerializer
 from marketplace.clusters.pricing import cluster_quote
 from marketplace.clusters.services import (
@@ -77,7 +77,7 @@ def clusters(request: HttpRequest) -> HttpResponse:
             )
             shown = {
                 "rate": format_usd(quote.price_per_gpu_hour) if quote.price_per_gpu_hour else None,
-                "hold": format_usd(quote.hold),
+                "hold": format_amount(quote.hold),
                 "placeable": quote.placeable,
                 "replicas": spec.replicas,
                 "gpus": spec.gpus_per_replica,

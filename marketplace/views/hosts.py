@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from decimal import Decimal
 from typing import TYPE_CHECKING
 
 from django.contrib import messages
@@ -18,6 +19,7 @@ from django.views.decorators.http import require_POST
 
 from billing.selectors import EarningsRow
 from hosts import services, tasks
+from hosts.countries import COUNTRY_CHOICES
 from hosts.keys import team_public_key
 from hosts.models import Machine, MachineStatus
 from hosts.selectors import gpu_occupancy, hourly_history
@@ -89,11 +91,15 @@ def machine_add(request: HttpRequest) -> HttpResponse:
 @login_required
 def machine_detail(request: HttpRequest, pk: int) -> HttpResponse:
     machine = team_object_or_404(request.team, Machine.objects.all(), pk=pk)
+    return render(request, "hosts/machine_detail.html", _detail_context(request, machine))
+
+
+def _detail_context(request: HttpRequest, machine: Machine) -> dict:
     cells = gpu_occupancy([machine])[machine.pk]
     history = hourly_history(machine)
     earnings = machine_earnings_by_day(request.team, machine)
     now = timezone.now()
-    context = {
+    return {
         "machine": machine,
         "cells": cells,
         "slices": machine_slices(machine),
@@ -115,18 +121,42 @@ def machine_detail(request: HttpRequest, pk: int) -> HttpResponse:
         ).exists(),
         "public_key": team_public_key(machine.team_id),
         "can_admin": request.membership.allows(Role.ADMIN),
-        "price": machine.price_per_gpu_hour / 1_000_000,
-        "storage_price": machine.storage_price_per_gb_month / 1_000_000,
-        "min_bid": ""
-        if machine.min_bid_price_per_gpu_hour is None
-        else machine.min_bid_price_per_gpu_hour / 1_000_000,
+        "terms": machine_terms(machine),
+        "terms_errors": {},
+        "countries": COUNTRY_CHOICES,
         "heartbeat_seconds": services.heartbeat_seconds(),
         "heartbeat_misses": services.heartbeat_misses_allowed(),
         "offline_bound": services.offline_bound_seconds(),
         "reliability_days": services.RELIABILITY_WINDOW.days,
         **figures_context(machine),
     }
-    return render(request, "hosts/machine_detail.html", context)
+
+
+TERMS_FIELDS = (
+    "price", "storage_price", "min_gpus", "min_bid", "location", "end_date",
+    "port_range_start", "port_range_end",
+)  # fmt: skip
+# The service's names for the terms form's fields, where they differ.
+TERMS_FIELD_OF = {
+    "price_per_gpu_hour": "price",
+    "storage_price_per_gb_month": "storage_price",
+    "min_bid_price_per_gpu_hour": "min_bid",
+}
+
+
+def machine_terms(machine: Machine) -> dict[str, str]:
+    """The terms form's values as the machine has them."""
+    floor = machine.min_bid_price_per_gpu_hour
+    return {
+        "price": _dollars(machine.price_per_gpu_hour),
+        "storage_price": _dollars(machine.storage_price_per_gb_month),
+        "min_gpus": str(machine.min_gpus),
+        "min_bid": "" if floor is None else _dollars(floor),
+        "location": machine.location,
+        "end_date": f"{machine.end_date:%Y-%m-%d}" if machine.end_date else "",
+        "port_range_start": str(machine.port_range_start),
+        "port_range_end": str(machine.port_range_end),
+    }
 
 
 def machine_slices(machine: Machine) -> list[dict]:
@@ -204,20 +234,43 @@ def remove_machine(request: HttpRequest, machine: Machine) -> HttpResponse:
     return redirect("machines")
 
 
-def save_terms(request: HttpRequest, machine: Machine) -> None:
-    terms = MachineTermsForm(request.POST).parsed()
-    services.machine_set_terms(
-        machine_id=machine.pk,
-        price_per_gpu_hour=terms["price"],
-        storage_price_per_gb_month=terms["storage_price"],
-        min_gpus=terms["min_gpus"],
-        end_date=terms["end_date"],
-        location=terms["location"],
-        port_range_start=terms["port_range_start"],
-        port_range_end=terms["port_range_end"],
-        min_bid_price_per_gpu_hour=terms["min_bid"],
-    )
+def _dollars(micro: int) -> str:
+    """Micro-dollars as the dollars a form field shows, exactly: 1234567 → "1.234567"."""
+    return f"{Decimal(micro).scaleb(-6).normalize():f}"
+
+
+def save_terms(request: HttpRequest, machine: Machine) -> HttpResponse | None:
+    try:
+        terms = MachineTermsForm(request.POST).parsed()
+        services.machine_set_terms(
+            machine_id=machine.pk,
+            price_per_gpu_hour=terms["price"],
+            storage_price_per_gb_month=terms["storage_price"],
+            min_gpus=terms["min_gpus"],
+            end_date=terms["end_date"],
+            location=terms["location"],
+            port_range_start=terms["port_range_start"],
+            port_range_end=terms["port_range_end"],
+            min_bid_price_per_gpu_hour=terms["min_bid"],
+        )
+    except ValidationError as error:
+        return _terms_refused(request, machine, error)
     messages.success(request, "Terms saved. They apply to new rentals.")
+    return None
+
+
+def _terms_refused(request: HttpRequest, machine: Machine, error: ValidationError) -> HttpResponse:
+    """The page again with the terms as typed and each refusal beside its field: a redirect
+    would show the saved terms and lose everything typed. Nothing was saved."""
+    machine.refresh_from_db()
+    context = _detail_context(request, machine)
+    context["terms"] = {name: request.POST.get(name, "") for name in TERMS_FIELDS}
+    context["terms_errors"] = {
+        TERMS_FIELD_OF.get(field, field): " ".join(reasons)
+        for field, reasons in getattr(error, "message_dict", {"": error.messages}).items()
+    }
+    messages.error(request, error_text(error))
+    return render(request, "hosts/machine_detail.html", context, status=400)
 
 
 def set_blocked_ranges(request: HttpRequest, machine: Machine) -> None:

@@ -16,9 +16,10 @@ from django.urls import path
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
-from billing.money import format_usd
+from billing.money import format_amount, format_usd
 from hosts.runtime import CommandFailed, HostUnreachable
 from marketplace import offer_query, selectors
+from marketplace.deployments.conditions import listed_gpu_models
 from marketplace.forms.rentals import (
     BidForm,
     ExecForm,
@@ -137,10 +138,9 @@ def offers(request: HttpRequest) -> HttpResponse:
         "query_text": request.GET.get("q", ""),
         "error": error,
         "sorts": SORTS,
-        "gpu_names": Offer.objects.filter(rentable=True)
-        .order_by("gpu_name")
-        .values_list("gpu_name", flat=True)
-        .distinct(),
+        # Listed models and their families ("A100" beside "A100-SXM4-80GB"), as the
+        # query language matches them.
+        "gpu_names": listed_gpu_models(),
         "regions": Offer.objects.filter(rentable=True)
         .exclude(geolocation="")
         .order_by("geolocation")
@@ -259,7 +259,7 @@ def _instance_context(request: HttpRequest, instance: Instance) -> dict[str, obj
         "connection": instance_connection(instance),
         "gpus": scheduler.instance_gpu_uuids(instance),
         "events": instance.events.all()[:50],
-        "spent": format_usd(owed.total),
+        "spent": format_amount(owed.total),
         "per_hour": format_usd(held.gpu),
         "storage_per_hour": format_usd(held.storage),
         "remaining": rental.ends_at - now if rental.ends_at > now else None,

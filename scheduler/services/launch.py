@@ -29,6 +29,7 @@ from scheduler.services.containers import container_removed, existing_container
 from scheduler.services.errors import LaunchInterrupted
 from scheduler.services.interruption import gpus_vacate
 from scheduler.services.leased_work import WorkOutcome, leased, waiting_for_host
+from scheduler.services.mode_service import mode_service_wait
 from scheduler.services.private_images import pull_with_login, repository_private
 from scheduler.services.transitions import instance_report_progress, instance_transition, state_of
 from scheduler.services.versions import instance_version_fall_back
@@ -121,6 +122,7 @@ def _launch_leased(
         else:
             container_id = _run_pulling_if_needed(host, instance, spec, registry_credentials)
         check_launch_mode(host, instance, container_id)
+        started = mode_service_wait(host, instance, container_id)
     except LaunchInterrupted:
         # Stopped or destroyed meanwhile: that work, waiting for this lease, stops or removes
         # the container by its name.
@@ -145,7 +147,7 @@ def _launch_leased(
     moved = instance_transition(
         instance_id=instance_id,
         to_state=InstanceState.RUNNING,
-        reason="Container started" if not existing else "Container found running",
+        reason=started if not existing else "Container found running",
         only_from={InstanceState.LAUNCHING},
         launched_as_asked=True,
         container_id=container_id,

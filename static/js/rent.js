@@ -9,8 +9,18 @@
   // Renting from a template: its disk is the default (as far as the offer has room).
   var DEFAULT_DISK_GB = +form.dataset.templateDisk || 10;
 
+  // As the pages' filters write money (billing_money): an amount to the cent ("<$0.01" when
+  // it is under a cent but not zero), a rate per hour exact to the micro-dollar.
   function money(micro) {
-    return "$" + (micro / 1e6).toFixed(micro % 10000 === 0 ? 2 : 4);
+    var cents = Math.floor((micro + 5000) / 10000);
+    if (cents === 0 && micro > 0) return "<$0.01";
+    return "$" + (cents / 100).toLocaleString("en-US", {minimumFractionDigits: 2, maximumFractionDigits: 2});
+  }
+
+  function rate(micro) {
+    var whole = Math.floor(micro / 1e6), digits = String(micro % 1e6).padStart(6, "0").replace(/0+$/, "");
+    while (digits.length < 2) digits += "0";
+    return "$" + whole.toLocaleString("en-US") + "." + digits;
   }
 
   function kind() {
@@ -61,30 +71,30 @@
     var hours = parseFloat(form.duration_hours.value) || 0;
     var disk = parseInt(form.disk_gb.value, 10) || 0;
     var problems = [];
-    var rate = current.price * gpus, units = Math.max(gpus, 1);
+    var hourly = current.price * gpus, units = Math.max(gpus, 1);
     if (bidding()) {
       var bid = Math.round((parseFloat(form.bid_price.value) || 0) * 1e6);
-      rate = bid * gpus;
-      if (bid < current.minBid) problems.push("Bid at least " + money(current.minBid) + " per GPU-hour.");
+      hourly = bid * gpus;
+      if (bid < current.minBid) problems.push("Bid at least " + rate(current.minBid) + " per GPU-hour.");
     }
     if (slice) {
       // The server's rule: the card's rate × the larger of the compute and memory shares.
       var core = parseInt(form.core_percent.value, 10) || 0;
       var memory = parseInt(form.memory_mb.value, 10) || 0;
       units = Math.max(core / 100, memory / current.cardMemory);
-      rate = Math.round(current.price * units);
+      hourly = Math.round(current.price * units);
       if (core < current.minSlice || core > current.sliceCore) problems.push("Choose " + current.minSlice + "–" + current.sliceCore + " % of the card's compute.");
       if (memory < 1 || memory > current.sliceMemory) problems.push("At most " + current.sliceMemory + " MB of the card's memory is free on one card.");
     } else if (gpus < current.min || gpus > current.free) {
       problems.push("Choose " + current.min + "–" + current.free + " GPUs.");
     }
     // Same arithmetic as the server's quote: rate × hours + storage for the same time.
-    var gpu = Math.round(rate * hours);
+    var gpu = Math.round(hourly * hours);
     var storage = Math.round(current.storage * disk * hours / 720);
     if (disk > maxDisk(units)) problems.push("At most " + maxDisk(units) + " GB of disk for " + (slice ? "this slice." : gpus + " GPU(s)."));
     if (current.end && hours * 3600e3 > new Date(current.end) - Date.now()) problems.push("The machine is offered until " + new Date(current.end).toLocaleString() + ".");
     priceBox.innerHTML = "<strong>" + money(gpu + storage) + "</strong> held now: " + money(gpu) + " GPU time (" +
-      money(rate) + "/hour) + " + money(storage) + " storage. Unused credit is released at the end." +
+      rate(hourly) + "/hour) + " + money(storage) + " storage. Unused credit is released at the end." +
       (problems.length ? '<div class="error">' + problems.join(" ") + "</div>" : "");
     document.getElementById("rent-confirm").disabled = problems.length > 0;
   }
@@ -103,7 +113,7 @@
     document.getElementById("rent-kind").hidden = !current.sharing && current.minBid === null;
     document.getElementById("rent-kind-slice").hidden = !current.sharing;
     document.getElementById("rent-kind-bid").hidden = current.minBid === null;
-    document.getElementById("rent-min-bid").textContent = current.minBid === null ? "" : money(current.minBid);
+    document.getElementById("rent-min-bid").textContent = current.minBid === null ? "" : rate(current.minBid);
     form.bid_price.value = current.minBid === null ? "" : (current.minBid / 1e6).toString();
     form.querySelector("input[name=rent_kind][value=whole]").checked = current.free > 0 || !current.sharing;
     form.querySelector("input[name=rent_kind][value=slice]").checked = current.free === 0 && current.sharing;

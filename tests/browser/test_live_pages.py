@@ -11,8 +11,8 @@ from playwright.sync_api import expect
 
 from billing.credits import credit_grant
 from billing.selectors import team_balance
+from billing.templatetags.billing_money import usd
 from marketplace.models import Membership
-from marketplace.templatetags.console import usd
 from tests.browser.test_rent_flow import log_in
 from tests.conftest import key_client
 from tests.marketplace.conftest import fund, machine_for

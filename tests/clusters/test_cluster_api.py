@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from billing.usd import format_usd
+from billing.usd import format_amount
 from hosts.models import Gpu, Machine
 from marketplace.models import ApiKey, Cluster, Deployment, Replica
 from marketplace.services.offers import offer_refresh
@@ -128,7 +128,7 @@ def test_the_console_shows_the_rate_and_hold_before_it_creates(funded, owner_cli
         hours=3,
     )  # fmt: skip
     assert review.status_code == 200 and "$0.75" in page
-    assert format_usd(2 * one.total) in page and 'id="confirm-cluster"' in page
+    assert format_amount(2 * one.total) in page and 'id="confirm-cluster"' in page
     assert not Cluster.objects.exists()  # reviewing writes nothing
 
     # The machine leaves the market before the confirm: the cluster is made, its replicas wait.

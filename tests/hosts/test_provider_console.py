@@ -36,7 +36,7 @@ def test_provider_adds_confirms_prices_and_lists_a_machine_in_the_console(
     assert 'name="port_range_start"' in page and 'value="20000"' in page
     client.post(
         f"/machines/{machine.pk}/terms/",
-        {"price": "0.85", "storage_price": "0.10", "min_gpus": "1", "location": "EU",
+        {"price": "0.85", "storage_price": "0.10", "min_gpus": "1", "location": "DE",
          "port_range_start": "30000", "port_range_end": "30099"},
     )  # fmt: skip
     client.post(f"/machines/{machine.pk}/list/")

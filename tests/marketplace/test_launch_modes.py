@@ -5,6 +5,7 @@ with a reason saying so, and no ssh line or token URL is shown for it."""
 from __future__ import annotations
 
 import base64
+import socket
 import subprocess
 import time
 
@@ -111,6 +112,20 @@ def test_ssh_mode_lets_the_renter_log_in_with_the_team_key(
     stranger = make_key(tmp_path / "stranger")
     with pytest.raises(paramiko.AuthenticationException):
         login(machine.address, port, stranger, shown)
+
+
+def test_ssh_mode_shows_running_only_once_sshd_answers(funded_team, machine, ssh_image):
+    """The bootstrap makes host keys before sshd listens: until then the instance says
+    "Starting sshd" and stays launching, so the first connection after *running* gets sshd's
+    banner, not a refusal."""
+    client = key_client(funded_team)
+    body = rent(client, machine, image=ssh_image, launch_mode="ssh")
+    assert body["state"] == "running", body["status_message"]
+    port = PortAllocation.objects.get(instance_id=body["id"], container_port=22).host_port
+    with socket.create_connection((machine.address, port), timeout=5) as connection:
+        connection.settimeout(5)
+        assert connection.recv(64).startswith(b"SSH-2.0-")
+    assert body["status_message"] == "Container started; sshd answers"
 
 
 @pytest.mark.parametrize(

@@ -115,6 +115,40 @@ def test_filters_combine_and_units_are_as_documented(api, market):
     ]  # fmt: skip
 
 
+@pytest.fixture
+def families(provider):
+    """A100s of two models beside an A10 and an A100 no one lists."""
+    return {
+        "sxm": offer_on(provider, "sxm", gpu_name="NVIDIA A100-SXM4-80GB", price=1.5),
+        "pcie": offer_on(provider, "pcie", gpu_name="NVIDIA A100-PCIE-40GB", price=1.1),
+        "a10": offer_on(provider, "a10", gpu_name="NVIDIA A10", price=0.4),
+        "off": offer_on(provider, "off", gpu_name="NVIDIA A100-SXM4-40GB", listed=False),
+        "rtx": offer_on(provider, "rtx", price=0.3),
+    }
+
+
+@pytest.mark.parametrize("console_or_api", ["api", "console"])
+def test_a_gpu_family_matches_its_models_and_exact_names_stay_exact(
+    api, console, families, console_or_api
+):
+    def found(q: str) -> list[str]:
+        if console_or_api == "api":
+            return sorted(machines(search(api, q)))
+        found_ids = set(page_machines(console.get("/offers/", {"q": q})))
+        return sorted(name for name, offer in families.items() if offer.machine_id in found_ids)
+
+    assert found("gpu_name=A100") == ["pcie", "sxm"]
+    assert found("gpu_name=a100 -o dph_total") == ["pcie", "sxm"]
+    assert found("gpu_name=A100-SXM4-80GB") == ["sxm"]
+    assert found("gpu_name=A10") == ["a10"]  # not the A100s: a family ends at - or a space
+    assert found("gpu_name in [A10,RTX_4090]") == ["a10", "rtx"]
+    assert found("gpu_name!=A100") == ["a10", "rtx"]
+    assert found("gpu_name notin [A100,A10]") == ["rtx"]
+    assert found("gpu_name=H100") == []
+    # Unlisted offers too, where the search asks for them (matched by prefix there).
+    assert found("gpu_name=A100 rentable=any") == ["off", "pcie", "sxm"]
+
+
 def test_duration_is_days_until_the_end_date_and_no_end_date_is_forever(api, market):
     assert "quad" not in machines(search(api, "duration>=7"))
     assert "eight" in machines(search(api, "duration>=7"))
@@ -184,6 +218,8 @@ def test_a_search_like_an_earlier_one_answers_with_its_own_values(api, market, p
         "",
         "rentable=any -o dph_total",
         "num_gpus>=2 gpu_name=RTX_4090 reliability>0.98 dph_total<4 geolocation in [US,CA,EU]",
+        "gpu_name=A100 -o dph_total",
+        "gpu_name notin [A100,RTX] rentable=any",
         "geolocation notin [US,CA] verified=false -o reliability-",
         "num_gpus!=2 min_bid!=0.5 -o gpu_total_ram-,disk_space",
         "cpu_cores_effective>=8 cpu_ram<=1000 storage_cost<=0.1 sharing=false -o score",

@@ -11,9 +11,9 @@ from django.utils import timezone
 from billing.holds import hold_capture_usage
 from billing.models import Entry
 from billing.selectors import invoice_for_month, team_balance
+from billing.templatetags.billing_money import rate, usd
 from marketplace.models import Membership
 from marketplace.services.pricing import SECONDS_PER_MONTH
-from marketplace.templatetags.console import usd
 from tests.conftest import client_for, key_client
 from tests.marketplace.conftest import machine_for
 from tests.marketplace.test_rental_lifecycle import rented
@@ -52,7 +52,7 @@ def test_the_overview_shows_credit_what_runs_its_hourly_cost_spend_and_the_hosts
     assert text(html, "overview-running") == "1 instance"
     storage_hour = (rental.storage_price_per_gb_month * rental.disk_gb * 3600 * 2 + SECONDS_PER_MONTH) // (2 * SECONDS_PER_MONTH)  # fmt: skip
     hourly = rental.price_per_gpu_hour * rental.gpu_count + storage_hour
-    assert text(html, "overview-per-hour") == usd(hourly)
+    assert text(html, "overview-per-hour") == rate(hourly)
     # What the month's invoice adds up to, and today's bar in the spend chart.
     month = invoice_for_month(Entry.objects.filter(team=funded_team), timezone.localdate())
     assert month.total >= 400_000
