@@ -110,7 +110,7 @@ def test_free_text_regions_become_countries_or_are_cleared_saying_so(team):
     }  # fmt: skip
     machines = {key: listed_machine(team, key, location=text) for key, text in regions.items()}
     hosts_step = importlib.import_module("hosts.migrations.0014_region_is_a_country")
-    offers_step = importlib.import_module("marketplace.migrations.0023_offer_region_is_a_country")
+    offers_step = importlib.import_module("marketplace.migrations.0024_offer_region_is_a_country")
     hosts_step.regions_to_countries(apps, None)
     offers_step.offers_follow_machines(apps, None)
 

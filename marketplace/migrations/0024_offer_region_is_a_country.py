@@ -13,7 +13,7 @@ def offers_follow_machines(apps, schema_editor):
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("marketplace", "0022_team_env_vars"),
+        ("marketplace", "0023_serverless"),
         ("hosts", "0014_region_is_a_country"),
     ]
 
