@@ -99,6 +99,8 @@ class TransferKind(models.TextChoices):
     RELEASE = "release", "Hold released"
     VOID = "void", "Hold voided"
     PAYOUT = "payout", "Payout"
+    # Credit one team sends another (both teams of the person who sends it).
+    TEAM_TRANSFER = "team_transfer", "Credit sent between teams"
 
 
 class UsageKind(models.TextChoices):

@@ -156,8 +156,13 @@ class Ask(RenterView):
         responses={200: ANY_JSON},
     )
     def put(self, request, offer_id: int):
-        order = rent_order(self.team, self.body(), offer_id)
-        rental = rental_create(team=self.team, request=order)
+        from marketplace.vast.volumes import rent_with_volume
+
+        def rent(body):
+            order = rent_order(self.team, body, offer_id)
+            return rental_create(team=self.team, request=order)
+
+        rental = rent_with_volume(self, offer_id, rent)
         return Response({"success": True, "new_contract": rental.instance_id})
 
 
@@ -197,7 +202,12 @@ def rent_order(team, body: dict[str, Any], offer_id: int) -> RentalRequest:
         from marketplace.vast.templates import rent_body_from_template
 
         body = rent_body_from_template(team, body)
+    from marketplace.vast.volumes import with_linked_volume
+
+    body = with_linked_volume(body)  # --link-volume (a new one was made and linked already)
     fields = shapes.rental_fields(body)
+    if body.get("volumes"):
+        fields["volumes"] = body["volumes"]
     offer = Offer.objects.filter(pk=offer_id).first()  # a bundle: exactly its GPUs
     if offer is None:
         raise NotFound(f"There is no offer {offer_id}; search offers for current ids.")

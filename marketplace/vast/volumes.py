@@ -1,0 +1,422 @@
+"""``vastai search/create/show/delete volume(s)`` and ``create instance --create-volume /
+--link-volume``, over the volumes of /api/v1/volumes/ (marketplace/services/volumes.py).
+
+vast.ai's volume offer is a slice of a machine's disk a host lists for volumes; here every
+listed machine offers the part of its free disk no volume has been promised, at its storage
+price. So a volume offer is a machine: its id is the machine's id (as ``machine_id`` is too),
+``disk_space`` the GB a new volume there may take, ``storage_cost`` its $/GB/month. A vast user
+reads the same thing from the table: where a volume can go, how big, at what price, and
+``create volume <offer id>`` puts it there. A volume here lives on that one machine and is
+mounted by rentals on it, as vast.ai's local volumes are; there are no network volumes.
+
+vast.ai keeps a volume until it is deleted; ours is held (and charged) for a period. The CLI's
+volumes are held for 30 days, or until the machine's end date when that comes sooner, and are
+extended through /api/v1/volumes/<id>/extend/.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from typing import Any
+
+from django.utils import timezone
+from drf_spectacular.utils import extend_schema
+from rest_framework.exceptions import APIException, NotFound
+from rest_framework.response import Response
+
+from billing.money import MICRO_PER_DOLLAR
+from hosts.models import Machine, MachineStatus
+from hosts.runtime.volumes import MAX_VOLUME_GB
+from marketplace.models import Offer, Volume, VolumeState
+from marketplace.models.rentals import all_free_offers, machine_offer
+from marketplace.services.volumes import (
+    DEFAULT_VOLUME_HOURS,
+    volume_create,
+    volume_delete,
+    volume_room_gb,
+)
+from marketplace.tenancy import team_objects
+from marketplace.vast import shapes
+from marketplace.vast.errors import Refused
+from marketplace.vast.views import ANY_JSON, RenterView
+
+MAX_ID = 2**63 - 1
+# vast.ai's query operators, as the CLI's parse_query writes them.
+OPERATORS = {
+    "eq": lambda have, want: have == want,
+    "neq": lambda have, want: have != want,
+    "gt": lambda have, want: have is not None and have > want,
+    "gte": lambda have, want: have is not None and have >= want,
+    "lt": lambda have, want: have is not None and have < want,
+    "lte": lambda have, want: have is not None and have <= want,
+    "in": lambda have, want: have in want,
+    "notin": lambda have, want: have not in want,
+}
+# How long a volume made through the CLI is held for (see the module's note).
+CLI_VOLUME_HOURS = DEFAULT_VOLUME_HOURS
+# A rental with --create-volume waits this long for its host to make the volume.
+NEW_VOLUME_PATIENCE_S = 90
+
+
+# --- volume offers ---------------------------------------------------------------------------
+
+
+def offer_row(machine: Machine) -> dict[str, Any]:
+    """A machine as ``search volumes`` reads a volume offer."""
+    offer = machine_offer(machine)
+    base = shapes.offer_row(offer) if isinstance(offer, Offer) else {}
+    keep = (
+        "cuda_max_good", "driver_version", "inet_up", "inet_down", "disk_bw", "gpu_name",
+        "total_flops", "static_ip", "datacenter", "score",
+    )  # fmt: skip
+    return {
+        **{key: base.get(key) for key in keep},
+        "id": machine.pk,
+        "ask_contract_id": machine.pk,
+        "machine_id": machine.pk,
+        "host_id": machine.team_id,
+        "disk_space": float(volume_room_gb(machine)),
+        "storage_cost": machine.storage_price_per_gb_month / MICRO_PER_DOLLAR,
+        "reliability": float(machine.reliability),
+        "reliability2": float(machine.reliability),
+        "geolocation": machine.location,
+        "duration": shapes.seconds_until(machine.end_date),
+        "end_date": machine.end_date.timestamp() if machine.end_date else None,
+        "verified": True,
+        "verification": "verified",
+        "external": False,
+        "rentable": True,
+    }
+
+
+NUMBER, TEXT, FLAG = "a number", "text", "true or false"
+# The fields of a volume offer, and what their values are.
+OFFER_FIELDS = {
+    "id": NUMBER, "ask_contract_id": NUMBER, "machine_id": NUMBER, "host_id": NUMBER,
+    "disk_space": NUMBER, "storage_cost": NUMBER, "reliability": NUMBER, "reliability2": NUMBER,
+    "duration": NUMBER, "end_date": NUMBER, "cuda_max_good": NUMBER, "inet_up": NUMBER,
+    "inet_down": NUMBER, "disk_bw": NUMBER, "total_flops": NUMBER, "score": NUMBER,
+    "geolocation": TEXT, "driver_version": TEXT, "gpu_name": TEXT, "verification": TEXT,
+    "verified": FLAG, "external": FLAG, "rentable": FLAG, "static_ip": FLAG, "datacenter": FLAG,
+}  # fmt: skip
+
+
+def is_kind(value: Any, kind: str) -> bool:
+    if kind == FLAG:
+        return isinstance(value, bool)
+    if kind == TEXT:
+        return isinstance(value, str)
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def query_check(query: dict[str, Any]) -> None:
+    """Each condition names a field of a volume offer, a known operator and values of the
+    field's kind: 400 naming the field otherwise."""
+    for name, condition in query.items():
+        kind = OFFER_FIELDS.get(name)
+        if kind is None:
+            raise Refused(
+                f"unknown field {str(name)[:40]!r}: volume offers here have "
+                f"{', '.join(sorted(OFFER_FIELDS))}.",
+                field=str(name)[:40],
+            )
+        if not isinstance(condition, dict) or not condition:
+            raise Refused(f"{name}: a condition like {{'gte': 10}}.", field=name)
+        for op, wanted in condition.items():
+            if op not in OPERATORS:
+                raise Refused(f"{name}: unknown operator {str(op)[:20]!r}.", field=name)
+            values = wanted if op in ("in", "notin") else [wanted]
+            if not isinstance(values, list) or not all(is_kind(v, kind) for v in values):
+                many = " (a list of them)" if op in ("in", "notin") else ""
+                raise Refused(f"{name} {op}: {kind}{many}.", field=name)
+
+
+def matches(row: dict[str, Any], query: dict[str, Any]) -> bool:
+    return all(
+        OPERATORS[op](row[name], wanted)
+        for name, condition in query.items()
+        for op, wanted in condition.items()
+    )
+
+
+def ordered(rows: list[dict[str, Any]], order: Any) -> list[dict[str, Any]]:
+    if order in (None, []):
+        return rows
+    if not isinstance(order, list) or not all(
+        isinstance(pair, list)
+        and len(pair) == 2
+        and isinstance(pair[0], str)
+        and pair[1] in ("asc", "desc")
+        for pair in order
+    ):
+        raise Refused('order is a list of [field, "asc" or "desc"].', field="order")
+    for name, direction in reversed(order):
+        if name not in OFFER_FIELDS:
+            raise Refused(f"unknown field {str(name)[:40]!r} to order by.", field="order")
+        present = [row for row in rows if row.get(name) is not None]
+        absent = [row for row in rows if row.get(name) is None]
+        present.sort(key=lambda row: row[name], reverse=direction == "desc")
+        rows = present + absent  # no value sorts last either way
+    return rows
+
+
+class VolumeSearch(RenterView):
+    """``vastai search volumes``: where a volume can go (see the module's note)."""
+
+    read_only_methods = frozenset({"POST"})  # a search with a JSON body
+    throttle_scope = "offer_search"
+
+    @extend_schema(
+        summary="vast.ai: search volumes",
+        request={"application/json": ANY_JSON},
+        responses={200: ANY_JSON},
+    )
+    def post(self, request):
+        query = dict(self.body())
+        order = query.pop("order", None)
+        limit = query.pop("limit", 64)
+        storage = query.pop("allocated_storage", 1.0)
+        if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= 1000:
+            raise Refused("--limit is between 1 and 1000.", field="limit")
+        if (
+            not isinstance(storage, int | float)
+            or isinstance(storage, bool)
+            or not math.isfinite(storage)
+            or storage < 0
+        ):
+            raise Refused("--storage is a number of GB.", field="storage")
+        machines = (
+            Machine.objects.filter(listed=True, status=MachineStatus.ONLINE)
+            .prefetch_related(all_free_offers())
+            .order_by("pk")
+        )
+        query_check(query)
+        found = [row for row in map(offer_row, machines) if matches(row, query)]
+        return Response({"offers": ordered(found, order)[:limit]})
+
+
+# --- the team's volumes ----------------------------------------------------------------------
+
+
+def volume_row(volume: Volume) -> dict[str, Any]:
+    """A volume as ``show volumes`` reads it (``start_date`` is required by the CLI)."""
+    machine = volume.machine
+    return {
+        "id": volume.pk,
+        "label": volume.name,
+        "name": volume.name,
+        "disk_space": float(volume.size_gb),
+        "status": volume.state,
+        "machine_id": volume.machine_id,
+        "host_id": volume.provider_team_id,
+        "geolocation": machine.location,
+        "reliability2": float(machine.reliability),
+        "storage_cost": volume.storage_price_per_gb_month / MICRO_PER_DOLLAR,
+        "start_date": volume.created_at.timestamp(),
+        "end_date": volume.ends_at.timestamp(),
+        "instances": sorted(
+            mount.instance_id
+            for mount in volume.mounts.all()
+            if mount.instance.state != "destroyed"
+        ),
+        "verification": "verified",
+    }
+
+
+def whole(value: Any, flag: str, low: int, high: int) -> int:
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise Refused(f"{flag} is a whole number from {low} to {high}.", field=flag.lstrip("-"))
+    return value
+
+
+def volume_hours(machine_id: int) -> float:
+    """30 days, or until the machine's end date when that comes sooner (at least an hour;
+    the service refuses a machine whose end is nearer)."""
+    end = Machine.objects.filter(pk=machine_id).values_list("end_date", flat=True).first()
+    hours = float(CLI_VOLUME_HOURS)
+    if end is not None:
+        left = (end - timezone.now()).total_seconds() / 3600
+        hours = min(hours, max(math.floor(left * 100) / 100 - 0.01, 1.0))
+    return hours
+
+
+def new_volume(view: RenterView, offer_id: Any, size: Any, name: Any) -> Volume:
+    """A volume on the volume offer's machine (the team's role and key are checked as for any
+    write of this view)."""
+    machine_id = whole(offer_id, "id", 1, MAX_ID)
+    size_gb = whole(size, "--size", 1, MAX_VOLUME_GB)
+    if name in (None, ""):
+        name = f"volume-{uuid.uuid4().hex[:8]}"
+    if not isinstance(name, str):
+        raise Refused("--name is text.", field="name")
+    membership = getattr(view.request, "membership", None)
+    return volume_create(
+        team=view.team,
+        user=membership.user if membership is not None else None,
+        machine_id=machine_id,
+        name=name,
+        size_gb=size_gb,
+        hours=volume_hours(machine_id),
+    )
+
+
+class Volumes(RenterView):
+    """``show volumes`` (GET), ``create volume`` (PUT), ``delete volume`` (DELETE ?id=)."""
+
+    def team_volumes(self):
+        return team_objects(
+            self.team,
+            Volume.objects.exclude(state=VolumeState.DELETED)
+            .select_related("machine")
+            .prefetch_related("mounts__instance"),
+        )
+
+    @extend_schema(summary="vast.ai: show volumes", responses={200: ANY_JSON})
+    def get(self, request):
+        kind = request.query_params.get("type", "all_volume")
+        if kind not in ("all_volume", "local_volume", "network_volume"):
+            raise Refused('--type is "local", "network" or "all".', field="type")
+        if kind == "network_volume":  # none here: every volume is on its machine's disk
+            return Response({"volumes": []})
+        return Response({"volumes": [volume_row(v) for v in self.team_volumes().order_by("pk")]})
+
+    @extend_schema(
+        summary="vast.ai: create volume",
+        request={"application/json": ANY_JSON},
+        responses={200: ANY_JSON},
+    )
+    def put(self, request):
+        body = self.body()
+        volume = new_volume(self, body.get("id"), body.get("size", 15), body.get("name"))
+        return Response(
+            {
+                "success": True,
+                "volume_id": volume.pk,
+                "id": volume.pk,
+                "name": volume.name,
+                "size": volume.size_gb,
+                "status": volume.state,
+            }
+        )
+
+    @extend_schema(summary="vast.ai: delete volume", responses={200: ANY_JSON})
+    def delete(self, request):
+        raw = request.query_params.get("id", "")
+        if not raw.isdigit() or len(raw) > 18:
+            raise Refused("id is the volume's id, a whole number.", field="id")
+        volume = self.team_volumes().filter(pk=int(raw)).first()
+        if volume is None:
+            raise NotFound(f"Volume {raw} is not one of your team's volumes.")
+        volume_delete(volume=volume)
+        return Response({"success": True, "msg": f"Volume {volume.pk} deleted."})
+
+
+class VolumeClone(RenterView):
+    """``vastai clone volume``: refused, saying why and what to do instead."""
+
+    @extend_schema(
+        summary="vast.ai: clone volume",
+        request={"application/json": ANY_JSON},
+        responses={400: ANY_JSON},
+    )
+    def post(self, request):
+        self.body()
+        raise Refused(
+            "clone volume is not offered: a volume here is an image on its machine's disk, "
+            "copied by no one but its renter. Create a volume (create volume) and copy the "
+            "files with an instance that mounts it.",
+            field="src_id",
+        )
+
+
+# --- create instance --create-volume / --link-volume -------------------------------------------
+
+
+class VolumeNotReady(APIException):
+    status_code = 503
+    default_code = "volume_not_ready"
+
+
+def mount_of(body: dict[str, Any]) -> tuple[dict[str, Any], Any] | None:
+    """The CLI's ``volume_info`` → (the mount's fields, whether a new volume is asked for)."""
+    info = body.get("volume_info")
+    if info in (None, {}):
+        return None
+    if not isinstance(info, dict):
+        raise Refused("volume_info is an object.", field="volume_info")
+    path = info.get("mount_path")
+    if not isinstance(path, str) or not path:
+        raise Refused("--mount-path is the path to mount the volume at.", field="mount-path")
+    return info, path
+
+
+def with_linked_volume(body: dict[str, Any]) -> dict[str, Any]:
+    """``--link-volume <id> --mount-path <path>``: mount the team's volume (the body given to
+    the rent request)."""
+    found = mount_of(body)
+    if found is None:
+        return body
+    info, path = found
+    if info.get("create_new"):
+        raise Refused(
+            "--create-volume makes one volume on one machine: create instance takes it, "
+            "create instances does not.",
+            field="create-volume",
+        )
+    volume_id = whole(info.get("volume_id"), "--link-volume", 1, MAX_ID)
+    return {**body, "volumes": [{"volume": volume_id, "target": path}]}
+
+
+def create_volume_for(view: RenterView, body: dict[str, Any], offer_id: int):
+    """``--create-volume <volume offer> [--volume-size N] --mount-path <path>``: a new volume
+    on the instance's machine, made on its host before the rental mounts it. Returns the body
+    to rent with (linking the new volume) and the volume, or (body, None) when none is asked
+    for. The volume offer must be the instance's machine: a volume mounts only there."""
+    found = mount_of(body)
+    if found is None or not found[0].get("create_new"):
+        return body, None
+    info, path = found
+    offer = Offer.objects.filter(pk=offer_id).first()
+    if offer is None:
+        raise NotFound(f"There is no offer {offer_id}; search offers for current ids.")
+    volume_offer = whole(info.get("volume_id"), "--create-volume", 1, MAX_ID)
+    if volume_offer != offer.machine_id:
+        raise Refused(
+            f"--create-volume names volume offer {volume_offer}, but offer {offer_id} is on "
+            f"machine {offer.machine_id}: a volume mounts only on its own machine, so use "
+            f"volume offer {offer.machine_id}.",
+            field="create-volume",
+        )
+    volume = new_volume(view, volume_offer, info.get("size", 15), info.get("name"))
+    deadline = time.monotonic() + NEW_VOLUME_PATIENCE_S
+    state = volume.state
+    while state == VolumeState.CREATING and time.monotonic() < deadline:
+        time.sleep(0.25)  # the worker makes it on the host (volume_build)
+        state = Volume.objects.values_list("state", flat=True).get(pk=volume.pk)
+    if state != VolumeState.READY:
+        if state == VolumeState.CREATING:
+            volume_delete(volume=volume)
+        failure = Volume.objects.values_list("failure", flat=True).get(pk=volume.pk)
+        raise VolumeNotReady(
+            f"The host did not make the volume: {failure or 'it did not answer in time'}. "
+            "Nothing was rented, and the volume is not charged."
+        )
+    linked = {**body, "volume_info": {**info, "create_new": False, "volume_id": volume.pk}}
+    return with_linked_volume(linked), volume
+
+
+def rent_with_volume(view: RenterView, offer_id: int, rent) -> Any:
+    """``rent(body)`` with the body's new volume made first; a rental that fails deletes the
+    volume it made, so nothing is left or charged."""
+    body, volume = create_volume_for(view, view.body(), offer_id)
+    if volume is None:
+        return rent(body)
+    try:
+        return rent(body)
+    except Exception:
+        volume_delete(volume=Volume.objects.get(pk=volume.pk))
+        raise
