@@ -160,7 +160,11 @@ class Invite(TeamView):
 
     required_role = Role.ADMIN
 
-    @extend_schema(summary="vast.ai: invite member", responses={200: ANY_JSON})
+    @extend_schema(
+        summary="vast.ai: invite member",
+        request={"application/json": ANY_JSON},
+        responses={200: ANY_JSON},
+    )
     def post(self, request):
         email = request.query_params.get("email", "")
         try:
@@ -192,7 +196,11 @@ class Roles(TeamView):
             [role_row(role) for role in (Role.OWNER, Role.ADMIN, Role.MEMBER, Role.VIEWER)]
         )
 
-    @extend_schema(summary="vast.ai: create team-role", responses={400: ANY_JSON})
+    @extend_schema(
+        summary="vast.ai: create team-role",
+        request={"application/json": ANY_JSON},
+        responses={400: ANY_JSON},
+    )
     def post(self, request):
         raise Refused(f"create team-role is not offered. {FIXED_ROLES}", field="name")
 
@@ -201,18 +209,31 @@ class RoleDetail(TeamView):
     """``show team-role NAME``; ``update team-role ID`` and ``remove team-role NAME`` are
     refused (the roles are fixed)."""
 
+    @staticmethod
+    def role(name: str) -> Role:
+        """A role by its name, or by its id in ``show team-roles`` (update team-role's)."""
+        by_id = {str(row["id"]): row["name"] for row in map(role_row, Role)}
+        found = by_id.get(name, name.lower())
+        if found not in Role.values:
+            raise NotFound(f"There is no role {name[:40]!r}. {FIXED_ROLES}")
+        return Role(found)
+
     @extend_schema(summary="vast.ai: show team-role", responses={200: ANY_JSON})
     def get(self, request, name: str):
-        if name.lower() not in Role.values:
-            raise NotFound(f"There is no role {name[:40]!r}. {FIXED_ROLES}")
-        return Response(role_row(Role(name.lower())))
+        return Response(role_row(self.role(name)))
 
-    @extend_schema(summary="vast.ai: update team-role", responses={400: ANY_JSON})
+    @extend_schema(
+        summary="vast.ai: update team-role",
+        request={"application/json": ANY_JSON},
+        responses={400: ANY_JSON},
+    )
     def put(self, request, name: str):
+        self.role(name)
         raise Refused(f"update team-role is not offered. {FIXED_ROLES}", field="name")
 
     @extend_schema(summary="vast.ai: remove team-role", responses={400: ANY_JSON})
     def delete(self, request, name: str):
+        self.role(name)
         raise Refused(f"remove team-role is not offered. {FIXED_ROLES}", field="name")
 
 
