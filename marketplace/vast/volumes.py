@@ -111,9 +111,21 @@ def is_kind(value: Any, kind: str) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def query_check(query: dict[str, Any]) -> None:
+def as_kind(value: Any, kind: str) -> Any:
+    """The CLI's parse_query sends numbers as it read them, as text ("1", "5.5"): a number
+    field takes those as numbers."""
+    if kind == NUMBER and isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    return value
+
+
+def query_check(query: dict[str, Any]) -> dict[str, Any]:
     """Each condition names a field of a volume offer, a known operator and values of the
-    field's kind: 400 naming the field otherwise."""
+    field's kind: 400 naming the field otherwise. Returns the query with numbers as numbers."""
+    checked: dict[str, Any] = {}
     for name, condition in query.items():
         kind = OFFER_FIELDS.get(name)
         if kind is None:
@@ -127,10 +139,15 @@ def query_check(query: dict[str, Any]) -> None:
         for op, wanted in condition.items():
             if op not in OPERATORS:
                 raise Refused(f"{name}: unknown operator {str(op)[:20]!r}.", field=name)
-            values = wanted if op in ("in", "notin") else [wanted]
+            many = op in ("in", "notin")
+            values = wanted if many else [wanted]
+            if isinstance(values, list):
+                values = [as_kind(value, kind) for value in values]
             if not isinstance(values, list) or not all(is_kind(v, kind) for v in values):
-                many = " (a list of them)" if op in ("in", "notin") else ""
-                raise Refused(f"{name} {op}: {kind}{many}.", field=name)
+                also = " (a list of them)" if many else ""
+                raise Refused(f"{name} {op}: {kind}{also}.", field=name)
+            checked.setdefault(name, {})[op] = values if many else values[0]
+    return checked
 
 
 def matches(row: dict[str, Any], query: dict[str, Any]) -> bool:
@@ -192,7 +209,7 @@ class VolumeSearch(RenterView):
             .prefetch_related(all_free_offers())
             .order_by("pk")
         )
-        query_check(query)
+        query = query_check(query)
         found = [row for row in map(offer_row, machines) if matches(row, query)]
         return Response({"offers": ordered(found, order)[:limit]})
 
