@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from django.urls import path, re_path
 
-from marketplace.vast import hosting, keys, teams, templates, views, volumes
+from marketplace.vast import hosting, keys, launch, teams, templates, views, volumes
 from marketplace.vast.errors import vast_not_found
 from marketplace.vast.schema import schema_view
 
@@ -87,5 +87,6 @@ urlpatterns = [
         name="vast-team-role",
     ),
     path("commands/transfer_credit/", teams.TransferCredit.as_view(), name="vast-transfer-credit"),
+    path("launch_instance/", launch.LaunchInstance.as_view(), name="vast-launch"),
     re_path(r"^.*$", vast_not_found),
 ]

@@ -1108,6 +1108,8 @@ EXEMPT: dict[str, str] = {
     "vast-team-roles": "the four fixed roles, the same for every team; creating one is refused",
     "vast-team-roles-full": "the four fixed roles, the same for every team",
     "vast-team-role": "one of the four fixed roles; changing or removing one is refused",
+    "vast-launch": "search and rent in one call: renting another team's listed machine is the "
+    "product, as vast-ask (tests/vast/test_launch.py)",
     "vast-volume-search": "the public market of volume offers (listed machines' free disk), "
     "as vast-bundles",
     "vast-volume-clone": "refused to everyone (clone volume is not offered); reads no volume",
