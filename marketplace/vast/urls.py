@@ -8,7 +8,16 @@ from __future__ import annotations
 
 from django.urls import path, re_path
 
-from marketplace.vast import hosting, keys, launch, teams, templates, views, volumes
+from marketplace.vast import (
+    hosting,
+    keys,
+    launch,
+    ssh_keys,
+    teams,
+    templates,
+    views,
+    volumes,
+)
 from marketplace.vast.errors import vast_not_found
 from marketplace.vast.schema import schema_view
 
@@ -40,7 +49,7 @@ urlpatterns = [
         name="vast-instance-ssh-key",
     ),
     path("ssh/", views.SshKeys.as_view(), name="vast-ssh-keys"),
-    path("ssh/<id:pk>/", views.SshKeyDetail.as_view(), name="vast-ssh-key"),
+    path("ssh/<id:pk>/", ssh_keys.SshKeyDetail.as_view(), name="vast-ssh-key"),
     re_path(r"^machines/?$", hosting.Machines.as_view(), name="vast-machines"),
     path("machines/create_asks/", hosting.CreateAsks.as_view(), name="vast-machine-list"),
     re_path(r"^machines/maintenances/?$", hosting.Maintenances.as_view(), name="vast-maintenances"),

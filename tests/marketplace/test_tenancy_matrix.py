@@ -1048,7 +1048,10 @@ MATRIX: dict[str, list[Check]] = {
         )
     ],
     "vast-ssh-keys": [Listing(lambda w: "/api/v0/ssh/", lambda w: [w.ssh_key.pk])],
-    "vast-ssh-key": [Obj(lambda w: f"/api/v0/ssh/{w.ssh_key.pk}/", "delete")],
+    "vast-ssh-key": [
+        Obj(lambda w: f"/api/v0/ssh/{w.ssh_key.pk}/", "delete"),
+        Obj(lambda w: f"/api/v0/ssh/{w.ssh_key.pk}/", "put", {"ssh_key": SOME_KEY}),
+    ],
     "vast-machines": [Listing(lambda w: "/api/v0/machines?owner=me", lambda w: [w.machine.pk])],
     "vast-machine-list": [Custom(check_vast_list_machine)],
     "vast-machine-unlist": [Obj(lambda w: f"/api/v0/machines/{w.machine.pk}/asks/", "delete")],

@@ -248,3 +248,27 @@ def launch(cli, table, wait_for_state) -> None:
         run.output,
     )
     destroy(cli, instance.pk if instance else 0, wait_for_state)
+
+
+def update_ssh_key(cli, table, team, tmp_path) -> None:
+    """``update ssh-key``: the team key's new public key."""
+    from marketplace.models import SshKey
+    from marketplace.services.ssh_keys import ssh_key_add
+    from tests.marketplace.test_launch_modes import make_key
+
+    make_key(tmp_path / "id_old")
+    make_key(tmp_path / "id_new")
+    old = (tmp_path / "id_old.pub").read_text().strip()
+    new = (tmp_path / "id_new.pub").read_text().strip()
+    key = ssh_key_add(team=team, name="rotating", public_key=old)
+    run = cli("update", "ssh-key", str(key.pk), new)
+    key = SshKey.objects.filter(pk=key.pk).first()
+    table.works(
+        "update ssh-key <id> <public key>",
+        "the team's key gets the new public key under its name (instances launched from now "
+        "get it)",
+        key is not None and key.public_key == " ".join(new.split()[:3]) and key.name == "rotating",
+        run.output,
+    )
+    if key is not None:
+        cli("delete", "ssh-key", str(key.pk))

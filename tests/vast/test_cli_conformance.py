@@ -156,6 +156,7 @@ def test_the_vastai_cli_drives_the_marketplace(
         launch_modes(cli, table, spare, tmp_path)
         interruptible(cli, table, spare, main, key_for(provider_team))
         ssh_keys(cli, table, funded_team)
+        more.update_ssh_key(cli, table, funded_team, tmp_path)
         more.volumes(cli, table, spare, str(offer_id(cli, spare, 1)), wait_for_state)
         more.launch(cli, table, wait_for_state)
         invoices(cli, table)
