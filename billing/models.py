@@ -110,6 +110,8 @@ class TransferKind(models.TextChoices):
     PAYOUT = "payout", "Payout"
     PAYOUT_REQUEST = "payout_request", "Payout requested"
     PAYOUT_REJECT = "payout_reject", "Payout rejected"
+    # Credit one team sends another (both teams of the person who sends it).
+    TEAM_TRANSFER = "team_transfer", "Credit sent between teams"
 
 
 class UsageKind(models.TextChoices):

@@ -53,6 +53,18 @@ def ssh_key_add(*, team: Team, name: str, public_key: str) -> SshKey:
     )
 
 
+def ssh_key_replace(*, key: SshKey, public_key: str) -> SshKey:
+    """A new public key under the same name (instances launched from now get it; running ones
+    keep the keys they were given)."""
+    fingerprint = ssh_key_fingerprint(public_key)
+    taken = SshKey.objects.filter(team_id=key.team_id, fingerprint=fingerprint)
+    if taken.exclude(pk=key.pk).exists():
+        raise ValidationError({"public_key": "This key is already on the team."})
+    key.public_key, key.fingerprint = " ".join(public_key.strip().split()[:3]), fingerprint
+    key.save(update_fields=["public_key", "fingerprint"])
+    return key
+
+
 def team_ssh_public_keys(team_id: int) -> list[str]:
     return list(SshKey.objects.filter(team_id=team_id).values_list("public_key", flat=True))
 

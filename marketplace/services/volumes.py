@@ -67,10 +67,9 @@ def _check_size(size_gb: object) -> int:
     return size_gb
 
 
-def _room_check(machine: Machine, size_gb: int, *, besides: Volume | None = None) -> None:
-    """A machine's volumes together may not exceed the disk its probe found free: each image is
-    sparse and fills as it is written, so sizes promised past the disk would fill the host
-    for every tenant. The caller holds the machine's lock."""
+def volume_room_gb(machine: Machine, *, besides: Volume | None = None) -> int:
+    """The GB of the machine's free disk not yet promised to volumes (what a new volume there
+    may take)."""
     # A volume being removed still takes its disk until the host has removed it.
     others = Volume.objects.filter(
         machine=machine,
@@ -79,7 +78,14 @@ def _room_check(machine: Machine, size_gb: int, *, besides: Volume | None = None
     if besides is not None:
         others = others.exclude(pk=besides.pk)
     promised = others.aggregate(total=Sum("size_gb"))["total"] or 0
-    left = max(machine.disk_free_gb - promised, 0)
+    return max(machine.disk_free_gb - promised, 0)
+
+
+def _room_check(machine: Machine, size_gb: int, *, besides: Volume | None = None) -> None:
+    """A machine's volumes together may not exceed the disk its probe found free: each image is
+    sparse and fills as it is written, so sizes promised past the disk would fill the host
+    for every tenant. The caller holds the machine's lock."""
+    left = volume_room_gb(machine, besides=besides)
     if size_gb > left:
         raise ValidationError(
             {"size_gb": f"Machine {machine.pk} has {left} GB of disk left for volumes."}

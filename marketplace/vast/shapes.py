@@ -190,7 +190,6 @@ UNSUPPORTED_CREATE_OPTIONS = {
     "lang_utf8": ("--lang-utf8", "images run unchanged"),
     "use_jupyter_lab": ("--jupyter-lab", "Jupyter mode starts the image's own Jupyter"),
     "jupyter_dir": ("--jupyter-dir", "Jupyter mode starts the image's own Jupyter"),
-    "volume_info": ("--create-volume/--link-volume", "volumes are not offered through v0"),
     "extra": ("--extra", "it has no meaning here"),
 }
 PORT = re.compile(r"^(?:(\d{1,5}):)?(\d{1,5})(?:/(tcp|udp))?$")

@@ -8,7 +8,17 @@ from __future__ import annotations
 
 from django.urls import path, re_path
 
-from marketplace.vast import hosting, keys, serverless_views, templates, views
+from marketplace.vast import (
+    hosting,
+    keys,
+    launch,
+    serverless_views,
+    ssh_keys,
+    teams,
+    templates,
+    views,
+    volumes,
+)
 from marketplace.vast.errors import vast_not_found
 from marketplace.vast.schema import schema_view
 
@@ -46,7 +56,7 @@ urlpatterns = [
         name="vast-instance-ssh-key",
     ),
     path("ssh/", views.SshKeys.as_view(), name="vast-ssh-keys"),
-    path("ssh/<id:pk>/", views.SshKeyDetail.as_view(), name="vast-ssh-key"),
+    path("ssh/<id:pk>/", ssh_keys.SshKeyDetail.as_view(), name="vast-ssh-key"),
     re_path(r"^machines/?$", hosting.Machines.as_view(), name="vast-machines"),
     path("machines/create_asks/", hosting.CreateAsks.as_view(), name="vast-machine-list"),
     re_path(r"^machines/maintenances/?$", hosting.Maintenances.as_view(), name="vast-maintenances"),
@@ -78,5 +88,21 @@ urlpatterns = [
     re_path(
         r"^users/me/machine-earnings/?$", hosting.MachineEarnings.as_view(), name="vast-earnings"
     ),
+    re_path(r"^volumes/?$", volumes.Volumes.as_view(), name="vast-volumes"),
+    path("volumes/search/", volumes.VolumeSearch.as_view(), name="vast-volume-search"),
+    path("volumes/copy/", volumes.VolumeClone.as_view(), name="vast-volume-clone"),
+    path("team/", teams.Teams.as_view(), name="vast-team"),
+    path("team/members/", teams.Members.as_view(), name="vast-team-members"),
+    path("team/members/<id:user_id>/", teams.Member.as_view(), name="vast-team-member"),
+    path("team/invite/", teams.Invite.as_view(), name="vast-team-invite"),
+    path("team/roles/", teams.Roles.as_view(), name="vast-team-roles"),
+    path("team/roles-full/", teams.Roles.as_view(), name="vast-team-roles-full"),
+    re_path(
+        r"^team/roles/(?P<name>[A-Za-z0-9_.-]{1,64})/$",
+        teams.RoleDetail.as_view(),
+        name="vast-team-role",
+    ),
+    path("commands/transfer_credit/", teams.TransferCredit.as_view(), name="vast-transfer-credit"),
+    path("launch_instance/", launch.LaunchInstance.as_view(), name="vast-launch"),
     re_path(r"^.*$", vast_not_found),
 ]

@@ -48,6 +48,7 @@ from marketplace.vast import bulk, shapes
 from marketplace.vast.errors import Refused, vast_exception_handler
 from marketplace.vast.schema import VastSchema
 from marketplace.vast.template_rent import rent_body_from_template
+from marketplace.vast.volume_mounts import rent_with_volume, with_linked_volume
 from scheduler.models import Instance, InstanceState
 
 ANY_JSON = {"type": "object", "additionalProperties": True}
@@ -157,8 +158,10 @@ class Ask(RenterView):
         responses={200: ANY_JSON},
     )
     def put(self, request, offer_id: int):
-        order = rent_order(self.team, self.body(), offer_id)
-        rented = rental_create(team=self.team, request=order)
+        def rent(body):
+            return rental_create(team=self.team, request=rent_order(self.team, body, offer_id))
+
+        rented = rent_with_volume(self, offer_id, rent)
         return Response({"success": True, "new_contract": rented.rental.instance_id})
 
 
@@ -196,7 +199,10 @@ def rent_order(team, body: dict[str, Any], offer_id: int) -> RentalRequest:
     field for bad settings, 404 for an offer that is not there)."""
     if body.get("template_hash_id"):
         body = rent_body_from_template(team, body)
+    body = with_linked_volume(body)  # --link-volume (a new one was made and linked already)
     fields = shapes.rental_fields(body)
+    if body.get("volumes"):
+        fields["volumes"] = body["volumes"]
     offer = Offer.objects.filter(pk=offer_id).first()  # a bundle: exactly its GPUs
     if offer is None:
         raise NotFound(f"There is no offer {offer_id}; search offers for current ids.")

@@ -302,6 +302,7 @@ def v0_cases(place) -> list[Hostile]:
         for text in (DEEP_ARRAY, DEEP_OBJECT, "{nope"):
             url = f"/api/v0/instances/?{name}={quote(text)}"
             cases.append(Hostile(f"v0 {name} {text[:5]}", "get", url, None, name, vast=True))
+    cases += v0_volume_cases(place, ask)
     for big in BIG_IDS:
         cases.append(
             Hostile(
@@ -313,6 +314,47 @@ def v0_cases(place) -> list[Hostile]:
                 vast=True,
             )
         )
+    return cases
+
+
+def v0_volume_cases(place, ask: str) -> list[Hostile]:
+    """``create/delete/search volume(s)`` and ``create instance --create/link-volume``."""
+    machine_id = place["machine"].pk
+    cases = []
+    for size in [-1, 0, 1.5, 1e309, "1", None, [1], 10**12]:
+        body = {"id": machine_id, "size": size}
+        cases.append(Hostile(f"v0 volume size {size!r:.12}", "put", "/api/v0/volumes/", body,
+                             "size", vast=True))  # fmt: skip
+    for offer in [0, -1, 2**63, "x", 1.5, True]:
+        body = {"id": offer, "size": 1}
+        cases.append(Hostile(f"v0 volume offer {offer!r:.12}", "put", "/api/v0/volumes/", body,
+                             "id", vast=True))  # fmt: skip
+    for name in [5, {"a": 1}, *BAD_NAMES[:3]]:
+        body = {"id": machine_id, "size": 1, "name": name}
+        cases.append(Hostile(f"v0 volume name {name!r:.12}", "put", "/api/v0/volumes/", body,
+                             "name", vast=True))  # fmt: skip
+    for raw in ["abc", "-1", "1" * 30, "%0A"]:
+        cases.append(Hostile(f"v0 delete volume id {raw}", "delete", f"/api/v0/volumes/?id={raw}",
+                             None, "id", vast=True))  # fmt: skip
+    for query in [{"gpu_nmae": {"eq": 1}}, {"disk_space": {"gte": "a"}}, {"disk_space": 5},
+                  {"disk_space": {"like": 1}}, {"id": {"in": 5}}, {"order": "x"},
+                  {"limit": 10**9}, {"allocated_storage": "x"}]:  # fmt: skip
+        field = next(iter(query)).replace("allocated_storage", "storage")
+        cases.append(Hostile(f"v0 search volumes {query!r:.30}", "post", "/api/v0/volumes/search/",
+                             query, field, vast=True))  # fmt: skip
+    cases.append(Hostile("v0 search volumes nested", "post", "/api/v0/volumes/search/",
+                         DEEP_OBJECT, vast=True))  # fmt: skip
+    for info, field in [
+        ("x", "volume_info"),
+        ({"create_new": False, "volume_id": 1}, "mount-path"),
+        ({"create_new": False, "volume_id": 2**63, "mount_path": "/d"}, "link-volume"),
+        ({"create_new": False, "volume_id": "1", "mount_path": "/d"}, "link-volume"),
+        ({"create_new": False, "volume_id": 1, "mount_path": {"a": 1}}, "mount-path"),
+        ({"create_new": True, "volume_id": "x", "mount_path": "/d"}, "create-volume"),
+    ]:
+        body = {"image": "gpumkt/busybox:latest", "volume_info": info}
+        cases.append(Hostile(f"v0 ask volume_info {info!r:.30}", "put", ask, body, field,
+                             vast=True))  # fmt: skip
     return cases
 
 

@@ -43,7 +43,7 @@ from django.utils.html import escape
 
 from billing.credits import credit_grant
 from billing.holds import hold_capture_usage, hold_create
-from billing.models import Entry, Hold, PayoutRequest, TopUp
+from billing.models import Entry, Hold, PayoutRequest, TopUp, Transfer
 from billing.payouts import payout_reject, payout_request_create
 from billing.selectors import invoice_months, team_balance
 from hosts.models import Gpu, Machine, MaintenanceWindow
@@ -535,6 +535,10 @@ def check_volumes(c: Checker) -> None:
         assert extend.status_code == 404
         listed = client.get("/api/v1/volumes/").json()["results"]
         assert volume.pk not in [v["id"] for v in listed]
+        # The vast.ai API's show and delete volume.
+        vast = client.get("/api/v0/volumes?owner=me").json()["volumes"]
+        assert volume.pk not in [v["id"] for v in vast]
+        assert client.delete(f"/api/v0/volumes/?id={volume.pk}").status_code == 404
     for client in [c.outsider()]:  # the console's forms, with Acme's volume id
         for action in ("resize", "extend", "delete"):
             data = {"action": action, "volume": volume.pk, "size_gb": 9, "days": 1}
@@ -545,6 +549,19 @@ def check_volumes(c: Checker) -> None:
         assert client.get(base).json()["name"] == "acme-data"
         assert [v["size_gb"] for v in client.get(f"{base}versions/").json()] == [5]
     assert (c.rows(Volume.objects.all()), c.rows(VolumeVersion.objects.all())) == before
+
+
+def check_transfer_credit(c: Checker) -> None:
+    """``transfer credit`` to Acme's team by an outsider (not one of their teams): refused,
+    and no money moves."""
+    before = c.rows(Transfer.objects.all())
+    for client in c.outsider_api_clients():
+        body = json.dumps({"sender": "me", "recipient": c.acme.team.pk, "amount": 1})
+        answer = client.put(
+            "/api/v0/commands/transfer_credit/", body, content_type="application/json"
+        )
+        assert answer.status_code in (403, 404), answer.content
+    assert c.rows(Transfer.objects.all()) == before
 
 
 def check_machine_usage(c: Checker) -> None:
@@ -975,6 +992,13 @@ MATRIX: dict[str, list[Check]] = {
     "api-image-list": [Custom(check_committed_images)],
     "api-volume-detail": [Custom(check_volumes)],
     "api-volume-versions": [Custom(check_volumes)],
+    "vast-volumes": [Custom(check_volumes)],
+    "vast-team-members": [Listing(lambda w: "/api/v0/team/members/", lambda w: [w.member.user_id])],
+    "vast-team-member": [Obj(lambda w: f"/api/v0/team/members/{w.member.user_id}/", "delete")],
+    "vast-team-invite": [
+        Creates(lambda w: "/api/v0/team/invite/?email=new-one@example.com", lambda w: smuggled(w))
+    ],
+    "vast-transfer-credit": [Custom(check_transfer_credit)],
     "api-volume-usage": [Custom(check_volumes)],
     "api-volume-extend": [Custom(check_volumes)],
     "api-deployment-detail": [Custom(check_deployments)],
@@ -1157,7 +1181,10 @@ MATRIX: dict[str, list[Check]] = {
         )
     ],
     "vast-ssh-keys": [Listing(lambda w: "/api/v0/ssh/", lambda w: [w.ssh_key.pk])],
-    "vast-ssh-key": [Obj(lambda w: f"/api/v0/ssh/{w.ssh_key.pk}/", "delete")],
+    "vast-ssh-key": [
+        Obj(lambda w: f"/api/v0/ssh/{w.ssh_key.pk}/", "delete"),
+        Obj(lambda w: f"/api/v0/ssh/{w.ssh_key.pk}/", "put", {"ssh_key": SOME_KEY}),
+    ],
     "vast-machines": [Listing(lambda w: "/api/v0/machines?owner=me", lambda w: [w.machine.pk])],
     "vast-machine-list": [Custom(check_vast_list_machine)],
     "vast-machine-unlist": [Obj(lambda w: f"/api/v0/machines/{w.machine.pk}/asks/", "delete")],
@@ -1212,6 +1239,16 @@ EXEMPT: dict[str, str] = {
     "(tests/vast/test_translation.py)",
     "vast-asks-bulk": "renting other teams' listed machines is the product, as vast-ask "
     "(tests/vast/test_bulk.py)",
+    "vast-team": "makes a new team owned by the caller (as team-create); destroy team is "
+    "refused to everyone",
+    "vast-team-roles": "the four fixed roles, the same for every team; creating one is refused",
+    "vast-team-roles-full": "the four fixed roles, the same for every team",
+    "vast-team-role": "one of the four fixed roles; changing or removing one is refused",
+    "vast-launch": "search and rent in one call: renting another team's listed machine is the "
+    "product, as vast-ask (tests/vast/test_launch.py)",
+    "vast-volume-search": "the public market of volume offers (listed machines' free disk), "
+    "as vast-bundles",
+    "vast-volume-clone": "refused to everyone (clone volume is not offered); reads no volume",
 }
 # Unnamed routes, by pattern.
 EXEMPT_UNNAMED: dict[str, str] = {

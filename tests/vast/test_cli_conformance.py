@@ -34,6 +34,7 @@ from scheduler.models import Instance, InstanceState, LaunchMode, PortAllocation
 from tests.factories import TeamFactory, UserFactory, add_member
 from tests.marketplace.conftest import PRICE_PER_GPU_HOUR, docker, fund, machine_for
 from tests.marketplace.test_launch_modes import login, make_key
+from tests.vast import conformance_more as more
 from tests.vast.cli import CLI_VERSION, ROOT, VastCli, ensure_cli
 from tests.vast.serverless_cli import WORKER_GPU, serverless
 
@@ -156,7 +157,11 @@ def test_the_vastai_cli_drives_the_marketplace(
         launch_modes(cli, table, spare, tmp_path)
         interruptible(cli, table, spare, main, key_for(provider_team))
         ssh_keys(cli, table, funded_team)
+        more.update_ssh_key(cli, table, funded_team, tmp_path)
+        more.volumes(cli, table, spare, str(offer_id(cli, spare, 1)), wait_for_state)
+        more.launch(cli, table, wait_for_state)
         invoices(cli, table)
+        more.teams(cli, table, funded_team, tmp_path)
         fresh = machine_for(sim_host_factory(gpus=1), provider_team)  # never rented
         hosting(cli, table, main, spare, fresh, key_for(provider_team))
         machine_for(sim_host_factory(gpus=2, gpu_name=WORKER_GPU), provider_team)
@@ -653,6 +658,7 @@ def launch_modes(cli, table, machine, tmp_path) -> None:
     )
     if instance is not None:
         attach_ssh(cli, table, instance, machine, tmp_path)
+        more.ssh_urls(cli, table, instance, machine)
         cli("destroy", "instance", str(instance.pk), "-y")
         wait_for_state(instance.pk, InstanceState.DESTROYED)
     jupyter = cli(
