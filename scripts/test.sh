@@ -24,10 +24,20 @@ tune_kernel_for_caddy
 echo "==> ruff"
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
-echo "==> mypy"
+echo "==> mypy (beside the tests: a cold check takes a minute of one core; its report follows them)"
 # The Django plugin loads the settings, which want SECRET_KEY unless DEBUG=1; a type check
 # serves nothing, so DEBUG=1 rather than a made-up key. [tool.mypy] says what it checks.
-DEBUG=1 .venv/bin/mypy
+mypy_log="$(mktemp)"
+DEBUG=1 .venv/bin/mypy >"$mypy_log" 2>&1 &
+mypy_pid=$!
+trap 'kill "$mypy_pid" 2>/dev/null || true; rm -f "$mypy_log"' EXIT
+mypy_report() {  # waits for mypy, prints what it said; 1 when it failed
+  local result=0
+  wait "$mypy_pid" || result=1
+  echo "==> mypy"
+  cat "$mypy_log"
+  return "$result"
+}
 
 echo "==> pytest"
 # TEST_NAMESPACE (0-9) keeps a run beside another on this machine apart: its own databases,
@@ -42,6 +52,7 @@ if [ "$quick" = 1 ]; then
   # The light profile unless one is named (tests/conftest.py); CI=true keeps the full one.
   .venv/bin/pytest -n "${PYTEST_WORKERS:-3}" --dist loadfile -m "not system and not browser" "$@" \
     || status=$?
+  mypy_report || status=1
   exit "$status"
 fi
 # Every example the properties ask for, as in CI (tests/conftest.py).
@@ -65,4 +76,5 @@ if [ $# -eq 0 ]; then
     || status=$?
   rm -rf "$sqlite_dir"
 fi
+mypy_report || status=1
 exit "$status"

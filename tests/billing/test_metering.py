@@ -28,6 +28,7 @@ from marketplace.services.metering import (
 )
 from marketplace.services.pricing import extension_quote, storage_owed
 from tests.billing.ledger_checks import assert_ledger_consistent, ledger_counts
+from tests.conftest import examples
 
 pytestmark = pytest.mark.django_db
 
@@ -342,7 +343,9 @@ def _rolled_back():
         transaction.set_rollback(True)
 
 
-@hypothesis.settings(max_examples=40, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@hypothesis.settings(
+    max_examples=examples(40), suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(data=st.data())
 def test_the_sql_sweep_captures_what_the_python_rule_says(rent, renter_team, data):
     """The sweep on PostgreSQL computes what rentals owe and what holds capture in SQL

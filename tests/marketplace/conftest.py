@@ -24,14 +24,26 @@ STORAGE_PER_GB_MONTH = 100_000  # $0.10
 
 
 @pytest.fixture(autouse=True)
-def _label_test_containers(settings):
+def _label_test_containers(request, settings):
     """Every container the platform starts here carries this worker's label, and each test
-    removes its own, so the next test on the same simulated host finds its ports free."""
+    that reaches Docker removes its own, so the next test on the same simulated host finds its
+    ports free. A test that reaches no Docker Engine (no simulated host, no system mark) has
+    none to remove: asking Docker anyway cost each of the hundreds of such tests a ``docker
+    ps`` or two."""
     label = sim_container_label()
     key, value = label.split("=", 1)
     settings.CONTAINER_EXTRA_LABELS = {key: value}
     yield
-    remove_containers(label)
+    if reaches_docker(request):
+        remove_containers(label)
+
+
+def reaches_docker(request) -> bool:
+    """Whether a test can start containers: it uses the Docker Engine (every simulated host
+    does, through ``docker_engine``) or is marked a system test."""
+    return "docker_engine" in request.fixturenames or bool(
+        request.node.get_closest_marker("system")
+    )
 
 
 def engines() -> list[dict[str, str] | None]:

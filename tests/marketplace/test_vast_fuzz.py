@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from schemathesis.core import NOT_SET
 from schemathesis.generation import GenerationMode
 
-from tests.conftest import key_client
+from tests.conftest import examples, key_client
 from tests.marketplace.test_api_number_inputs import world  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.django_db
@@ -48,7 +48,7 @@ def send(api, case):
 
 
 @settings(
-    max_examples=150,
+    max_examples=examples(150),
     deadline=None,
     derandomize=True,  # the same examples on every run: a failure here is reproducible
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
