@@ -13,6 +13,10 @@ works; the test fails if a command that should work did not. A passing run check
 ``docs/vast-cli-compatibility.md`` is that table, and rewrites it only when asked to
 (``UPDATE_VAST_CLI_DOC=1``, which ``make vast-cli-doc`` sets): a test never changes a tracked
 file on its own, and a failing run never touches it.
+
+One file on purpose, past the ~600-line habit: the rows are one CLI session against one
+server, in order (a row's instance is the next row's subject), and the table is written from
+them all; its helpers live in ``tests/vast/cli.py``.
 """
 
 from __future__ import annotations
