@@ -12,6 +12,10 @@ import os
 worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
 worker_index = int(worker.removeprefix("gw") or 0)
 namespace = int(os.environ.get("TEST_NAMESPACE", "0"))
+if not 0 <= namespace <= 9:
+    # Simulated hosts' ports are 23000 + 1000 × namespace and up: from 10 on they fall in
+    # Linux's ephemeral range, where any outgoing connection may hold them first.
+    raise SystemExit(f"TEST_NAMESPACE must be 0-9 (got {namespace}): higher ones collide")
 tag = f"ns{namespace}-{worker}"
 
 os.environ.setdefault("SECRET_KEY", "test-secret-key-not-for-production-" + "x" * 20)
