@@ -31,6 +31,7 @@ from billing.models import Account, Entry, Hold, HoldStatus, TopUp, TopUpStatus,
 from billing.money import format_amount, micro_to_decimal_str, parse_usd
 from billing.views import stripe_webhook
 from marketplace import money_names
+from marketplace.invoice_rows import invoice_page
 from marketplace.models import Role
 from marketplace.tenancy import role_allows, team_object_or_404, team_objects
 
@@ -252,7 +253,8 @@ def _invoice(request: HttpRequest, month: str) -> selectors.Invoice:
 @login_required
 def invoice(request: HttpRequest, month: str) -> HttpResponse:
     found = _invoice(request, month)
-    return render(request, "billing/invoice.html", {"invoice": found, "team": request.team})
+    context = {"invoice": found, "page": invoice_page(request.team, found), "team": request.team}
+    return render(request, "billing/invoice.html", context)
 
 
 # The console's own stylesheet (its print rules included), plus the page box of a document.
@@ -276,7 +278,8 @@ def invoice_pdf(request: HttpRequest, month: str) -> HttpResponse:
             content_type="text/plain; charset=utf-8",
         )
     document = render_to_string(
-        "billing/invoice_document.html", {"invoice": found, "team": request.team}
+        "billing/invoice_document.html",
+        {"invoice": found, "page": invoice_page(request.team, found), "team": request.team},
     )
     stylesheet = Path(finders.find("css/app.css")).read_text()
     pdf = HTML(string=document).write_pdf(

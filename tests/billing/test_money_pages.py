@@ -77,3 +77,58 @@ def test_active_holds_name_the_rental(renter, rent):
     holds = page.split('id="active-holds"')[1].split("</table>")[0]
     assert "busybox" in holds and "on m1" in holds
     assert f'href="/instances/{rental.instance_id}/"' in holds
+
+
+# --- invoices ----------------------------------------------------------------------------------
+
+
+def _dollars(text: str) -> int:
+    """'$1,234.56' / '−$0.01' / '+$0.01' → cents."""
+    sign = -1 if text.startswith(("−", "-")) else 1
+    return sign * round(float(re.sub(r"[^0-9.]", "", text)) * 100)
+
+
+def _invoice_sums(page: str) -> tuple[list[int], int]:
+    """The cents of every amount listed in the invoice's Amount column, and its total."""
+    table = page.split('id="invoice-lines"')[1].split("</table>")[0]
+    listed = re.findall(r'class="num line-amount">([^<]+)<', table)
+    total = re.search(r'class="num invoice-total">([^<]+)<', table).group(1)
+    return [_dollars(amount) for amount in listed], _dollars(total)
+
+
+def test_invoice_lines_name_what_was_rented_and_add_up_to_the_total(renter, rent, named_rental):
+    """GPU time and storage charged together (the metering sweep) once made the page's charges
+    column add up to more than its total; the rows listed now sum to the total shown."""
+    from django.utils import timezone
+
+    from billing.metering import HoldUsage, holds_settle_usage
+
+    swept = rent(gpus=1, hold=20_000_000)
+    holds_settle_usage([HoldUsage(swept.hold_id, gpu=600_000, storage=100_000)])
+    holds_settle_usage([HoldUsage(swept.hold_id, gpu=1_200_000, storage=200_000)])
+    month = timezone.localdate().strftime("%Y-%m")
+    page = renter.get(f"/billing/invoices/{month}/").content.decode()
+
+    listed, total = _invoice_sums(page)
+    assert len(listed) == 2 and sum(listed) == total == 240 + 140  # $2.40 + $1.40
+    assert "2× NVIDIA RTX 4090</strong> on m1" in page and "train-llama" in page
+    # $2.40 of GPU time at $0.60 a GPU-hour is 4 GPU-hours (2 GPUs, 2 hours); $1.20 is 2.
+    assert '"num">4.00<' in page and '"num">2.00<' in page
+    assert page.count("$0.60/GPU-h") == 2
+    assert "GPU time $1.20 · storage $0.20" in page
+    assert "Charges</th>" not in page
+
+
+def test_rows_rounded_to_the_cent_still_add_up(renter, rent):
+    from django.utils import timezone
+
+    for _ in range(2):  # each $1.005: $1.01 a row, $2.01 in all
+        rental = rent(gpus=1, hold=5_000_000)
+        hold_capture_usage(hold_id=rental.hold_id, kind="gpu", owed_total=1_005_000)
+    month = timezone.localdate().strftime("%Y-%m")
+    page = renter.get(f"/billing/invoices/{month}/").content.decode()
+    listed, total = _invoice_sums(page)
+    assert listed == [101, 101, -1] and total == 201
+    assert "Rounding to the cent" in page
+    pdf = renter.get(f"/billing/invoices/{month}/pdf/")
+    assert pdf.status_code == 200
