@@ -363,6 +363,11 @@ def test_credit(request: HttpRequest) -> HttpResponse:
     return redirect("billing-balance")
 
 
+def _machine_id(reference: object) -> int | None:
+    tail = str(reference).removeprefix(money_names.MACHINE_PREFIX)
+    return int(tail) if tail.isdigit() else None
+
+
 @login_required
 def earnings(request: HttpRequest) -> HttpResponse:
     entries = _entries(request)
@@ -370,8 +375,9 @@ def earnings(request: HttpRequest) -> HttpResponse:
     by_machine = selectors.earnings_by_machine(entries, since=since)
     by_day = selectors.earnings_by_day(entries, since=since)[:60]
     earnings_account = team_objects(request.team, Account.objects.filter(kind="earnings")).first()
+    names = money_names.machine_names(request.team, (str(row.key) for row in by_machine))
     context = {
-        "by_machine": by_machine,
+        "by_machine": [(row, names.get(str(row.key)), _machine_id(row.key)) for row in by_machine],
         "by_day": by_day,
         "totals": {
             "gross": sum(r.gross for r in by_machine),

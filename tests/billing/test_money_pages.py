@@ -132,3 +132,14 @@ def test_rows_rounded_to_the_cent_still_add_up(renter, rent):
     assert "Rounding to the cent" in page
     pdf = renter.get(f"/billing/invoices/{month}/pdf/")
     assert pdf.status_code == 200
+
+
+def test_earnings_name_the_machine(client, provider_team, named_rental):
+    host = UserFactory(username="host")
+    add_member(provider_team, host, "owner")
+    page = client_for(client, host, provider_team).get("/earnings/").content.decode()
+    machine = named_rental.machine
+    assert f'<a href="/machines/{machine.pk}/">m1</a>' in page
+    assert f"machine:{machine.pk}" not in page
+    body = key_client(provider_team).get("/api/v1/billing/earnings/").json()
+    assert body["by_machine"][0]["machine_reference"] == f"machine:{machine.pk}"
