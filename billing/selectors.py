@@ -116,6 +116,20 @@ def ledger_entries(entries: QuerySet[Entry], filters: LedgerFilter) -> QuerySet[
     return query
 
 
+# A hold's placing, extension, release or void moves credit between the renter's available
+# and held accounts: two legs of one event. People read it as one row.
+HOLD_MOVES = (TransferKind.HOLD, TransferKind.HOLD_EXTEND, TransferKind.RELEASE, TransferKind.VOID)
+
+
+def ledger_rows(entries: QuerySet[Entry], filters: LedgerFilter) -> QuerySet[Entry]:
+    """The ledger as the renter's page lists it: ``ledger_entries`` with one row per hold
+    event (its available-account leg, which carries the balance people spend from); the
+    held leg mirrors it. The export and the API list every entry."""
+    return ledger_entries(entries, filters).exclude(
+        account_kind=AccountKind.HELD, transfer__kind__in=HOLD_MOVES
+    )
+
+
 # --- balance over time ---------------------------------------------------------------------
 
 

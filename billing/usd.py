@@ -16,11 +16,17 @@ def format_amount(micro: int) -> str:
     ``$0.00``; the exact figure stays in the API and exports (``micro_to_decimal_str``)."""
     micro = int(micro)
     sign = "−" if micro < 0 else ""
-    cents = (abs(micro) + MICRO_PER_CENT // 2) // MICRO_PER_CENT
+    cents = abs(to_cents(micro))
     if cents == 0 and micro != 0:
         return f"{sign}<$0.01"
     whole, cent = divmod(cents, 100)
     return f"{sign}${whole:,}.{cent:02d}"
+
+
+def to_cents(micro: int) -> int:
+    """An amount in whole cents, half a cent rounding away from zero (as ``format_amount``)."""
+    cents = (abs(int(micro)) + MICRO_PER_CENT // 2) // MICRO_PER_CENT
+    return -cents if micro < 0 else cents
 
 
 def format_usd(micro: int) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import uuid
+from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from pathlib import Path
 
@@ -29,6 +30,8 @@ from billing.errors import BillingError
 from billing.models import Account, Entry, Hold, HoldStatus, TopUp, TopUpStatus, TransferKind
 from billing.money import format_amount, micro_to_decimal_str, parse_usd
 from billing.views import stripe_webhook
+from marketplace import money_names
+from marketplace.invoice_rows import invoice_page
 from marketplace.models import Role
 from marketplace.tenancy import role_allows, team_object_or_404, team_objects
 
@@ -91,6 +94,54 @@ def _can_pay(request: HttpRequest) -> bool:
     return role_allows(request, Role.MEMBER)
 
 
+# --- ledger rows as people read them ------------------------------------------------------------
+
+# A hold event's one row: what happened and which way the credit moved.
+HOLD_EVENTS = {
+    TransferKind.HOLD: ("Hold placed", "Available → Held"),
+    TransferKind.HOLD_EXTEND: ("Hold extended", "Available → Held"),
+    TransferKind.RELEASE: ("Hold released", "Held → Available"),
+    TransferKind.VOID: ("Hold voided", "Held → Available"),
+}
+
+
+@dataclass(frozen=True)
+class LedgerRow:
+    entry: Entry
+    what: str  # "Hold placed", "Usage charge", …
+    account: str  # "Available", or "Available → Held" for a hold event
+    moved: bool  # a hold event: credit moved between the team's own accounts
+    rental: money_names.RentalName | None
+
+    @property
+    def amount(self) -> int:
+        """A hold event's amount, unsigned (it stays the team's); otherwise the change."""
+        return abs(self.entry.amount) if self.moved else self.entry.amount
+
+
+def _ledger_rows(request: HttpRequest, entries: list[Entry]) -> list[LedgerRow]:
+    names = money_names.rental_names(request.team, (e.transfer.reference for e in entries))
+    rows = []
+    for entry in entries:
+        transfer = entry.transfer
+        event = HOLD_EVENTS.get(transfer.kind)
+        what, account = event or (transfer.get_kind_display(), entry.get_account_kind_display())
+        rows.append(
+            LedgerRow(entry, what, account, event is not None, names.get(transfer.reference))
+        )
+    return rows
+
+
+def _open_holds(request: HttpRequest) -> list[tuple[Hold, money_names.RentalName | None]]:
+    holds = list(
+        team_objects(request.team, Hold.objects.filter(status=HoldStatus.OPEN)).order_by(
+            "-created_at"
+        )[:20]
+    )
+    names = money_names.rental_names(request.team, (hold.reference for hold in holds))
+    return [(hold, names.get(hold.reference)) for hold in holds]
+
+
 # --- pages -----------------------------------------------------------------------------------
 
 
@@ -99,20 +150,18 @@ def balance(request: HttpRequest) -> HttpResponse:
     team = request.team
     current = selectors.balance_from_accounts(team_objects(team, Account.objects.all()))
     filter_form = LedgerFilterForm(request.GET or None)
-    entries = selectors.ledger_entries(_entries(request), filter_form.to_filter())
+    entries = selectors.ledger_rows(_entries(request), filter_form.to_filter())
     page = Paginator(entries, LEDGER_PAGE_SIZE).get_page(request.GET.get("page"))
     query = request.GET.copy()
     query.pop("page", None)
-    open_holds = team_objects(team, Hold.objects.filter(status=HoldStatus.OPEN)).order_by(
-        "-created_at"
-    )[:20]
     context = {
         "balance": current,
         "balance_series": selectors.balance_series(_entries(request), days=30),
         "filter_form": filter_form,
         "page": page,
         "query": query.urlencode(),
-        "open_holds": open_holds,
+        "ledger_rows": _ledger_rows(request, list(page.object_list)),
+        "open_holds": _open_holds(request),
         "topup_form": TopUpForm(),
         "stripe_enabled": bool(settings.STRIPE_SECRET_KEY),
         "test_credit_enabled": settings.TEST_CREDIT_ENABLED,
@@ -204,7 +253,8 @@ def _invoice(request: HttpRequest, month: str) -> selectors.Invoice:
 @login_required
 def invoice(request: HttpRequest, month: str) -> HttpResponse:
     found = _invoice(request, month)
-    return render(request, "billing/invoice.html", {"invoice": found, "team": request.team})
+    context = {"invoice": found, "page": invoice_page(request.team, found), "team": request.team}
+    return render(request, "billing/invoice.html", context)
 
 
 # The console's own stylesheet (its print rules included), plus the page box of a document.
@@ -228,7 +278,8 @@ def invoice_pdf(request: HttpRequest, month: str) -> HttpResponse:
             content_type="text/plain; charset=utf-8",
         )
     document = render_to_string(
-        "billing/invoice_document.html", {"invoice": found, "team": request.team}
+        "billing/invoice_document.html",
+        {"invoice": found, "page": invoice_page(request.team, found), "team": request.team},
     )
     stylesheet = Path(finders.find("css/app.css")).read_text()
     pdf = HTML(string=document).write_pdf(
@@ -312,6 +363,11 @@ def test_credit(request: HttpRequest) -> HttpResponse:
     return redirect("billing-balance")
 
 
+def _machine_id(reference: object) -> int | None:
+    tail = str(reference).removeprefix(money_names.MACHINE_PREFIX)
+    return int(tail) if tail.isdigit() else None
+
+
 @login_required
 def earnings(request: HttpRequest) -> HttpResponse:
     entries = _entries(request)
@@ -319,8 +375,9 @@ def earnings(request: HttpRequest) -> HttpResponse:
     by_machine = selectors.earnings_by_machine(entries, since=since)
     by_day = selectors.earnings_by_day(entries, since=since)[:60]
     earnings_account = team_objects(request.team, Account.objects.filter(kind="earnings")).first()
+    names = money_names.machine_names(request.team, (str(row.key) for row in by_machine))
     context = {
-        "by_machine": by_machine,
+        "by_machine": [(row, names.get(str(row.key)), _machine_id(row.key)) for row in by_machine],
         "by_day": by_day,
         "totals": {
             "gross": sum(r.gross for r in by_machine),

@@ -151,7 +151,9 @@ def offers(request: HttpRequest) -> HttpResponse:
         "gpu_counts": GPU_COUNTS,
         "launch_modes": LaunchMode.choices,
         "can_rent": request.membership.allows(Role.MEMBER),
-        "volumes": team_objects(request.team, Volume.objects.filter(state=VolumeState.READY)),
+        "volumes": team_objects(
+            request.team, Volume.objects.filter(state=VolumeState.READY)
+        ).select_related("machine"),
         "has_ssh_keys": team_objects(request.team, SshKey.objects.all()).exists(),
         "from_template": template_for_rent(request),
     }

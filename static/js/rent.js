@@ -40,7 +40,7 @@
     return Math.max(Math.floor(current.disk * units), 1);
   }
 
-  // 10 GB where the machine offers that much, else all it offers: the defaults must rent.
+  // 10 GiB where the machine offers that much, else all it offers: the defaults must rent.
   function defaultDisk() {
     var units = slicing()
       ? Math.max((parseInt(form.core_percent.value, 10) || 0) / 100, (parseInt(form.memory_mb.value, 10) || 0) / current.cardMemory)
@@ -91,7 +91,7 @@
     // Same arithmetic as the server's quote: rate × hours + storage for the same time.
     var gpu = Math.round(hourly * hours);
     var storage = Math.round(current.storage * disk * hours / 720);
-    if (disk > maxDisk(units)) problems.push("At most " + maxDisk(units) + " GB of disk for " + (slice ? "this slice." : gpus + " GPU(s)."));
+    if (disk > maxDisk(units)) problems.push("At most " + maxDisk(units) + " GiB of disk for " + (slice ? "this slice." : gpus + " GPU(s)."));
     if (current.end && hours * 3600e3 > new Date(current.end) - Date.now()) problems.push("The machine is offered until " + new Date(current.end).toLocaleString() + ".");
     priceBox.innerHTML = "<strong>" + money(gpu + storage) + "</strong> held now: " + money(gpu) + " GPU time (" +
       rate(hourly) + "/hour) + " + money(storage) + " storage. Unused credit is released at the end." +

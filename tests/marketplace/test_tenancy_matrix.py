@@ -911,7 +911,8 @@ MATRIX: dict[str, list[Check]] = {
         Obj(mach("remove/"), "post"),
     ],  # fmt: skip
     # --- console: billing
-    "billing-balance": [console_page(lambda w: "/billing/", rental_reference)],
+    # The console names the rental and links to it (the reference is the export's and API's).
+    "billing-balance": [console_page(lambda w: "/billing/", instance_link)],
     "billing-ledger-csv": [Page(lambda w: "/billing/ledger.csv", lambda w: [rental_reference(w)])],
     "billing-invoices": [console_page(lambda w: "/billing/invoices/")],
     "billing-invoice": [console_page(lambda w: f"/billing/invoices/{w.month}/", rental_reference)],
@@ -922,7 +923,9 @@ MATRIX: dict[str, list[Check]] = {
         )
     ],
     "billing-topup-return": [Obj(lambda w: f"/billing/topup/return/?session_id=cs_test_{w.tag}")],
-    "earnings": [console_page(lambda w: "/earnings/", machine_reference)],
+    "earnings": [
+        console_page(lambda w: "/earnings/", lambda w: f'href="/machines/{w.machine.pk}/"')
+    ],
     "payouts": [
         console_page(lambda w: "/payouts/", payout_row),
         Custom(check_console_payout_ask),
