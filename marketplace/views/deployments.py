@@ -110,12 +110,15 @@ def deployments_matching(request: HttpRequest) -> HttpResponse:
 def _replica_rows(deployment: Deployment) -> list[dict[str, object]]:
     """The API's replica figures, with the times as datetimes for the page's date format and,
     for a running replica, how long it has run."""
-    replicas = list(deployment.replicas.select_related("instance").order_by("created_at", "pk"))
+    replicas = list(
+        deployment.replicas.select_related("instance__machine").order_by("created_at", "pk")
+    )
     rows = []
     for replica, data in zip(replicas, ReplicaSerializer(replicas, many=True).data, strict=True):
         rows.append(
             {
                 **data,
+                "machine_name": replica.instance.machine.name if replica.instance else "",
                 "started": replica.started_at,
                 "ended": replica.ended_at,
                 "is_live": replica.is_live,

@@ -10,6 +10,7 @@ from datetime import timedelta
 
 import pytest
 from django.utils import timezone
+from django.utils.html import escape
 
 from hosts.models import Gpu, Machine
 from marketplace.deployments.services import DeploymentSpec, deployment_create
@@ -84,6 +85,7 @@ def test_create_from_the_form_places_a_replica_then_scale_and_stop(
     assert re.search(r'<small class="uptime">up \d+.minutes?</small>', page), "uptime"
     assert f'href="/instances/{replica.instance_id}/"' in page
     assert replica.instance.machine_id == machine.pk and replica.instance.container_name in page
+    assert f"<td>{escape(machine.name)}</td>" in page  # the machine by name, not its id
     assert 'id="queue-reason"' not in page
     # The list shows it with its counts.
     listed = shown(console.get("/deployments/"))
