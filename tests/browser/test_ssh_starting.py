@@ -27,7 +27,7 @@ SLOW_KEYGEN = '#!/bin/sh\nsleep 4\nexec /usr/bin/ssh-keygen "$@"\n'
 
 def slow_keys_image(tmp_path) -> str:
     """The SSH image with an ``ssh-keygen`` ahead of the real one in its PATH that waits 4 s."""
-    from hosts.devtools.simulation import ensure_ssh_image
+    from hosts.devtools.sim_docker import ensure_ssh_image
 
     base = ensure_ssh_image()
     script = tmp_path / "ssh-keygen"

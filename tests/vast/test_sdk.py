@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from hosts.devtools.simulation import ensure_ssh_image
+from hosts.devtools.sim_docker import ensure_ssh_image
 from tests.marketplace.test_launch_modes import login, make_key
 from tests.vast.cli import ensure_cli
 from tests.vast.test_cli_conformance import key_for
