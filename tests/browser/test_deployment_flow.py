@@ -76,7 +76,7 @@ def test_create_a_deployment_and_watch_its_replicas_come_up_without_a_reload(
     replica = deployment.replicas.get()
     row = page.locator(f"tr[data-replica='{replica.pk}']")
     cells = row.locator("td")
-    expect(cells.nth(2)).to_have_text(str(machine.pk))
+    expect(cells.nth(2)).to_have_text(machine.name)
     expect(row).to_contain_text(f"Instance {replica.instance_id}")
     expect(row.locator(".uptime")).to_contain_text("up ")
 
@@ -89,7 +89,7 @@ def test_create_a_deployment_and_watch_its_replicas_come_up_without_a_reload(
     expect(running_rows(page)).to_have_count(2, timeout=90_000)
     assert page.evaluate("window.__marker") == 2
     for row in running_rows(page).all():
-        expect(row.locator("td").nth(2)).to_have_text(str(machine.pk))
+        expect(row.locator("td").nth(2)).to_have_text(machine.name)
     page.screenshot(path=str(SCREENSHOTS / "deployment-detail-2-running.png"), full_page=True)
 
     # Stopped, the deployment settles and the page stops polling.

@@ -61,7 +61,7 @@ def test_units_of_the_issues_example_on_the_page_in_the_api_and_in_docker(team, 
     machine = machine_of(team)  # 8 GPUs, 128 cores, 720 GB RAM, 720 GB disk
     assert (machine.unit_cpus, machine.unit_memory_mb, machine.unit_disk_gb) == (16, 92160, 90)
     page = session(owner, team).get(f"/machines/{machine.pk}/").content.decode()
-    assert "1 GPU + 16 cores" in page and "90 GB RAM · 90 GB disk" in page
+    assert "1 GPU + 16 cores" in page and "90 GiB RAM · 90 GiB disk" in page
     api = key_client(team, audience=ApiKey.Audience.PROVIDER)
     unit = api.get(f"/api/v1/machines/{machine.pk}/").json()["unit"]
     assert unit == {"gpus": 1, "cpus": 16.0, "memory_mb": 92160, "disk_gb": 90, "shm_mb": 46080}
