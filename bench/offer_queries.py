@@ -31,7 +31,7 @@ def operators(kind: str) -> list[str]:
     """The operators the query language takes for a field of ``kind``."""
     if kind == "days":
         return list(offer_query.DURATION_OPERATORS)
-    if kind in ("str", "bool"):
+    if kind in ("str", "gpu", "bool"):  # words, GPU models and families, true/false
         return EQUALS + LISTS
     return RANGES + EQUALS + LISTS
 
