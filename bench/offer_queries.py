@@ -115,7 +115,7 @@ def text_of(name: str, spec_kind: str, item) -> str:
     """A value as the query language writes it (spaces as underscores)."""
     if isinstance(item, bool):
         return "true" if item else "false"
-    if spec_kind == "str":
+    if spec_kind in ("str", "gpu"):
         return str(item).replace(" ", "_")
     return str(item)
 
