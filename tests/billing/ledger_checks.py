@@ -7,7 +7,7 @@ tests run on both (scripts/test.sh).
 
 from __future__ import annotations
 
-from django.db import connection
+from django.db import connection, transaction
 
 from billing.models import (
     SOURCE_ACCOUNT_KINDS,
@@ -22,6 +22,7 @@ from billing.models import (
     Transfer,
     TransferKind,
 )
+from billing.selectors import Balance, team_balance
 
 
 def _rows(sql: str) -> list[tuple]:
@@ -156,3 +157,15 @@ def ledger_counts() -> tuple[int, int, int, list, list]:
         list(Account.objects.order_by("pk").values_list("pk", "balance")),
         list(PayoutRequest.objects.order_by("pk").values()),
     )
+
+
+def holds_and_balance(hold_ids, team_id: int) -> tuple[dict[int, Hold], Balance]:
+    """Holds and their team's balance read in one snapshot, so a metering sweep that commits
+    between two reads cannot make them disagree (a sweep moves both in one transaction)."""
+    outermost = not connection.in_atomic_block
+    with transaction.atomic():
+        if connection.vendor == "postgresql" and outermost:
+            with connection.cursor() as cursor:
+                cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        holds = {hold.pk: hold for hold in Hold.objects.filter(pk__in=list(hold_ids))}
+        return holds, team_balance(team_id)
