@@ -11,6 +11,9 @@ kept and surged past: ``scaling``); queued replicas are placed as rentals. Anyth
 a pass (an instance's state, a machine's status or listing, the beat sweep); a pass that
 finds nothing to do writes nothing and wakes nothing.
 
+A pass observes (``_Reads``), decides (``deciding.decide``, pure: the rules are there), then
+applies what was decided (``_apply``), places what is queued, and finishes (``_finish``).
+
 Safe with many workers: the whole pass runs in one transaction holding the deployment's row
 lock, so two passes over one deployment never interleave and never count the same live
 replicas twice (never more than wanted); ``rental_create`` locks each machine and allocates
@@ -33,21 +36,21 @@ from django.db.models import Count
 from django.utils import timezone
 
 from core.task_queue import task_queue_on_commit
-from hosts.models import MachineStatus
 from marketplace.deployments import rolling, scaling
-from marketplace.deployments.conditions import (
-    instance_meets_conditions,
-    replica_runs_spec,
-    spec_hash,
+from marketplace.deployments.conditions import spec_hash
+from marketplace.deployments.deciding import (
+    ENDED_REPLICA_STATES,
+    RECENT_FAILURES,
+    Decision,
+    Observed,
+    decide,
+    failure_backoff,
+    roll_in_place,
+    wanted_of,
 )
 from marketplace.deployments.placing import Fleet, Placing, place_queued
 from marketplace.models import Deployment, Replica
-from marketplace.models.deployments import (
-    LIVE_REPLICA_STATES,
-    DeploymentMode,
-    DeploymentState,
-    ReplicaState,
-)
+from marketplace.models.deployments import LIVE_REPLICA_STATES, DeploymentState, ReplicaState
 from marketplace.models.rentals import all_free_offers
 from marketplace.services.renter_actions import rental_destroy_request
 from scheduler.models import Instance, InstanceState
@@ -55,15 +58,7 @@ from scheduler.models import Instance, InstanceState
 logger = logging.getLogger(__name__)
 
 R = ReplicaState
-ENDED_REPLICA_STATES = (R.SUCCEEDED, R.FAILED, R.STOPPED, R.LOST)
 GONE_INSTANCE_STATES = (InstanceState.DESTROYING, InstanceState.DESTROYED)
-
-# Replacing replicas that keep failing waits longer each time (10 s, 20 s, … 5 min), counting
-# the failures of the last RECENT_FAILURES: a bad image must not rent and release machines in
-# a tight loop. The first failure is replaced at once.
-RECENT_FAILURES = timedelta(minutes=10)
-BACKOFF_START = timedelta(seconds=10)
-BACKOFF_MAX = timedelta(minutes=5)
 
 # Who hears that a replica started running or ended (the cluster gateway's routes): called in
 # the pass's transaction, before an ended replica's rental is destroyed, so a hook's on-commit
@@ -111,7 +106,7 @@ def reconcile_many_locked(deployments: list[Deployment], *, fleet: Fleet | None)
     their queued replicas are placed at once (over ``fleet``, or the offers matching a lone
     deployment's conditions), then each finishes. Returns whether each changed anything."""
     reads = _Reads.of(deployments)
-    passes = [_observe_and_want(deployment, reads) for deployment in deployments]
+    passes = [_pass(deployment, reads) for deployment in deployments]
     placings = [p.placing for p in passes if p.placing is not None]
     if placings:
         place_queued(placings, fleet or Fleet.matching(placings[0].deployment))
@@ -133,12 +128,13 @@ class _Pass:
 class _Reads:
     """What passes over many deployments read together before any of them changes anything,
     a query each: their live replicas, which of them have ended replicas whose rentals are
-    still up, and their recent failures (newest first). A pass that changes something reads
-    its own again."""
+    still up, their recent failures (newest first), and the active jobs' replicas by state.
+    A pass that changes something reads its own again."""
 
     live: dict[int, list[Replica]]
     leftovers: set[int]
     failures: dict[int, list[tuple[datetime, str]]]
+    counts: dict[int, dict[str, int]]
 
     @classmethod
     def of(cls, deployments: list[Deployment]) -> _Reads:
@@ -158,53 +154,85 @@ class _Reads:
             "deployment_id", "ended_at", "reason"
         ):
             failures[deployment_id].append((ended_at, reason))
-        return cls(live=live, leftovers=leftovers, failures=failures)
+        jobs = [d.pk for d in deployments if d.is_job and d.state == DeploymentState.ACTIVE]
+        counts: dict[int, dict[str, int]] = {pk: dict.fromkeys(R.values, 0) for pk in jobs}
+        if jobs:
+            grouped = Replica.objects.filter(deployment_id__in=jobs).values_list(
+                "deployment_id", "state"
+            )
+            for deployment_id, state, n in grouped.annotate(n=Count("pk")).order_by():
+                counts[deployment_id][state] = n
+        return cls(live=live, leftovers=leftovers, failures=failures, counts=counts)
+
+    def observed(self, deployment: Deployment) -> Observed:
+        """What one pass decides on. The roll's readiness is read only where replicas run an
+        old spec (one query, for a cluster's)."""
+        live = self.live[deployment.pk]
+        current = spec_hash(deployment)
+        rolling_now = deployment.state == DeploymentState.ACTIVE and rolling.old_replicas(
+            deployment, live, current
+        )
+        return Observed(
+            deployment=deployment,
+            live=live,
+            now=timezone.now(),
+            grace=unreachable_grace(),
+            spec=current,
+            counts=self.counts.get(deployment.pk, {}),
+            failures=self.failures[deployment.pk],
+            readiness=rolling.readiness(deployment) if rolling_now else "",
+        )
 
 
-def _observe_and_want(deployment: Deployment, reads: _Reads) -> _Pass:
-    """A pass up to placing: replicas follow their instances, a job settles, mismatched
-    replicas end, the count is brought to what is wanted (or a roll takes its step), ended
-    replicas' rentals are destroyed; what is left queued is to be placed."""
-    this = _Pass(deployment)
-    replicas = reads.live[deployment.pk]
-    for replica in replicas:
-        this.changed |= replica_follow_instance(replica)
-    this.changed |= _settle_job(deployment)
-    live = [r for r in replicas if r.is_live]
-    if deployment.state != DeploymentState.ACTIVE:
-        for replica in live:
-            this.changed |= replica_end(replica, R.STOPPED, f"The deployment is {deployment.state}")
-        return this
-    this.current = spec_hash(deployment)
-    changed = _replace_mismatched(deployment, live, this.current)
-    # Replicas on a host that does not answer are kept, neither counted nor stopped: others
-    # are placed for them (``scaling``).
-    live = [r for r in live if r.is_live]
-    counted = scaling.serving(deployment, live)
-    old = rolling.old_replicas(deployment, counted, this.current)
-    this.rolling = bool(old)
-    if old:
-        this.readiness = rolling.readiness(deployment)
-        plan = rolling.plan_roll(counted, old, wanted_live(deployment), gated=bool(this.readiness))
-    else:
-        plan = scaling.plan_scale(counted, wanted_live(deployment))
-    changed |= _apply(deployment, plan)
-    # What ended stops before anything new is placed (a surge of one, not two).
-    if this.changed or changed or deployment.pk in reads.leftovers:
-        changed |= _destroy_ended_rentals(deployment)
-    if changed:
-        live = _live(deployment)
-    queued = [r for r in live if r.state == R.QUEUED]
-    if queued:
-        failures = reads.failures[deployment.pk]
-        if this.changed:  # a replica may have failed just now
-            failures = _failures_of(deployment)
-        this.reason = _failure_backoff(failures)
-    this.changed |= changed
-    if queued and not this.reason:
+def _pass(deployment: Deployment, reads: _Reads) -> _Pass:
+    """A pass up to placing: decide on what was observed, apply it, and say what is left
+    queued to be placed."""
+    observed = reads.observed(deployment)
+    decision = decide(observed)
+    this = _Pass(deployment, current=observed.spec, reason=decision.reason)
+    this.rolling, this.readiness = decision.rolling, decision.readiness
+    this.changed, live = _apply(
+        deployment, decision, observed.now, deployment.pk in reads.leftovers
+    )
+    if decision.place:
+        queued = [r for r in live if r.state == R.QUEUED]
         avoid = {r.instance.machine_id for r in live if r.instance is not None}
         this.placing = Placing(deployment, queued, avoid=avoid, spec=this.current)
     return this
+
+
+def _apply(
+    deployment: Deployment, decision: Decision, now: datetime, leftovers: bool
+) -> tuple[bool, list[Replica]]:
+    """Write what was decided: replicas follow their instances, a job settles, replicas end,
+    new ones are queued, and ended replicas' rentals are destroyed (what ended stops before
+    anything new is placed: a surge of one, not two). Returns whether anything changed, and
+    the live replicas now."""
+    for change in decision.follows:
+        replica = change.replica
+        if change.state in ENDED_REPLICA_STATES:
+            replica.exit_code = change.exit_code
+            _replica_ended(replica, change.state, change.reason, now)
+            continue
+        if change.state == R.RUNNING and replica.started_at is None:
+            replica.started_at = now
+        replica.save(update_fields=["state", "started_at"])
+        if change.state == R.RUNNING:
+            _tell_hooks(replica)
+    if decision.settled:
+        deployment.state = decision.settled
+        deployment.save(update_fields=["state", "updated_at"])
+    for change in decision.ends:
+        _replica_ended(change.replica, change.state, change.reason, now)
+    if deployment.state != DeploymentState.ACTIVE:
+        return decision.changed, []  # ``_finish`` destroys the rentals
+    if decision.queue:
+        Replica.objects.bulk_create([Replica(deployment=deployment) for _ in range(decision.queue)])
+    written = bool(decision.ends or decision.queue)
+    if decision.changed or leftovers:
+        written |= _destroy_ended_rentals(deployment)
+    live = _live(deployment) if written else decision.live
+    return decision.changed or written, live
 
 
 def _finish(this: _Pass) -> bool:
@@ -240,68 +268,21 @@ def unreachable_grace() -> timedelta:
     return timedelta(minutes=settings.REPLICA_UNREACHABLE_GRACE_MINUTES)
 
 
-def replica_state_for(replica: Replica) -> tuple[str, str, int | None]:
-    """What the replica's instance (and its machine) say the replica is: state, reason, exit
-    code."""
-    instance: Instance = replica.instance
-    state = instance.state
-    machine_status = instance.machine.status
-    message = instance.status_message
-    # A paused replica is still the renter's, on its GPUs: it counts as running. A machine
-    # that stopped answering is no proof its containers died: they are unknown (below) first.
-    if state == InstanceState.LAUNCHING and machine_status != MachineStatus.ONLINE:
-        # Not started yet, on a machine that cannot start it: placed again elsewhere now (its
-        # destroy waits for the host to confirm, so its GPUs are never shared meanwhile).
-        return R.LOST, f"Its machine is {machine_status}", None
-    if state in (InstanceState.LAUNCHING, InstanceState.RUNNING, InstanceState.PAUSED):
-        return (R.PLACED if state == InstanceState.LAUNCHING else R.RUNNING), "", None
-    if state == InstanceState.UNKNOWN:
-        if timezone.now() - instance.state_changed_at < unreachable_grace():
-            return replica.state, message, None  # kept, and adopted again if its host answers
-        return R.LOST, f"Its machine has been {machine_status} for too long: {message}", None
-    if state == InstanceState.EXITED:
-        code = instance.exit_code
-        if code == 0:
-            return R.SUCCEEDED, "Exited with code 0", 0
-        return R.FAILED, (f"Exited with code {code}" if code is not None else message), code
-    if state == InstanceState.FAILED:
-        # A launch that failed is the spec's doing (it counts against a job's backoff); a
-        # container that vanished after it ran is not.
-        return (R.LOST if replica.started_at else R.FAILED), message, None
-    if state in (InstanceState.STOPPING, InstanceState.STOPPED):
-        return R.STOPPED, message or "Its rental was stopped", None
-    return R.LOST, message or f"Its rental is {state}", None  # expired, destroying, destroyed
-
-
-def replica_follow_instance(replica: Replica) -> bool:
-    if replica.instance is None:
-        return False
-    state, reason, exit_code = replica_state_for(replica)
-    if state == replica.state:
-        return False
-    if state in ENDED_REPLICA_STATES:
-        replica.exit_code = exit_code
-        return replica_end(replica, state, reason)
-    replica.state = state
-    if state == R.RUNNING and replica.started_at is None:
-        replica.started_at = timezone.now()
-    replica.save(update_fields=["state", "started_at"])
-    if state == R.RUNNING:
-        _tell_hooks(replica)
-    return True
-
-
 def replica_end(replica: Replica, state: str, reason: str) -> bool:
     """Mark a live replica ended (final). Its rental is destroyed by ``_destroy_ended_rentals``
     in the same pass."""
     if replica.state in ENDED_REPLICA_STATES:
         return False
+    _replica_ended(replica, state, reason, timezone.now())
+    return True
+
+
+def _replica_ended(replica: Replica, state: str, reason: str, now: datetime) -> None:
     replica.state = state
     replica.reason = reason[:300]
-    replica.ended_at = timezone.now()
+    replica.ended_at = now
     replica.save(update_fields=["state", "reason", "exit_code", "ended_at"])
     _tell_hooks(replica)
-    return True
 
 
 def _tell_hooks(replica: Replica) -> None:
@@ -333,21 +314,6 @@ def _leftover_instances():
 # --- wanting --------------------------------------------------------------------------------
 
 
-def _settle_job(deployment: Deployment) -> bool:
-    """A job is completed at its completions and failed past its backoff limit."""
-    if not deployment.is_job or deployment.state != DeploymentState.ACTIVE:
-        return False
-    counts = replica_counts(deployment)
-    if counts[R.SUCCEEDED] >= deployment.completions:
-        deployment.state = DeploymentState.COMPLETED
-    elif counts[R.FAILED] > deployment.backoff_limit:
-        deployment.state = DeploymentState.FAILED
-    else:
-        return False
-    deployment.save(update_fields=["state", "updated_at"])
-    return True
-
-
 def replica_counts(deployment: Deployment) -> dict[str, int]:
     counts = dict.fromkeys(R.values, 0)
     grouped = deployment.replicas.values_list("state").annotate(n=Count("pk")).order_by()
@@ -358,12 +324,9 @@ def replica_counts(deployment: Deployment) -> dict[str, int]:
 
 def wanted_live(deployment: Deployment) -> int:
     """How many replicas should be live (queued, placed or running) now."""
-    if deployment.state != DeploymentState.ACTIVE:
-        return 0
-    if deployment.mode == DeploymentMode.REPLICASET:
-        return deployment.replica_count
-    remaining = deployment.completions - replica_counts(deployment)[R.SUCCEEDED]
-    return max(min(deployment.replica_count, remaining), 0)
+    if not deployment.is_job or deployment.state != DeploymentState.ACTIVE:
+        return wanted_of(deployment, 0)
+    return wanted_of(deployment, replica_counts(deployment)[R.SUCCEEDED])
 
 
 def _live(deployment: Deployment) -> list[Replica]:
@@ -379,31 +342,6 @@ def _live_replicas():
     )
 
 
-def _replace_mismatched(deployment: Deployment, live: list[Replica], current: str) -> bool:
-    """Replicas placed before the conditions changed, that no longer meet them, end (and a
-    job's replicas placed before its spec changed); ``scaling.plan_scale`` queues their
-    replacements. A replica set's replicas of an old spec are rolled instead (``rolling``)."""
-    changed = False
-    for replica in live:
-        if replica.instance is None:
-            continue
-        if not instance_meets_conditions(deployment, replica.instance):
-            changed |= replica_end(
-                replica, R.STOPPED, "Replaced: it no longer meets the deployment's conditions"
-            )
-        elif deployment.is_job and not replica_runs_spec(deployment, replica, current):
-            changed |= replica_end(replica, R.STOPPED, "Replaced: the spec changed")
-    return changed
-
-
-def _apply(deployment: Deployment, plan: rolling.RollPlan) -> bool:
-    for replica, reason in plan.stop:
-        replica_end(replica, R.STOPPED, reason)
-    if plan.queue:
-        Replica.objects.bulk_create([Replica(deployment=deployment) for _ in range(plan.queue)])
-    return bool(plan.stop or plan.queue)
-
-
 def _roll_in_place(deployment: Deployment, current: str, reason: str) -> tuple[bool, str]:
     """A rolling replica set whose new replica found no room beside the old ones: one old
     replica stops, so the new one takes its place once its GPUs are free. Not while failures
@@ -412,16 +350,14 @@ def _roll_in_place(deployment: Deployment, current: str, reason: str) -> tuple[b
     old = rolling.old_replicas(deployment, live, current)
     if not old or not reason:
         return False, reason
-    if _failure_backoff(_failures_of(deployment)):
-        return False, f"rolling update waits: {reason}"
-    victim = rolling.in_place_victim(live, old, wanted_live(deployment))
-    if victim is None:
-        return False, f"rolling update waits: {reason}"
-    replica_end(victim, R.STOPPED, rolling.REPLACED_IN_PLACE)
-    return True, (
-        f"rolling update, replacing in place (replica {victim.pk} stopped): no room for a "
-        f"replica of the new spec beside the old ones: {reason}"
+    backing_off = bool(failure_backoff(_failures_of(deployment), timezone.now()))
+    victim, reason = roll_in_place(
+        live, old, wanted_live(deployment), reason, backing_off=backing_off
     )
+    if victim is None:
+        return False, reason
+    replica_end(victim, R.STOPPED, rolling.REPLACED_IN_PLACE)
+    return True, reason
 
 
 # --- placing --------------------------------------------------------------------------------
@@ -434,27 +370,8 @@ def _recent_failures():
 
 
 def _failures_of(deployment: Deployment) -> list[tuple[datetime, str]]:
-    """The deployment's recent failures as ``_failure_backoff`` reads them."""
+    """The deployment's recent failures as ``failure_backoff`` reads them."""
     return list(_recent_failures().filter(deployment=deployment).values_list("ended_at", "reason"))
-
-
-def _failure_backoff(failures: list[tuple[datetime, str]]) -> str:
-    """Why replacements must wait now, given the deployment's recent failures (ended at,
-    reason; newest first), or ""."""
-    count = len(failures)
-    if count < 2:
-        return ""
-    last_ended, last_reason = failures[0]
-    wait = min(BACKOFF_START * 2 ** (count - 2), BACKOFF_MAX)
-    next_try = last_ended + wait
-    now = timezone.now()
-    if now >= next_try:
-        return ""
-    seconds = int((next_try - now).total_seconds()) + 1
-    return (
-        f"{count} replicas failed in the last 10 minutes (last: {last_reason or 'no reason'}); "
-        f"trying again in {seconds} s"
-    )
 
 
 # --- waking ---------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ an old spec, a pass:
 
 A pure planner over the pass's replicas: the reconciler applies what it returns, under the
 deployment's row lock like everything else in a pass. Jobs are not rolled: a replica of a job
-that no longer runs the spec is replaced at once (``reconciler._replace_mismatched``).
+that no longer runs the spec is replaced at once (``deciding._mismatched``).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Keeping a deployment at its count, and what a host that stops answering changes in it.
 
 A machine that stops answering is no proof that its containers died: its replicas' instances
-are ``unknown`` and the replicas are kept (``reconciler.replica_state_for``) for
+are ``unknown`` and the replicas are kept (``deciding.replica_state_for``) for
 ``REPLICA_UNREACHABLE_GRACE_MINUTES``. A replica set must keep its count serving meanwhile,
 so its **unreachable** replicas are set aside: they are neither counted nor stopped, and
 surge replicas are queued in their place (placed where there is room). When the host answers

@@ -119,7 +119,7 @@ def terms_check(
 
 def _slice_errors(machine: Machine, request: RentalRequest, largest: int) -> dict[str, str]:
     """What refuses a slice on this machine whatever its cards hold now (400s; a card too full
-    now is a 409 from ``MachineRoom.take_slice``)."""
+    now is a 409 from ``FreeCapacity.take_slice``)."""
     size = request.gpu_slice
     if not machine.sharing_enabled:
         return {

@@ -48,8 +48,8 @@ from scheduler.placement import slice_fraction
 from scheduler.services import (
     JUPYTER_CONTAINER_PORT,
     SSH_CONTAINER_PORT,
+    FreeCapacity,
     InvalidTransition,
-    MachineRoom,
     NoCapacity,
     allocations_write,
 )
@@ -245,7 +245,7 @@ def _check_gpu_count(instance: Instance, gpus: int) -> None:
             {"num_gpus": f"From {max(machine.min_gpus, 1)} to {present} on this machine."}
         )
     extra = gpus - instance.gpu_count
-    free = len(MachineRoom([machine]).free_gpu_ids[machine.pk])
+    free = len(FreeCapacity([machine]).free_gpu_ids[machine.pk])
     if extra > free:
         raise NoCapacity(
             f"{extra} more GPU(s) are needed on machine {machine.pk}, and {free} are free."
@@ -261,8 +261,9 @@ def _gpus_follow(instance: Instance, gpus: int, number: int) -> None:
     now = timezone.now()
     extra = gpus - rental.gpu_count
     if extra > 0:
-        room = MachineRoom([machine])
-        gpu_ids, _ = room.take(machine.pk, extra, [])  # NoCapacity names what is missing
+        gpu_ids, _ = FreeCapacity([machine]).take(
+            machine.pk, extra, []
+        )  # NoCapacity names what is missing
         allocations_write([(instance, gpu_ids, [], None)])
         rental_hold_grow(
             rental,

@@ -37,7 +37,6 @@ from marketplace.services.bids import (
     ON_DEMAND_REASON,
     Bidder,
     bidders_to_interrupt,
-    interruption_order,
     outbid_reason,
     rentals_interrupt,
     running_bids,
@@ -60,7 +59,8 @@ from marketplace.services.volumes import mounts_check, mounts_lock_ready, mounts
 from scheduler.models import Instance, InstanceEvent, InstanceState, LaunchMode, PortAllocation
 from scheduler.placement import slice_fraction
 from scheduler.services import (
-    MachineRoom,
+    CapacityTrial,
+    FreeCapacity,
     NoCapacity,
     allocations_write,
 )
@@ -128,7 +128,7 @@ def rentals_create(
             .order_by("pk")
         }
         pending = _mounts_still_ready(pending, mounts, outcomes)
-        room = MachineRoom(list(machines.values()))
+        capacity = FreeCapacity(list(machines.values()))
         now = timezone.now()
         windows = _maintenance_windows(machine_ids, now)
         hold_accounts = holds.hold_accounts_lock({orders[i][0].pk for i in pending})
@@ -138,16 +138,20 @@ def rentals_create(
         for i in pending:
             team, request = orders[i]
             try:
-                terms = _accept(
-                    request, machines.get(request.machine_id), room, bidders, windows, now
-                )
-                if credit[team.pk] < terms.quote.total:
-                    room.give_back(request.machine_id, terms.gpu_ids, terms.ports, terms.slice_)
-                    bidders.spare(request.machine_id, terms.interrupts, room)
-                    raise InsufficientCredit(needed=terms.quote.total, available=credit[team.pk])
+                # A refusal anywhere in here drops the trial: nothing of the order was taken.
+                with capacity.trial(request.machine_id) as trial:
+                    terms = _accept(
+                        request, machines.get(request.machine_id), trial, bidders, windows, now
+                    )
+                    if credit[team.pk] < terms.quote.total:
+                        raise InsufficientCredit(
+                            needed=terms.quote.total, available=credit[team.pk]
+                        )
+                    trial.commit()
             except (OfferUnavailable, ValidationError, NoCapacity, InsufficientCredit) as error:
                 outcomes[i] = error
                 continue
+            bidders.interrupted(request.machine_id, terms.interrupts)
             credit[team.pk] -= terms.quote.total
             accepted.append(
                 _Accepted(i, team, request, machines[request.machine_id], terms, mounts.get(i, []))
@@ -285,59 +289,48 @@ class _Bidders:
             self._bids = running_bids(self._machine_ids)
         return self._bids.setdefault(machine_id, [])
 
-    def take(
-        self, machine_id: int, gpus_needed: int, bid: int | None, room: MachineRoom
-    ) -> list[Bidder]:
+    def choose(self, machine_id: int, gpus_needed: int, bid: int | None) -> list[Bidder]:
         """The rentals to interrupt for ``gpus_needed`` more GPUs (NoCapacity when ``bid``
-        cannot have them); their GPUs are lent to ``room``."""
-        bidders = self.on(machine_id)
-        chosen = bidders_to_interrupt(bidders, gpus_needed, bid)
-        for bidder in chosen:
-            bidders.remove(bidder)
-            room.lend(machine_id, bidder.gpu_ids)
-        return chosen
+        cannot have them). They stay on the list until ``interrupted``."""
+        return bidders_to_interrupt(self.on(machine_id), gpus_needed, bid)
 
-    def spare(self, machine_id: int, chosen: list[Bidder], room: MachineRoom) -> None:
-        """The order that would have interrupted ``chosen`` was refused after all."""
-        if not chosen:
-            return
-        room.withhold(machine_id, [gpu_id for b in chosen for gpu_id in b.gpu_ids])
-        bidders = self.on(machine_id)
-        bidders.extend(chosen)
-        bidders.sort(key=interruption_order)
+    def interrupted(self, machine_id: int, chosen: list[Bidder]) -> None:
+        """The order that interrupts ``chosen`` was accepted: they leave the list."""
+        if chosen:
+            bidders = self.on(machine_id)
+            bidders[:] = [b for b in bidders if b not in chosen]
 
 
 def _accept(
     request: RentalRequest,
     machine: Machine | None,
-    room: MachineRoom,
+    trial: CapacityTrial,
     bidders: _Bidders,
     windows: dict,
     now: datetime,
 ) -> _Terms:
-    """The order's terms on its locked machine, its GPUs and ports taken from ``room`` (and
-    from interruptible rentals it outbids); raises what refuses it."""
+    """The order's terms on its locked machine, its GPUs and ports taken in ``trial`` (and
+    from interruptible rentals it outbids, lent to it); raises what refuses it."""
     if machine is None or not machine.listed or machine.status != MachineStatus.ONLINE:
         raise OfferUnavailable("This machine is not offered for rent right now.")
-    machine.present_gpu_count = room.present[machine.pk]
+    capacity = trial.capacity
+    machine.present_gpu_count = capacity.present[machine.pk]
     ends_at = terms_check(
         machine=machine,
         request=request,
         now=now,
         windows=windows[machine.pk],
-        largest_card_memory_mb=room.largest_card_memory_mb[machine.pk],
+        largest_card_memory_mb=capacity.largest_card_memory_mb[machine.pk],
     )
     if request.gpu_slice is not None:
-        return _accept_slice(request, machine, room, ends_at)
-    short = request.gpu_count - len(room.free_gpu_ids[machine.pk])
+        return _accept_slice(request, machine, trial, ends_at)
+    short = request.gpu_count - trial.free_gpu_count
     interrupts = []
     if short > 0 and (request.bid is not None or bidders.on(machine.pk)):
-        interrupts = bidders.take(machine.pk, short, request.bid, room)
-    try:
-        gpu_ids, ports = room.take(machine.pk, request.gpu_count, container_ports(request))
-    except NoCapacity:
-        bidders.spare(machine.pk, interrupts, room)
-        raise
+        interrupts = bidders.choose(machine.pk, short, request.bid)
+        for bidder in interrupts:
+            trial.lend(bidder.gpu_ids)
+    gpu_ids, ports = trial.take(request.gpu_count, container_ports(request))
     rate = machine.price_per_gpu_hour if request.bid is None else request.bid
     quote = quote_at(
         price_per_gpu_hour=rate,
@@ -353,30 +346,26 @@ def _accept(
         quote=quote,
         price_per_gpu_hour=rate,
         interrupts=interrupts,
-        gpu_uuids=room.gpu_uuids(machine.pk, gpu_ids),
+        gpu_uuids=capacity.gpu_uuids(machine.pk, gpu_ids),
     )
 
 
 def _accept_slice(
-    request: RentalRequest, machine: Machine, room: MachineRoom, ends_at: datetime
+    request: RentalRequest, machine: Machine, trial: CapacityTrial, ends_at: datetime
 ) -> _Terms:
     """A slice's terms: a card with room for it (``card_policy`` picks which), its rate (the
     card's times its fraction), and the disk its fraction of a unit allows."""
     size = request.gpu_slice
-    slice_ = room.take_slice(machine.pk, size.core_percent, size.memory_mb, request.card_policy)
-    card_memory = room.card_memory_mb(slice_.gpu_id)
+    slice_ = trial.take_slice(size.core_percent, size.memory_mb, request.card_policy)
+    card_memory = trial.capacity.card_memory_mb(slice_.gpu_id)
     rate = slice_rate(machine.price_per_gpu_hour, size, card_memory)
     fraction = slice_fraction(size.core_percent, size.memory_mb, card_memory)
     max_disk = max(int(machine.unit_disk_gb * fraction), 1)
-    try:
-        if request.disk_gb > max_disk:
-            raise ValidationError(
-                {"disk_gb": f"Choose between 1 and {max_disk} GB for this slice of a card."}
-            )
-        _, ports = room.take(machine.pk, 0, container_ports(request))
-    except (ValidationError, NoCapacity):
-        room.give_back(machine.pk, [], [], slice_)
-        raise
+    if request.disk_gb > max_disk:
+        raise ValidationError(
+            {"disk_gb": f"Choose between 1 and {max_disk} GB for this slice of a card."}
+        )
+    _, ports = trial.take(0, container_ports(request))
     quote = quote_at(
         price_per_gpu_hour=rate,
         storage_price_per_gb_month=machine.storage_price_per_gb_month,
@@ -391,7 +380,7 @@ def _accept_slice(
         quote=quote,
         price_per_gpu_hour=rate,
         slice_=slice_,
-        gpu_uuids=room.gpu_uuids(machine.pk, [slice_.gpu_id]),
+        gpu_uuids=trial.capacity.gpu_uuids(machine.pk, [slice_.gpu_id]),
     )
 
 

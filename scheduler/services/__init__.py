@@ -8,7 +8,8 @@ Callers import from here; the names below are the scheduler's public services.
 from __future__ import annotations
 
 from scheduler.services.allocations import (
-    MachineRoom,
+    CapacityTrial,
+    FreeCapacity,
     allocation_release_all,
     allocations_write,
     gpu_allocation_reclaim,
@@ -74,7 +75,8 @@ __all__ = [
     "NoCapacity",
     "SchedulerError",
     "WorkOutcome",
-    "MachineRoom",
+    "CapacityTrial",
+    "FreeCapacity",
     "allocation_release_all",
     "allocations_write",
     "container_spec_for",

@@ -81,7 +81,7 @@ def machine_cards(machines: list[Machine]) -> dict[int, list[Card]]:
 
 
 class SliceTaken:
-    """A slice ``MachineRoom.take_slice`` handed out: its card and its size."""
+    """A slice ``FreeCapacity.take_slice`` handed out: its card and its size."""
 
     __slots__ = ("gpu_id", "core_percent", "memory_mb", "was_whole_free")
 
@@ -92,13 +92,14 @@ class SliceTaken:
         self.was_whole_free = was_whole_free
 
 
-class MachineRoom:
+class FreeCapacity:
     """What is free on locked machines now: their present GPUs no live allocation or slice
     holds (in index order), the cards of sharing machines with what their slices leave free,
     and their host ports in use, read in a few statements for any number of machines. ``take``
     and ``take_slice`` hand out GPUs, slices and ports in memory, so a batch of rentals on one
     machine never gets the same GPU, share of a card or port twice; ``allocations_write``
-    writes what was taken.
+    writes what was taken. An order that may still be refused after taking (short of credit)
+    takes inside a ``trial``, which keeps what it took only if committed.
 
     The caller holds the machines' row locks (``select_for_update``) in its transaction, so
     what is read stays true until it commits; the partial unique constraints on the
@@ -131,6 +132,7 @@ class MachineRoom:
         )
         for machine_id, port in used:
             self.used_ports[machine_id].add(port)
+        self._trial: CapacityTrial | None = None
 
     def take(
         self, machine_id: int, gpu_count: int, container_ports: list[int]
@@ -178,16 +180,12 @@ class MachineRoom:
             self.free_gpu_ids[machine_id].remove(card.gpu_id)
         return SliceTaken(card.gpu_id, core_percent, memory_mb, was_whole_free)
 
-    def lend(self, machine_id: int, gpu_ids: list[int]) -> None:
-        """Count GPUs an interruption in this transaction frees as free, after the ones that
-        are: ``take`` hands them out last."""
-        self.free_gpu_ids[machine_id].extend(gpu_ids)
-
-    def withhold(self, machine_id: int, gpu_ids: list[int]) -> None:
-        """Undo a ``lend`` whose interruption did not happen after all."""
-        lent = set(gpu_ids)
-        free = self.free_gpu_ids[machine_id]
-        free[:] = [gpu_id for gpu_id in free if gpu_id not in lent]
+    def trial(self, machine_id: int) -> CapacityTrial:
+        """One order's takes from the machine, kept only if committed (``CapacityTrial``)."""
+        if self._trial is not None:
+            raise RuntimeError("Another trial is still open; commit or drop it first.")
+        self._trial = CapacityTrial(self, machine_id)
+        return self._trial
 
     def gpu_uuids(self, machine_id: int, gpu_ids: list[int]) -> list[str]:
         """The uuids of GPUs of the machine, in index order (as ``instance_gpu_uuids``)."""
@@ -197,24 +195,82 @@ class MachineRoom:
     def card_memory_mb(self, gpu_id: int) -> int:
         return self._card_of[gpu_id].memory_mb
 
-    def give_back(
-        self,
-        machine_id: int,
-        gpu_ids: list[int],
-        ports: list[tuple[int, int]],
-        slice_: SliceTaken | None = None,
-    ) -> None:
-        """Undo a ``take`` or ``take_slice`` whose rental was refused after all (short of
-        credit)."""
-        index = {gpu_id: n for n, gpu_id in enumerate(self._gpu_order[machine_id])}
-        free = self.free_gpu_ids[machine_id]
-        returned = set(gpu_ids)
-        if slice_ is not None:
-            self._card_of[slice_.gpu_id].give_back(slice_.core_percent, slice_.memory_mb)
-            if slice_.was_whole_free:
-                returned.add(slice_.gpu_id)
-        free[:] = sorted({*free, *returned}, key=index.__getitem__)
-        self.used_ports[machine_id].difference_update(host_port for _, host_port in ports)
+
+class CapacityTrial:
+    """One order's takes from one machine's free capacity, kept only if committed::
+
+        with capacity.trial(machine_id) as trial:
+            gpu_ids, ports = trial.take(2, [22])
+            ...  # anything here may still refuse the order
+            trial.commit()
+
+    Leaving the block without ``commit`` (a refusal raised, or simply not committed) drops
+    the trial: the machine's free GPUs (in their order), its cards and its host ports are as
+    they were before it, whatever it took or was lent. One trial is open at a time, and while
+    it is open only it takes from the machine."""
+
+    def __init__(self, capacity: FreeCapacity, machine_id: int):
+        self.capacity = capacity
+        self.machine_id = machine_id
+        self._free_before = list(capacity.free_gpu_ids[machine_id])
+        self._cards_before = (
+            list(capacity.cards[machine_id]) if machine_id in capacity.cards else None
+        )
+        self._slices: list[SliceTaken] = []
+        self._ports: list[int] = []
+        self._open = True
+
+    @property
+    def free_gpu_count(self) -> int:
+        return len(self.capacity.free_gpu_ids[self.machine_id])
+
+    def take(
+        self, gpu_count: int, container_ports: list[int]
+    ) -> tuple[list[int], list[tuple[int, int]]]:
+        """``FreeCapacity.take`` on the trial's machine."""
+        gpu_ids, ports = self.capacity.take(self.machine_id, gpu_count, container_ports)
+        self._ports.extend(host_port for _, host_port in ports)
+        return gpu_ids, ports
+
+    def take_slice(self, core_percent: int, memory_mb: int, policy: str = BINPACK) -> SliceTaken:
+        """``FreeCapacity.take_slice`` on the trial's machine."""
+        slice_ = self.capacity.take_slice(self.machine_id, core_percent, memory_mb, policy)
+        self._slices.append(slice_)
+        return slice_
+
+    def lend(self, gpu_ids: list[int]) -> None:
+        """Count GPUs that an interruption in this transaction would free as free, after the
+        ones that are (``take`` hands them out last): the interruption happens only if the
+        trial is committed."""
+        self.capacity.free_gpu_ids[self.machine_id].extend(gpu_ids)
+
+    def commit(self) -> None:
+        """Keep what the trial took: the order is accepted."""
+        self._close()
+
+    def drop(self) -> None:
+        """Put back what the trial took and was lent: the order is refused."""
+        self._close()
+        capacity, machine_id = self.capacity, self.machine_id
+        capacity.free_gpu_ids[machine_id][:] = self._free_before
+        if self._cards_before is not None:
+            capacity.cards[machine_id] = self._cards_before
+        for slice_ in self._slices:
+            capacity._card_of[slice_.gpu_id].give_back(slice_.core_percent, slice_.memory_mb)
+        capacity.used_ports[machine_id].difference_update(self._ports)
+
+    def _close(self) -> None:
+        if not self._open:
+            raise RuntimeError("This trial was committed or dropped already.")
+        self._open = False
+        self.capacity._trial = None
+
+    def __enter__(self) -> CapacityTrial:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._open:
+            self.drop()
 
 
 def _present_gpus(machine_ids: list[int]) -> list[tuple]:
@@ -248,7 +304,7 @@ def allocations_write(
     *,
     savepoint: bool = True,
 ) -> None:
-    """Write the GPU, slice and port allocations ``MachineRoom`` handed out: (instance, GPU
+    """Write the GPU, slice and port allocations ``FreeCapacity`` handed out: (instance, GPU
     ids, [(container port, host port)], slice or None) per rental, in three statements.
 
     A batch of rents writes hundreds of rows: on PostgreSQL they load by binary COPY

@@ -3,7 +3,7 @@
 Sharing needs CUDA MPS on the host, as the last probe found it; it is refused, saying why,
 without. It cannot be turned off while slices run on the machine: their limits live in the MPS
 daemon the machine would stop. Only cards no whole-GPU rental holds are sliced, and a sliced
-card takes no whole-GPU rental until its slices are gone (``MachineRoom``, and the card
+card takes no whole-GPU rental until its slices are gone (``FreeCapacity``, and the card
 triggers in the database).
 """
 

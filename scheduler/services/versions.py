@@ -26,7 +26,7 @@ from scheduler.models import (
     PortAllocation,
     version_container_name,
 )
-from scheduler.services.allocations import MachineRoom, allocations_write
+from scheduler.services.allocations import FreeCapacity, allocations_write
 from scheduler.services.containers import (
     container_gone_or_stopped,
     container_removed,
@@ -73,9 +73,9 @@ def instance_ports_set(
         if not added:
             return
         if host_ports is None:
-            _, pairs = MachineRoom([machine]).take(machine.pk, 0, added)
+            _, pairs = FreeCapacity([machine]).take(machine.pk, 0, added)
         else:
-            used = MachineRoom([machine]).used_ports[machine.pk]
+            used = FreeCapacity([machine]).used_ports[machine.pk]
             pairs = [(port, host_ports.get(port)) for port in added]
             if any(host is None or host in used for _, host in pairs):
                 raise NoCapacity("the host ports it published were taken meanwhile")
@@ -288,7 +288,7 @@ def _gpus_back(instance: Instance, count: int) -> None:
                 .values_list("gpu_id", flat=True)
             )
             wanted = list(dict.fromkeys(released))[: count - now_held]
-            free = set(MachineRoom([machine]).free_gpu_ids[machine.pk])
+            free = set(FreeCapacity([machine]).free_gpu_ids[machine.pk])
             if len(wanted) < count - now_held or not set(wanted) <= free:
                 raise NoCapacity("the GPUs it ran on were rented meanwhile")
             GpuAllocation.objects.bulk_create(
