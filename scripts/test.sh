@@ -57,7 +57,8 @@ if [ "$quick" = 1 ]; then
 fi
 # Every example the properties ask for, as in CI (tests/conftest.py).
 export HYPOTHESIS_PROFILE="${HYPOTHESIS_PROFILE:-ci}"
-.venv/bin/pytest -n "${PYTEST_WORKERS:-3}" --dist loadfile "$@" || status=$?
+# The slowest tests are listed at the end, so each run says where the suite's time goes.
+.venv/bin/pytest -n "${PYTEST_WORKERS:-3}" --dist loadfile --durations=30 "$@" || status=$?
 
 # The ledger again on SQLite, `make run`'s database: billing/ and core/pg_bulk.py write differently
 # there (no arrays, no COPY-style bulk statements), and only this job runs those branches. Run
