@@ -10,7 +10,7 @@ migrates it and inserts 100,000 rentals, each with its instance and its open cre
 (9 in 10 running, 1 in 10 stopped: storage only), funded by one balanced grant. Then it runs
 what the ``metering_sweep`` task runs — ``rentals_resync`` (finds rentals a lost event
 left out of step: none here, but the query runs over every open rental) and then
-``marketplace.services.metering.metering_sweep``, which has the database compute what each
+``marketplace.rentals.metering.metering_sweep``, which has the database compute what each
 open rental owes from its clocks and capture the difference from each hold, in batches on
 ``METERING_SWEEP_CONNECTIONS`` connections (``BENCH_SWEEP_CONNECTIONS`` overrides) — several times:
 
@@ -247,9 +247,9 @@ def main() -> None:
         from billing.metering import SETTLE_BATCH_SIZE, HoldUsage, holds_settle_usage
         from billing.signals import balance_changed
         from marketplace.models import Rental
-        from marketplace.services.clocks import rentals_resync
-        from marketplace.services.metering import metering_sweep as sweep_only
-        from marketplace.services.metering import rental_owed
+        from marketplace.rentals.clocks import rentals_resync
+        from marketplace.rentals.metering import metering_sweep as sweep_only
+        from marketplace.rentals.metering import rental_owed
 
         # The database CPU printed is that of every backend of the bench's database.
         settings.METERING_SWEEP_CONNECTIONS = int(

@@ -46,7 +46,7 @@ def capture_due(
     The rule:
 
     * What is owed is cumulative per kind: rate × the clock's cumulative seconds, rounded once
-      (half up), plus what was banked at earlier prices (``marketplace.services.metering.
+      (half up), plus what was banked at earlier prices (``marketplace.rentals.metering.
       rental_owed``). GPU time runs while the instance holds its GPUs on a machine in service;
       storage while the contract exists, stopped or not; neither runs past the rental's end.
     * Of each kind only the difference from what was already captured is captured, and never

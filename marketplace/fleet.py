@@ -23,7 +23,7 @@ EARNINGS_DAYS = 30
 
 
 def machine_reference(machine_id: int) -> str:
-    """How billing names a machine on a charge (marketplace.services.renting sets it)."""
+    """How billing names a machine on a charge (marketplace.rentals.renting sets it)."""
     return f"machine:{machine_id}"
 
 

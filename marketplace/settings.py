@@ -467,7 +467,7 @@ STRIPE_CONNECT_PAYOUTS = env_bool("STRIPE_CONNECT_PAYOUTS", False)
 BILLING_TEST_CREDIT_AMOUNT = 100 * 1_000_000
 # Connections the metering sweep settles its batches on (PostgreSQL; each a thread with its
 # own connection from the worker's pool, closed when the sweep ends). See
-# marketplace/services/metering.py for the measurements behind the default.
+# marketplace/rentals/metering.py for the measurements behind the default.
 METERING_SWEEP_CONNECTIONS = int(os.environ.get("METERING_SWEEP_CONNECTIONS", "2"))
 # Oldest Stripe-Signature timestamp the webhook accepts, in seconds (Stripe's default).
 STRIPE_WEBHOOK_TOLERANCE = int(os.environ.get("STRIPE_WEBHOOK_TOLERANCE", "300"))

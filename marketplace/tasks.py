@@ -14,18 +14,9 @@ import structlog
 from celery import shared_task
 
 from marketplace.models import Volume
-from marketplace.services import (
-    bids,
-    clocks,
-    env_vars,
-    metering,
-    offers,
-    registries,
-    renter_actions,
-    ssh_keys,
-    volume_metering,
-    volumes,
-)
+from marketplace.rentals import actions as renter_actions
+from marketplace.rentals import bids, clocks, metering, volume_metering, volumes
+from marketplace.services import env_vars, offers, registries, ssh_keys
 from marketplace.services.accounts import invitations_expire as expire
 from scheduler import services as scheduler
 from scheduler.models import WORK_STATES, Instance, InstanceState

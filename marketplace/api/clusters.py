@@ -29,7 +29,7 @@ from marketplace.deployments.reconciler import replica_counts
 from marketplace.deployments.services import MAX_DISK_GB, MAX_GPUS_PER_REPLICA, MAX_REPLICAS
 from marketplace.models import Cluster
 from marketplace.models.deployments import ReplicaState
-from marketplace.services.renting import MAX_RENTAL_HOURS, MIN_RENTAL_HOURS
+from marketplace.rentals.renting import MAX_RENTAL_HOURS, MIN_RENTAL_HOURS
 
 
 class ClusterInputSerializer(serializers.Serializer):

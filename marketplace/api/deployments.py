@@ -28,7 +28,7 @@ from marketplace.deployments.services import (
 )
 from marketplace.models import Cluster, Deployment, Replica
 from marketplace.models.deployments import DeploymentMode, PlacementPolicy, ReplicaState
-from marketplace.services.renting import MAX_RENTAL_HOURS, MIN_RENTAL_HOURS
+from marketplace.rentals.renting import MAX_RENTAL_HOURS, MIN_RENTAL_HOURS
 from scheduler import services as scheduler
 from scheduler.models import LaunchMode
 from scheduler.placement import BINPACK, CARD_POLICIES

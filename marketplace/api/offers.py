@@ -19,9 +19,9 @@ from marketplace.api.fields import DOLLARS_SCHEMA, DollarsField, FiniteFloatFiel
 from marketplace.api.permissions import read_only_methods
 from marketplace.api.throttling import throttle_scope
 from marketplace.models import Offer
+from marketplace.rentals.renting import MAX_RENTAL_HOURS, MIN_RENTAL_HOURS
 from marketplace.services.offer_figures import BENCHMARK_FIELDS
 from marketplace.services.pricing import rental_quote
-from marketplace.services.renting import MAX_RENTAL_HOURS, MIN_RENTAL_HOURS
 
 MAX_PAGE = 256
 MAX_OFFSET = 10_000

@@ -9,8 +9,8 @@ import functools
 from rest_framework import serializers
 
 from marketplace.api.fields import DollarsField, FiniteFloatField, finite_number
-from marketplace.services.renting import MAX_RENTAL_HOURS, MIN_RENTAL_HOURS, RentalRequest
-from marketplace.services.volumes import MountRequest
+from marketplace.rentals.renting import MAX_RENTAL_HOURS, MIN_RENTAL_HOURS, RentalRequest
+from marketplace.rentals.volumes import MountRequest
 from marketplace.url_ids import MAX_ID
 from scheduler.models import LaunchMode
 from scheduler.placement import BINPACK, CARD_POLICIES, SliceSize

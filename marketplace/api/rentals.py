@@ -29,16 +29,7 @@ from marketplace.api.rent_requests import (
     rent_request,
 )
 from marketplace.models import CommittedImage, Rental, SshKey
-from marketplace.selectors import instance_connection, instance_logs, rental_versions
-from marketplace.services.bids import rental_bid_change
-from marketplace.services.clocks import ENDED_STATES
-from marketplace.services.rental_versions import (
-    rental_commit,
-    rental_new_version,
-    rental_rollback,
-    rental_version_delete,
-)
-from marketplace.services.renter_actions import (
+from marketplace.rentals.actions import (
     instance_label,
     rental_continue,
     rental_destroy_request,
@@ -48,17 +39,26 @@ from marketplace.services.renter_actions import (
     rental_start,
     rental_stop_request,
 )
-from marketplace.services.renting import (
+from marketplace.rentals.bids import rental_bid_change
+from marketplace.rentals.clocks import ENDED_STATES
+from marketplace.rentals.renting import (
     Rented,
     rental_create,
     rental_extend,
 )
+from marketplace.rentals.versions import (
+    rental_commit,
+    rental_new_version,
+    rental_rollback,
+    rental_version_delete,
+)
+from marketplace.rentals.volumes import MountRequest
+from marketplace.selectors import instance_connection, instance_logs, rental_versions
 from marketplace.services.ssh_keys import (
     instance_ssh_key_attach,
     instance_ssh_key_detach,
     ssh_key_add,
 )
-from marketplace.services.volumes import MountRequest
 from marketplace.tenancy import team_object_or_404
 from marketplace.url_ids import MAX_ID
 from scheduler import services as scheduler

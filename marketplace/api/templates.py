@@ -16,7 +16,7 @@ from marketplace.api.permissions import api_membership
 from marketplace.api.rent_requests import RentSerializer, rent_request
 from marketplace.api.rentals import InstanceSerializer, rented_data
 from marketplace.models import ApiKey, Template
-from marketplace.services.renting import rental_create
+from marketplace.rentals.renting import rental_create
 from marketplace.services.templates import (
     template_create,
     template_delete,

@@ -13,7 +13,7 @@ from marketplace.api.base import TeamScopedViewSet
 from marketplace.api.fields import DOLLARS_SCHEMA, FiniteFloatField, dollars
 from marketplace.api.rent_requests import ExtendSerializer
 from marketplace.models import Volume, VolumeState
-from marketplace.services.volumes import (
+from marketplace.rentals.volumes import (
     DEFAULT_VOLUME_HOURS,
     MAX_VOLUME_HOURS,
     volume_create,

@@ -28,8 +28,8 @@ from core.pg_bulk import bulk_set
 from marketplace.deployments.conditions import matching_offers, placement_request, queue_reason
 from marketplace.models import Deployment, Offer, Rental, Replica
 from marketplace.models.deployments import ReplicaState
+from marketplace.rentals.renting import RentalRequest, Rented, rentals_create
 from marketplace.services.pricing import quote_at, slice_rate
-from marketplace.services.renting import RentalRequest, Rented, rentals_create
 from scheduler.placement import Card, MachineSnapshot, Placement, Planner
 from scheduler.services import NoCapacity
 

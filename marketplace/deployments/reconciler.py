@@ -52,7 +52,7 @@ from marketplace.deployments.placing import Fleet, Placing, place_queued
 from marketplace.models import Deployment, Replica
 from marketplace.models.deployments import LIVE_REPLICA_STATES, DeploymentState, ReplicaState
 from marketplace.models.rentals import all_free_offers
-from marketplace.services.renter_actions import rental_destroy_request
+from marketplace.rentals.actions import rental_destroy_request
 from scheduler.models import Instance, InstanceState
 
 logger = logging.getLogger(__name__)

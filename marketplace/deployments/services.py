@@ -23,7 +23,7 @@ from marketplace.models.deployments import (
     PlacementPolicy,
     ReplicaState,
 )
-from marketplace.services.renting import MAX_RENTAL_HOURS, MIN_RENTAL_HOURS
+from marketplace.rentals.renting import MAX_RENTAL_HOURS, MIN_RENTAL_HOURS
 from marketplace.validation import validate_launch
 from scheduler.models import LaunchMode
 from scheduler.placement import BINPACK, CARD_POLICIES

@@ -17,7 +17,7 @@ from rest_framework import serializers
 from marketplace.api.rent_requests import ExtendSerializer, RentSerializer
 from marketplace.api.rentals import BidSerializer, ExecSerializer
 from marketplace.forms.base import ConsoleForm, whole_number
-from marketplace.services.renting import RentalRequest
+from marketplace.rentals.renting import RentalRequest
 
 
 def env_from_lines(text: str) -> dict[str, str]:

@@ -13,10 +13,10 @@ from hosts.services import register_commitments
 from hosts.signals import machine_changed, machine_status_changed
 from marketplace.events import publish_team_event
 from marketplace.models import Rental
-from marketplace.services.clocks import rentals_follow_machine
+from marketplace.rentals.clocks import rentals_follow_machine
+from marketplace.rentals.volume_metering import volumes_follow_machine
+from marketplace.rentals.volumes import volumes_pending_removal
 from marketplace.services.offers import offer_refresh
-from marketplace.services.volume_metering import volumes_follow_machine
-from marketplace.services.volumes import volumes_pending_removal
 from scheduler.services import live_gpu_allocations, machine_instances_unknown, sliced_gpu_ids
 from scheduler.tasks import machine_reconcile_one
 

@@ -8,10 +8,10 @@ from django.dispatch import receiver
 
 from hosts.models import Machine
 from marketplace.events import publish_instance_event, publish_team_event
-from marketplace.services.bids import bids_waiting, interrupted_note, machine_bids_resolve
-from marketplace.services.clocks import rental_follow_instance
+from marketplace.rentals.bids import bids_waiting, interrupted_note, machine_bids_resolve
+from marketplace.rentals.clocks import rental_follow_instance
+from marketplace.rentals.versions import rental_follow_version
 from marketplace.services.offers import offer_refresh
-from marketplace.services.rental_versions import rental_follow_version
 from scheduler.models import GPU_HOLDING_STATES, InstanceState
 from scheduler.signals import instance_progress, instance_state_changed
 

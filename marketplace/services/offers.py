@@ -17,7 +17,7 @@ from django.utils import timezone
 from billing.money import MICRO_PER_DOLLAR
 from hosts.models import Gpu, Machine, MachineStatus, MaintenanceWindow
 from marketplace.models import Offer, Rental
-from marketplace.services.bids import min_bid
+from marketplace.rentals.bids import min_bid
 from marketplace.services.offer_figures import BENCHMARK_FIELDS, benchmark_values
 from scheduler.models import GpuAllocation, Instance
 from scheduler.placement import Card

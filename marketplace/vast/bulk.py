@@ -18,12 +18,12 @@ from rest_framework.response import Response
 
 from marketplace.api.errors import api_exception_handler
 from marketplace.models.rentals import all_free_offers
-from marketplace.services.renter_actions import (
+from marketplace.rentals.actions import (
     rental_destroy_request,
     rental_start,
     rental_stop_request,
 )
-from marketplace.services.renting import rentals_create
+from marketplace.rentals.renting import rentals_create
 from marketplace.tenancy import team_objects
 from marketplace.url_ids import MAX_ID
 from marketplace.vast.errors import Refused

@@ -14,7 +14,7 @@ from rest_framework.response import Response
 
 from marketplace import offer_query
 from marketplace.api.offers import search_offers
-from marketplace.services.renting import rental_create
+from marketplace.rentals.renting import rental_create
 from marketplace.vast import shapes
 from marketplace.vast.errors import Refused
 from marketplace.vast.views import ANY_JSON, RenterView, rent_order

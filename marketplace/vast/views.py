@@ -27,9 +27,7 @@ from marketplace.api.permissions import api_team
 from marketplace.api.rent_requests import RentSerializer
 from marketplace.models import ApiKey, Offer, SshKey
 from marketplace.models.rentals import all_free_offers
-from marketplace.selectors import instance_connection, instance_logs
-from marketplace.services.bids import rental_bid_change, winning_bid
-from marketplace.services.renter_actions import (
+from marketplace.rentals.actions import (
     instance_label,
     rental_destroy_request,
     rental_exec,
@@ -37,7 +35,9 @@ from marketplace.services.renter_actions import (
     rental_start,
     rental_stop_request,
 )
-from marketplace.services.renting import MIN_RENTAL_HOURS, RentalRequest, rental_create
+from marketplace.rentals.bids import rental_bid_change, winning_bid
+from marketplace.rentals.renting import MIN_RENTAL_HOURS, RentalRequest, rental_create
+from marketplace.selectors import instance_connection, instance_logs
 from marketplace.services.ssh_keys import (
     instance_ssh_key_attach,
     instance_ssh_key_detach,

@@ -16,7 +16,7 @@ from rest_framework.exceptions import APIException, NotFound
 from hosts.models import Machine
 from hosts.runtime.volumes import MAX_VOLUME_GB
 from marketplace.models import Offer, Volume, VolumeState
-from marketplace.services.volumes import DEFAULT_VOLUME_HOURS, volume_create, volume_delete
+from marketplace.rentals.volumes import DEFAULT_VOLUME_HOURS, volume_create, volume_delete
 from marketplace.url_ids import MAX_ID
 from marketplace.vast.errors import Refused
 

@@ -1,5 +1,5 @@
 """``vastai search/create/show/delete volume(s)`` and ``create instance --create-volume /
---link-volume``, over the volumes of /api/v1/volumes/ (marketplace/services/volumes.py).
+--link-volume``, over the volumes of /api/v1/volumes/ (marketplace/rentals/volumes.py).
 
 vast.ai's volume offer is a slice of a machine's disk a host lists for volumes; here every
 listed machine offers the part of its free disk no volume has been promised, at its storage
@@ -27,7 +27,7 @@ from billing.money import MICRO_PER_DOLLAR
 from hosts.models import Machine, MachineStatus
 from marketplace.models import Offer, Volume, VolumeState
 from marketplace.models.rentals import all_free_offers, machine_offer
-from marketplace.services.volumes import (
+from marketplace.rentals.volumes import (
     volume_delete,
     volume_room_gb,
 )

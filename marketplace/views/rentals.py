@@ -30,18 +30,7 @@ from marketplace.forms.rentals import (
     SshKeyRemoveForm,
 )
 from marketplace.models import Offer, Role, SshKey, Volume, VolumeState
-from marketplace.selectors import instance_connection
-from marketplace.services.bids import rental_bid_change
-from marketplace.services.clocks import ENDED_STATES
-from marketplace.services.metering import rental_owed
-from marketplace.services.pricing import quote_at
-from marketplace.services.rental_versions import (
-    rental_commit,
-    rental_new_version,
-    rental_rollback,
-    rental_version_delete,
-)
-from marketplace.services.renter_actions import (
+from marketplace.rentals.actions import (
     rental_continue,
     rental_destroy_request,
     rental_exec,
@@ -50,7 +39,18 @@ from marketplace.services.renter_actions import (
     rental_start,
     rental_stop_request,
 )
-from marketplace.services.renting import rental_create, rental_extend
+from marketplace.rentals.bids import rental_bid_change
+from marketplace.rentals.clocks import ENDED_STATES
+from marketplace.rentals.metering import rental_owed
+from marketplace.rentals.renting import rental_create, rental_extend
+from marketplace.rentals.versions import (
+    rental_commit,
+    rental_new_version,
+    rental_rollback,
+    rental_version_delete,
+)
+from marketplace.selectors import instance_connection
+from marketplace.services.pricing import quote_at
 from marketplace.services.ssh_keys import ssh_key_add
 from marketplace.tenancy import team_object_or_404, team_objects
 from marketplace.views.console import error_text, require_role

@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from hosts.runtime import CommandFailed, HostUnreachable
 from marketplace.models import Offer, Role, Volume, VolumeState
-from marketplace.services.volumes import (
+from marketplace.rentals.volumes import (
     DEFAULT_VOLUME_HOURS,
     VolumeInUse,
     volume_create,

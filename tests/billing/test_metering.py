@@ -20,7 +20,7 @@ from billing.holds import hold_extend, hold_release, platform_fee_percent
 from billing.models import Hold, HoldStatus, Transfer, TransferKind
 from billing.money import usage_owed
 from marketplace.models import Rental
-from marketplace.services.metering import (
+from marketplace.rentals.metering import (
     metering_sweep,
     rental_bank_gpu_owed,
     rental_meter,

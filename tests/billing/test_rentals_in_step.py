@@ -20,8 +20,8 @@ from billing.selectors import team_balance
 from hosts.models import Machine
 from marketplace import tasks
 from marketplace.models import Rental
-from marketplace.services.clocks import rental_follow_instance, rentals_follow_machine
-from marketplace.services.metering import rental_owed
+from marketplace.rentals.clocks import rental_follow_instance, rentals_follow_machine
+from marketplace.rentals.metering import rental_owed
 from scheduler.models import Instance
 from tests.billing.databases import postgresql_only
 from tests.billing.ledger_checks import assert_ledger_consistent, ledger_counts

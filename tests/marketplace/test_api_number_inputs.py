@@ -22,8 +22,8 @@ from billing.credits import credit_grant
 from billing.money import MICRO_PER_DOLLAR
 from hosts.models import Gpu, Machine
 from marketplace.models import Role
+from marketplace.rentals.renting import RentalRequest, rental_create
 from marketplace.services.offers import offer_refresh
-from marketplace.services.renting import RentalRequest, rental_create
 from marketplace.services.templates import template_create
 from tests.conftest import client_for, key_client
 from tests.factories import TeamFactory, UserFactory, add_member

@@ -11,7 +11,7 @@ from django.db import transaction
 
 from billing.errors import InsufficientCredit
 from hosts.models import Machine
-from marketplace.services.renting import rentals_create
+from marketplace.rentals.renting import rentals_create
 from scheduler.models import GpuAllocation, GpuSlice
 from scheduler.services import FreeCapacity, NoCapacity
 from tests.factories import TeamFactory

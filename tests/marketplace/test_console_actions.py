@@ -18,7 +18,7 @@ from billing.models import Hold
 from billing.money import MICRO_PER_DOLLAR
 from billing.selectors import team_balance
 from marketplace.models import Offer, Rental
-from marketplace.services.metering import rental_owed
+from marketplace.rentals.metering import rental_owed
 from scheduler.models import GpuAllocation, Instance
 from tests.conftest import client_for
 from tests.marketplace.conftest import containers_named, docker_inspect

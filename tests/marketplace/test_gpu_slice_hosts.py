@@ -16,7 +16,7 @@ from hosts import services as hosts
 from hosts.models import Machine
 from hosts.runtime.mps import CONTAINER_PIPE_DIRECTORY, MPS_PIPE_DIRECTORY
 from marketplace.models import Rental
-from marketplace.services.renting import rental_create
+from marketplace.rentals.renting import rental_create
 from scheduler.models import GpuSlice, Instance, InstanceState
 from scheduler.services import NoCapacity
 from tests.billing.ledger_checks import assert_ledger_consistent

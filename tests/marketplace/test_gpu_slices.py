@@ -13,7 +13,7 @@ from django.db import IntegrityError, transaction
 from billing.models import Hold
 from hosts.models import Gpu
 from marketplace.models import Offer, Rental
-from marketplace.services.renting import RentalRequest, rental_create
+from marketplace.rentals.renting import RentalRequest, rental_create
 from scheduler.models import GpuAllocation, GpuSlice, Instance
 from scheduler.placement import SPREAD, SliceSize
 from scheduler.services import NoCapacity

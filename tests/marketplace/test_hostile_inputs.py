@@ -24,7 +24,7 @@ from rest_framework.test import APIClient
 from billing.credits import credit_grant
 from billing.money import MICRO_PER_DOLLAR
 from marketplace.models import Offer, Role
-from marketplace.services.renting import RentalRequest, rental_create
+from marketplace.rentals.renting import RentalRequest, rental_create
 from tests.conftest import client_for, key_client
 from tests.factories import TeamFactory, UserFactory, add_member
 from tests.marketplace.test_api_number_inputs import (

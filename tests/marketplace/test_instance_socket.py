@@ -11,7 +11,7 @@ from asgiref.sync import sync_to_async
 from channels.testing import WebsocketCommunicator
 
 from marketplace.asgi import application
-from marketplace.services.renter_actions import rental_stop_request
+from marketplace.rentals.actions import rental_stop_request
 from scheduler.models import Instance
 from tests.conftest import key_client
 from tests.factories import UserFactory, add_member

@@ -17,7 +17,7 @@ from django.utils import timezone
 from billing.models import Hold
 from billing.selectors import ledger_problems
 from marketplace.models import Offer, Rental, Role
-from marketplace.services.metering import rental_owed
+from marketplace.rentals.metering import rental_owed
 from scheduler.models import GpuAllocation, Instance, InstanceEvent
 from tests.conftest import key_client
 from tests.factories import TeamFactory, UserFactory, add_member

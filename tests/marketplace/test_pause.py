@@ -9,7 +9,7 @@ import pytest
 from django.utils import timezone
 
 from marketplace.models import Rental
-from marketplace.services.metering import rental_owed
+from marketplace.rentals.metering import rental_owed
 from scheduler.models import GpuAllocation, InstanceEvent
 from scheduler.services import machine_reconcile
 from tests.conftest import key_client

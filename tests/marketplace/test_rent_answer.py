@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from marketplace.services.rental_terms import RentalRequest
-from marketplace.services.renting import Rented, rental_create
+from marketplace.rentals.renting import Rented, rental_create
+from marketplace.rentals.terms import RentalRequest
 from tests.conftest import key_client
 from tests.factories import TeamFactory
 from tests.marketplace.conftest import fund

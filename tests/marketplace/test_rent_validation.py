@@ -10,7 +10,7 @@ from django.db import IntegrityError, transaction
 
 from billing.models import Hold
 from marketplace.models import Rental
-from marketplace.services.renting import RentalRequest, rental_create
+from marketplace.rentals.renting import RentalRequest, rental_create
 from scheduler.models import GpuAllocation, Instance
 from tests.conftest import client_for
 from tests.marketplace.test_console_actions import RENT_FORM, page_messages

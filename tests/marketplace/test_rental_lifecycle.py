@@ -19,8 +19,8 @@ from billing.selectors import team_balance
 from hosts import services as host_services
 from hosts.models import Machine, MaintenanceWindow
 from marketplace.models import Offer, Rental, Role
+from marketplace.rentals.renting import rental_extend
 from marketplace.services.pricing import rental_quote
-from marketplace.services.renting import rental_extend
 from marketplace.tasks import expiry_sweep
 from scheduler import services as scheduler
 from scheduler.models import GpuAllocation, Instance, InstanceEvent

@@ -10,7 +10,7 @@ from django.utils import timezone
 from billing.models import Hold
 from billing.selectors import team_balance
 from marketplace.models import Offer, Rental
-from marketplace.services.metering import rental_meter, rental_owed
+from marketplace.rentals.metering import rental_meter, rental_owed
 from marketplace.tasks import expiry_sweep, rental_launch
 from scheduler.models import GpuAllocation, Instance, PortAllocation
 from tests.conftest import key_client

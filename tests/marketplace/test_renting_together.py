@@ -11,7 +11,7 @@ from django.db import connection, transaction
 from billing.models import Hold
 from hosts.models import Machine
 from marketplace.models import Rental, Role
-from marketplace.services.renting import _renting_together
+from marketplace.rentals.renting import _renting_together
 from scheduler.models import GpuAllocation
 from tests.billing.ledger_checks import holds_and_balance
 from tests.conftest import key_client

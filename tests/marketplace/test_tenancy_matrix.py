@@ -64,9 +64,9 @@ from marketplace.models import (
     Volume,
     VolumeVersion,
 )
+from marketplace.rentals.renting import RentalRequest, rental_create
 from marketplace.services.accounts import api_key_create, invitation_create
 from marketplace.services.offers import offer_refresh
-from marketplace.services.renting import RentalRequest, rental_create
 from marketplace.services.ssh_keys import ssh_key_add
 from scheduler.models import Instance
 from tests.conftest import client_for

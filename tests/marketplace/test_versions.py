@@ -13,7 +13,7 @@ from django.utils import timezone
 from billing.models import Hold
 from hosts.devtools.sim_docker import SSH_IMAGE, ensure_ssh_image
 from marketplace.models import CommittedImage, Rental
-from marketplace.services.metering import rental_owed
+from marketplace.rentals.metering import rental_owed
 from marketplace.services.pricing import storage_owed
 from scheduler.models import GpuAllocation, Instance, PortAllocation
 from tests.conftest import client_for, key_client

@@ -15,8 +15,8 @@ from billing.models import Hold
 from hosts.runtime.volumes import VOLUME_DIR, HostVolumes
 from marketplace.models import Volume, VolumeState
 from marketplace.models.volumes import volume_reference
+from marketplace.rentals.volume_metering import volumes_meter_sweep
 from marketplace.services.pricing import storage_owed
-from marketplace.services.volume_metering import volumes_meter_sweep
 from tests.conftest import client_for, key_client, sim_container_label
 from tests.factories import TeamFactory, UserFactory, add_member
 from tests.marketplace.conftest import (
@@ -264,7 +264,7 @@ def test_a_volume_is_not_charged_while_its_machine_is_offline_and_deleting_it_th
 
 
 def test_volume_clocks_put_in_step_by_the_sweep_when_a_status_event_was_lost(funded_team, machine):
-    from marketplace.services.volume_metering import volumes_resync
+    from marketplace.rentals.volume_metering import volumes_resync
 
     made = key_client(funded_team).post(
         "/api/v1/volumes/",

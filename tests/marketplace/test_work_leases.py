@@ -25,7 +25,7 @@ from django.utils import timezone
 from billing.models import Hold
 from marketplace.celery import app as celery_app
 from marketplace.models import Offer, Rental
-from marketplace.services.metering import metering_sweep
+from marketplace.rentals.metering import metering_sweep
 from marketplace.tasks import rental_destroy, rental_stop
 from scheduler import services as scheduler
 from scheduler import work

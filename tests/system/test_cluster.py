@@ -381,7 +381,7 @@ def test_redis_stopped_and_postgresql_restarted_during_metering_every_process_re
         checked = inst.django(
             "from django.utils import timezone\n"
             "from marketplace.models import Rental\n"
-            "from marketplace.services.metering import metering_sweep, rental_owed\n"
+            "from marketplace.rentals.metering import metering_sweep, rental_owed\n"
             "from billing.models import Hold\n"
             "now = timezone.now()\n"
             "before = {r.pk: (Hold.objects.get(pk=r.hold_id).captured_gpu, rental_owed(r, now).gpu)"

@@ -17,7 +17,7 @@ from django.utils import timezone
 from billing import holds
 from hosts.models import Machine, MachineStatus, in_service
 from marketplace.models import Rental
-from marketplace.services.metering import rental_meter
+from marketplace.rentals.metering import rental_meter
 from scheduler.models import Instance, InstanceState
 
 logger = logging.getLogger(__name__)

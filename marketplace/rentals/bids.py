@@ -34,7 +34,7 @@ from core.task_queue import task_queue
 from hosts.models import Machine, MachineStatus
 from hosts.runtime import CommandFailed, HostUnreachable
 from marketplace.models import Rental
-from marketplace.services.metering import BANK_GPU_FIELDS, rental_bank_gpu_owed
+from marketplace.rentals.metering import BANK_GPU_FIELDS, rental_bank_gpu_owed
 from marketplace.services.pricing import rental_hold_grow
 from scheduler.models import GpuAllocation, Instance, InstanceState
 from scheduler.services import (

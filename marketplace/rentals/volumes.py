@@ -35,8 +35,8 @@ from marketplace.events import publish_team_events
 from marketplace.fleet import machine_reference
 from marketplace.models import Team, Volume, VolumeMount, VolumeState, VolumeVersion
 from marketplace.models.volumes import volume_reference
+from marketplace.rentals.volume_metering import volume_meter
 from marketplace.services.pricing import MAX_RENTAL_HOURS, MIN_RENTAL_HOURS, storage_owed
-from marketplace.services.volume_metering import volume_meter
 from scheduler.models import Instance, InstanceState
 
 logger = logging.getLogger(__name__)

@@ -33,7 +33,7 @@ from marketplace.events import publish_team_events
 from marketplace.fleet import machine_reference
 from marketplace.models import Rental, Team
 from marketplace.models.rentals import rental_reference
-from marketplace.services.bids import (
+from marketplace.rentals.bids import (
     ON_DEMAND_REASON,
     Bidder,
     bidders_to_interrupt,
@@ -41,7 +41,13 @@ from marketplace.services.bids import (
     rentals_interrupt,
     running_bids,
 )
-from marketplace.services.clocks import ENDED_STATES
+from marketplace.rentals.clocks import ENDED_STATES
+from marketplace.rentals.terms import MAX_RENTAL_HOURS as MAX_RENTAL_HOURS
+from marketplace.rentals.terms import MIN_RENTAL_HOURS as MIN_RENTAL_HOURS
+from marketplace.rentals.terms import RentalRequest as RentalRequest
+from marketplace.rentals.terms import container_ports, request_check, terms_check
+from marketplace.rentals.versions import committed_image_check
+from marketplace.rentals.volumes import mounts_check, mounts_lock_ready, mounts_write
 from marketplace.services.offers import offers_refresh
 from marketplace.services.pricing import (
     Quote,
@@ -50,12 +56,6 @@ from marketplace.services.pricing import (
     slice_rate,
 )
 from marketplace.services.registries import registry_check, registry_login_seal
-from marketplace.services.rental_terms import MAX_RENTAL_HOURS as MAX_RENTAL_HOURS
-from marketplace.services.rental_terms import MIN_RENTAL_HOURS as MIN_RENTAL_HOURS
-from marketplace.services.rental_terms import RentalRequest as RentalRequest
-from marketplace.services.rental_terms import container_ports, request_check, terms_check
-from marketplace.services.rental_versions import committed_image_check
-from marketplace.services.volumes import mounts_check, mounts_lock_ready, mounts_write
 from scheduler.models import Instance, InstanceEvent, InstanceState, LaunchMode, PortAllocation
 from scheduler.placement import slice_fraction
 from scheduler.services import (

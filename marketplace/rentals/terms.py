@@ -12,9 +12,9 @@ from datetime import datetime, timedelta
 from django.core.exceptions import ValidationError
 
 from hosts.models import Machine
-from marketplace.services.bids import bid_check
+from marketplace.rentals.bids import bid_check
+from marketplace.rentals.volumes import MountRequest
 from marketplace.services.pricing import MAX_RENTAL_HOURS, MIN_RENTAL_HOURS
-from marketplace.services.volumes import MountRequest
 from marketplace.validation import label_check, registry_login_check, validate_launch
 from scheduler.models import LaunchMode
 from scheduler.placement import BINPACK, CARD_POLICIES, SliceSize

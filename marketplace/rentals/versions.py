@@ -24,16 +24,16 @@ from hosts.runtime import (
 )
 from marketplace.events import publish_instance_event
 from marketplace.models import CommittedImage, Rental, Team, Volume, VolumeMount, VolumeState
-from marketplace.services.metering import BANK_STORAGE_FIELDS, rental_bank_storage_owed
-from marketplace.services.offers import offer_refresh
-from marketplace.services.pricing import rental_hold_grow
-from marketplace.services.registries import registry_check
-from marketplace.services.volumes import (
+from marketplace.rentals.metering import BANK_STORAGE_FIELDS, rental_bank_storage_owed
+from marketplace.rentals.volumes import (
     MountRequest,
     mounts_check,
     mounts_lock_ready,
     mounts_write,
 )
+from marketplace.services.offers import offer_refresh
+from marketplace.services.pricing import rental_hold_grow
+from marketplace.services.registries import registry_check
 from marketplace.validation import validate_launch
 from scheduler import services as scheduler
 from scheduler.models import (
