@@ -151,13 +151,7 @@ class SimHost:
 
     def is_running(self) -> bool:
         pid = read_pid(self.pid_path)
-        if pid is None:
-            return False
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        return True
+        return pid is not None and _alive(pid)
 
     def start(self, timeout: float = 10.0) -> None:
         if self.is_running():
@@ -181,11 +175,7 @@ class SimHost:
         except ProcessLookupError:
             return
         deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                break
+        while time.monotonic() < deadline and _alive(pid):
             time.sleep(0.05)
         self.pid_path.unlink(missing_ok=True)
 
@@ -250,6 +240,17 @@ def _keygen(path: Path) -> None:
     subprocess.run(
         ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "", "-f", str(path)], check=True
     )
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` still runs. A daemon's parent is init, which may reap it seconds after
+    it exits (this machine's init does, about 2 s later): until then it is a zombie that
+    ``kill(pid, 0)`` still finds, so a zombie counts as gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def _descendants(pid: int) -> list[int]:
