@@ -94,3 +94,10 @@ class PayoutConflict(BillingError):
 
     http_status = 409
     error_code = "payout_conflict"
+
+
+class PayoutNotFound(BillingError):
+    """No payout request of this id in the team (another team's is not found either)."""
+
+    http_status = 404
+    error_code = "not_found"

@@ -4,8 +4,9 @@ A request moves the amount out of the team's earnings into its payout_pending ac
 once, so the same money cannot be asked for twice or paid out by the operator's direct
 ``credits.payout_record`` meanwhile. The operator then either pays it (payout_pending → the
 platform's payouts account: the money left the platform) or rejects it with a reason
-(payout_pending → earnings, all of it back). Each step is one balanced ledger transfer,
-keyed by the request, so a retried step writes nothing twice.
+(payout_pending → earnings, all of it back). While it waits, the provider may cancel it
+(payout_pending → earnings as well). Each step is one balanced ledger transfer, keyed by the
+request, so a retried step writes nothing twice.
 
 Locks follow the ledger's order (billing/ledger.py): the payout request row first, then the
 accounts in primary-key order. A team's accounts are locked before its open request is looked
@@ -26,6 +27,7 @@ from billing.errors import (
     PaymentProviderError,
     PaymentsUnavailable,
     PayoutConflict,
+    PayoutNotFound,
 )
 from billing.ledger import (
     AccountKey,
@@ -152,7 +154,7 @@ def payout_approve(*, payout_id: int, note: str = "", decided_by_id: int | None)
     if payout.status == PayoutStatus.PAID:
         return payout
     if payout.status != PayoutStatus.REQUESTED:
-        raise PayoutConflict("This payout request was rejected; it cannot be paid now.")
+        raise PayoutConflict(f"This payout request was {payout.status}; it cannot be paid now.")
     pending_key: AccountKey = (payout.team_id, AccountKind.PAYOUT_PENDING)
     payouts_key: AccountKey = (None, AccountKind.PAYOUTS)
     accounts = lock_accounts([pending_key, payouts_key])
@@ -185,7 +187,7 @@ def payout_reject(*, payout_id: int, reason: str, decided_by_id: int | None) -> 
     if payout.status == PayoutStatus.REJECTED:
         return payout
     if payout.status != PayoutStatus.REQUESTED:
-        raise PayoutConflict("This payout request was paid; it cannot be rejected now.")
+        raise PayoutConflict(f"This payout request was {payout.status}; it cannot be rejected now.")
     earnings_key, pending_key = _earnings_keys(payout.team_id)
     accounts = lock_accounts([earnings_key, pending_key])
     transfer = _decision_transfer(
@@ -200,6 +202,42 @@ def payout_reject(*, payout_id: int, reason: str, decided_by_id: int | None) -> 
         ]
     )
     return _decided(payout, PayoutStatus.REJECTED, transfer, decided_by_id, reason=reason)
+
+
+@transaction.atomic
+def payout_cancel(*, team_id: int, payout_id: int, cancelled_by_id: int | None) -> PayoutRequest:
+    """The provider takes back its team's waiting request: all of it goes back to the team's
+    earnings, and the request is cancelled, saying who did it and when.
+
+    Cancelling it again does nothing. A request the operator already paid or rejected is
+    refused (409, saying which), writing nothing; so is one of another team, as if it did not
+    exist (404). The request's row is locked first, so a cancel racing the operator's decision
+    waits for it and then sees it."""
+    try:
+        payout = PayoutRequest.objects.select_for_update().get(pk=payout_id, team_id=team_id)
+    except PayoutRequest.DoesNotExist as error:
+        raise PayoutNotFound(f"There is no payout request {payout_id} in your team.") from error
+    if payout.status == PayoutStatus.CANCELLED:
+        return payout
+    if payout.status != PayoutStatus.REQUESTED:
+        raise PayoutConflict(
+            f"This payout request was already {payout.status} by the operator; only a request"
+            " that is still waiting can be cancelled."
+        )
+    earnings_key, pending_key = _earnings_keys(team_id)
+    accounts = lock_accounts([earnings_key, pending_key])
+    transfer = _decision_transfer(
+        payout, TransferKind.PAYOUT_CANCEL, "Payout request cancelled", cancelled_by_id
+    )
+    postings_write(
+        [
+            Posting(
+                transfer,
+                [(accounts[pending_key], -payout.amount), (accounts[earnings_key], payout.amount)],
+            )
+        ]
+    )
+    return _decided(payout, PayoutStatus.CANCELLED, transfer, cancelled_by_id)
 
 
 # --- Stripe Connect: the operator pays through Stripe instead of outside ---------------------
@@ -234,7 +272,7 @@ def payout_pay_with_stripe(*, payout_id: int, decided_by_id: int | None) -> Payo
     if payout.status == PayoutStatus.PAID:
         return payout
     if payout.status != PayoutStatus.REQUESTED:
-        raise PayoutConflict("This payout request was rejected; it cannot be paid now.")
+        raise PayoutConflict(f"This payout request was {payout.status}; it cannot be paid now.")
     if not stripe_connect_enabled():
         raise PaymentsUnavailable("Stripe Connect payouts are not configured on this server.")
     destination = stripe_destination(payout.team_id)

@@ -8,6 +8,7 @@ that take a ``team_id`` are for internal callers (the rental flow, receivers).
 from __future__ import annotations
 
 import calendar
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import date, datetime, time, timedelta
 from typing import NamedTuple
@@ -96,6 +97,11 @@ class LedgerFilter:
     end: date | None = None  # inclusive
     kind: str = ""
     reference: str = ""
+    # What ``reference`` names, when the caller resolved it (references of the team's own
+    # rentals and machines bearing that name, as iterables or subqueries): rows of those
+    # match too, so a person finds rows by the names the page shows.
+    named_references: Iterable[str] | None = None
+    named_machine_references: Iterable[str] | None = None
 
 
 def day_start(day: date) -> datetime:
@@ -112,7 +118,12 @@ def ledger_entries(entries: QuerySet[Entry], filters: LedgerFilter) -> QuerySet[
     if filters.kind:
         query = query.filter(transfer__kind=filters.kind)
     if filters.reference:
-        query = query.filter(transfer__reference__icontains=filters.reference.strip())
+        found = Q(transfer__reference__icontains=filters.reference.strip())
+        if filters.named_references is not None:
+            found |= Q(transfer__reference__in=filters.named_references)
+        if filters.named_machine_references is not None:
+            found |= Q(transfer__machine_reference__in=filters.named_machine_references)
+        query = query.filter(found)
     return query
 
 

@@ -3,6 +3,10 @@
 Billing imports no other app, so its rows carry references; the pages people read turn them
 into names here (the API and the CSV export keep the references). Each lookup is scoped to
 the team reading: a reference to another team's rental or machine keeps its reference.
+
+The other way round, ``references_named`` turns what a person types into the ledger's
+Reference filter (a name the page shows) into the references of the team's own rentals and
+machines that bear it, as subqueries the ledger's query takes.
 """
 
 from __future__ import annotations
@@ -10,8 +14,22 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from django.db.models import (
+    Case,
+    CharField,
+    F,
+    OuterRef,
+    Q,
+    QuerySet,
+    Subquery,
+    Value,
+    When,
+)
+from django.db.models.functions import Cast, Concat
+
 from hosts.models import Gpu, Machine
 from marketplace.models import Rental, Team
+from marketplace.tenancy import team_objects
 
 RENTAL_PREFIX = "rental:"
 MACHINE_PREFIX = "machine:"
@@ -88,3 +106,56 @@ def machine_names(team: Team, references: Iterable[str]) -> dict[str, str]:
         f"{MACHINE_PREFIX}{pk}": name
         for pk, name in Machine.objects.filter(team=team, pk__in=ids).values_list("pk", "name")
     }
+
+
+@dataclass(frozen=True)
+class NamedReferences:
+    """The team's own rentals and machines whose shown names contain a text: subqueries of
+    ``rental:<id>`` (a transfer's reference) and ``machine:<id>`` (its machine reference)."""
+
+    rentals: QuerySet
+    machines: QuerySet
+
+
+def references_named(team: Team, text: str) -> NamedReferences:
+    """What ``text`` names among the team's own objects, matched (ignoring case) against what
+    the pages show: a rental's name (its label, else its image) and its "2× GPU-model on
+    machine-name" line, and a machine's name."""
+    first_gpu = Gpu.objects.filter(machine_id=OuterRef("machine_id")).order_by("index")
+    text_field = CharField()
+    count = Cast("gpu_count", text_field)
+    rentals = (
+        team_objects(team, Rental.objects.all())
+        .annotate(gpu_model=Subquery(first_gpu.values("name")[:1]))
+        .annotate(
+            # As RentalName shows them: its name, and its GPUs on its machine.
+            shown_name=Case(
+                When(instance__label="", then=F("instance__image")),
+                default=F("instance__label"),
+                output_field=text_field,
+            ),
+            shown_gpus=Case(
+                When(
+                    Q(gpu_model__isnull=True) | Q(gpu_model=""),
+                    then=Concat(count, Value(" GPU on "), "machine__name", output_field=text_field),
+                ),
+                default=Concat(
+                    count,
+                    Value("× "),
+                    "gpu_model",
+                    Value(" on "),
+                    "machine__name",
+                    output_field=text_field,
+                ),
+            ),  # fmt: skip
+        )
+        .filter(Q(shown_name__icontains=text) | Q(shown_gpus__icontains=text))
+        .annotate(ref=Concat(Value(RENTAL_PREFIX), Cast("instance_id", text_field)))
+        .values("ref")
+    )
+    machines = (
+        team_objects(team, Machine.objects.filter(name__icontains=text))
+        .annotate(ref=Concat(Value(MACHINE_PREFIX), Cast("pk", text_field)))
+        .values("ref")
+    )
+    return NamedReferences(rentals=rentals, machines=machines)

@@ -89,6 +89,7 @@ class TransferKind(models.TextChoices):
     PAYOUT = "payout", "Payout"
     PAYOUT_REQUEST = "payout_request", "Payout requested"
     PAYOUT_REJECT = "payout_reject", "Payout rejected"
+    PAYOUT_CANCEL = "payout_cancel", "Payout cancelled"
     # Credit one team sends another (both teams of the person who sends it).
     TEAM_TRANSFER = "team_transfer", "Credit sent between teams"
 

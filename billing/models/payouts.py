@@ -36,6 +36,7 @@ class PayoutStatus(models.TextChoices):
     REQUESTED = "requested", "Waiting for approval"
     PAID = "paid", "Paid"
     REJECTED = "rejected", "Rejected"
+    CANCELLED = "cancelled", "Cancelled"
 
 
 class PayoutRequest(models.Model):
@@ -44,6 +45,8 @@ class PayoutRequest(models.Model):
     Asking moves the amount from the team's earnings to its payout_pending account
     (``request_transfer``); the operator's decision moves it on to the platform's payouts
     account (paid) or back to earnings (rejected, with a reason) in ``decision_transfer``.
+    The provider may take a waiting request back (cancelled): that is its decision, back to
+    earnings, with who cancelled it and when in ``decided_by`` and ``decided_at``.
     """
 
     team = models.ForeignKey("marketplace.Team", on_delete=models.PROTECT, related_name="+")
@@ -108,7 +111,8 @@ class PayoutRequest(models.Model):
                 condition=~Q(idempotency_key=""),
                 name="billing_payout_unique_team_key",
             ),
-            # Waiting: no decision. Decided: when and its transfer; a rejection says why.
+            # Waiting: no decision. Decided (paid, cancelled): when and its transfer; a
+            # rejection says why too.
             models.CheckConstraint(
                 condition=Q(
                     status=PayoutStatus.REQUESTED,
@@ -116,7 +120,7 @@ class PayoutRequest(models.Model):
                     decision_transfer__isnull=True,
                 )
                 | Q(
-                    status=PayoutStatus.PAID,
+                    status__in=[PayoutStatus.PAID, PayoutStatus.CANCELLED],
                     decided_at__isnull=False,
                     decision_transfer__isnull=False,
                 )

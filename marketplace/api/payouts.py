@@ -1,5 +1,7 @@
 """REST API for providers' payout requests: ``/api/v1/payouts/`` lists the team's requests
 (newest first) and asks for a new one; the operator decides them in the admin.
+``POST /api/v1/payouts/{id}/cancel/`` takes a waiting request back: its amount returns to the
+unpaid earnings (a paid or rejected one answers 409, saying which).
 
 Asking takes ``amount`` in dollars and cents and an optional ``idempotency_key`` (or the
 ``Idempotency-Key`` header): a retry with the same key answers 200 with the first request, and
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, serializers, status
+from rest_framework.decorators import action
 from rest_framework.response import Response
 
 from billing import payouts
@@ -43,7 +46,8 @@ class PayoutViewSet(
 ):
     """Payouts of the team's provider earnings: ask for one (the amount leaves the unpaid
     earnings at once and waits for the operator), see each one's status and, when rejected,
-    why. One request waits at a time; the minimum is a server setting."""
+    why, or cancel one that waits. One request waits at a time; the minimum is a server
+    setting."""
 
     base_queryset = PayoutRequest.objects.order_by("-created_at", "-pk")
     serializer_class = PayoutSerializer
@@ -65,3 +69,15 @@ class PayoutViewSet(
             PayoutSerializer(payout).data,
             status=status.HTTP_201_CREATED if created else status.HTTP_200_OK,
         )
+
+    @extend_schema(request=None, responses={200: PayoutSerializer})
+    @action(detail=True, methods=["post"])
+    def cancel(self, request, pk=None):
+        """Take back a request that still waits: its amount goes back to the unpaid earnings.
+        Cancelling it again answers the same; a paid or rejected request answers 409."""
+        payout = payouts.payout_cancel(
+            team_id=self.team.pk,
+            payout_id=self.get_object().pk,
+            cancelled_by_id=getattr(request.user, "pk", None),
+        )
+        return Response(PayoutSerializer(payout).data)

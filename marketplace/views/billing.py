@@ -32,7 +32,7 @@ from billing.money import format_amount, micro_to_decimal_str, parse_usd
 from billing.views import stripe_webhook
 from marketplace import money_names
 from marketplace.invoice_rows import invoice_page
-from marketplace.models import Role
+from marketplace.models import Role, Team
 from marketplace.tenancy import role_allows, team_object_or_404, team_objects
 
 LEDGER_PAGE_SIZE = 50
@@ -55,15 +55,21 @@ class LedgerFilterForm(forms.Form):
             raise forms.ValidationError("The start date must not be after the end date.")
         return data
 
-    def to_filter(self) -> selectors.LedgerFilter:
+    def to_filter(self, team: Team) -> selectors.LedgerFilter:
+        """The ledger's filter; a Reference also finds rows by the names the page shows,
+        among the team's own rentals and machines."""
         if not self.is_valid():
             return selectors.LedgerFilter()
         data = self.cleaned_data
+        reference = (data.get("reference") or "").strip()
+        named = money_names.references_named(team, reference) if reference else None
         return selectors.LedgerFilter(
             start=data.get("start"),
             end=data.get("end"),
             kind=data.get("kind") or "",
-            reference=data.get("reference") or "",
+            reference=reference,
+            named_references=named.rentals if named else None,
+            named_machine_references=named.machines if named else None,
         )
 
 
@@ -112,6 +118,7 @@ class LedgerRow:
     account: str  # "Available", or "Available → Held" for a hold event
     moved: bool  # a hold event: credit moved between the team's own accounts
     rental: money_names.RentalName | None
+    machine_name: str | None = None  # the team's own machine it was earned on (providers)
 
     @property
     def amount(self) -> int:
@@ -121,14 +128,17 @@ class LedgerRow:
 
 def _ledger_rows(request: HttpRequest, entries: list[Entry]) -> list[LedgerRow]:
     names = money_names.rental_names(request.team, (e.transfer.reference for e in entries))
+    machines = money_names.machine_names(
+        request.team, (e.transfer.machine_reference for e in entries)
+    )
     rows = []
     for entry in entries:
         transfer = entry.transfer
         event = HOLD_EVENTS.get(transfer.kind)
         what, account = event or (transfer.get_kind_display(), entry.get_account_kind_display())
-        rows.append(
-            LedgerRow(entry, what, account, event is not None, names.get(transfer.reference))
-        )
+        rental = names.get(transfer.reference)
+        machine = None if rental else machines.get(transfer.machine_reference)
+        rows.append(LedgerRow(entry, what, account, event is not None, rental, machine))
     return rows
 
 
@@ -150,7 +160,7 @@ def balance(request: HttpRequest) -> HttpResponse:
     team = request.team
     current = selectors.balance_from_accounts(team_objects(team, Account.objects.all()))
     filter_form = LedgerFilterForm(request.GET or None)
-    entries = selectors.ledger_rows(_entries(request), filter_form.to_filter())
+    entries = selectors.ledger_rows(_entries(request), filter_form.to_filter(request.team))
     page = Paginator(entries, LEDGER_PAGE_SIZE).get_page(request.GET.get("page"))
     query = request.GET.copy()
     query.pop("page", None)
@@ -196,7 +206,7 @@ def _usage_columns(transfer) -> tuple[str, str]:
 @login_required
 def ledger_csv(request: HttpRequest) -> StreamingHttpResponse:
     filter_form = LedgerFilterForm(request.GET or None)
-    entries = selectors.ledger_entries(_entries(request), filter_form.to_filter())
+    entries = selectors.ledger_entries(_entries(request), filter_form.to_filter(request.team))
     writer = csv.writer(_Echo())
     # gpu_usd and storage_usd split a usage charge's gross amount (what the renter paid, fee
     # included) by kind; they are empty on other rows. amount_usd is this account's change.

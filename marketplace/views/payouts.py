@@ -1,6 +1,8 @@
 """The provider's Payouts page: ask for a payout of the team's unpaid earnings and see every
-request with its status (and, when rejected, why). Writes go through ``billing.payouts``;
-reads are scoped to the active team by the tenancy gateway."""
+request with its status (and, when rejected, why), and cancel one that still waits. Writes go
+through ``billing.payouts``; reads are scoped to the active team by the tenancy gateway. The
+page updates itself on the team's ``balance.changed`` events: every payout step (asked,
+cancelled, paid, rejected) moves the team's earnings, so each sends one."""
 
 from __future__ import annotations
 
@@ -9,9 +11,10 @@ import uuid
 from django import forms
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import path
+from django.views.decorators.http import require_POST
 
 from billing import payouts
 from billing.errors import BillingError
@@ -91,7 +94,10 @@ def payouts_page(request: HttpRequest) -> HttpResponse:
                     messages.success(request, "Payout requested. The operator reviews it next.")
                 return redirect("payouts")
         status = 400
-    history = team_objects(request.team, PayoutRequest.objects.order_by("-created_at", "-pk"))
+    history = team_objects(
+        request.team,
+        PayoutRequest.objects.select_related("decided_by").order_by("-created_at", "-pk"),
+    )
     context = {
         "form": form,
         "unpaid": unpaid,
@@ -104,4 +110,27 @@ def payouts_page(request: HttpRequest) -> HttpResponse:
     return render(request, "billing/payouts.html", context, status=status)
 
 
-urlpatterns: list = [path("payouts/", payouts_page, name="payouts")]
+@login_required
+@require_POST
+def payout_cancel(request: HttpRequest, pk: int) -> HttpResponse:
+    # Another team's request is not found, whatever the caller's role.
+    if not team_objects(request.team, PayoutRequest.objects.filter(pk=pk)).exists():
+        raise Http404("No such payout request.")
+    if not _can_ask(request):
+        messages.error(request, "Only the team's admins and owner can cancel a payout request.")
+        return redirect("payouts")
+    try:
+        payouts.payout_cancel(
+            team_id=request.team.pk, payout_id=pk, cancelled_by_id=request.user.pk
+        )
+    except BillingError as error:  # paid or rejected meanwhile: it says which
+        messages.error(request, str(error))
+    else:
+        messages.success(request, "Payout request cancelled; the amount is back in your earnings.")
+    return redirect("payouts")
+
+
+urlpatterns: list = [
+    path("payouts/", payouts_page, name="payouts"),
+    path("payouts/<int:pk>/cancel/", payout_cancel, name="payout-cancel"),
+]

@@ -114,7 +114,8 @@ def assert_ledger_consistent() -> None:
     assert all(team_id in held_accounts for team_id, held in held_by_team.items() if held)
 
     # Payout requests: each team's payout_pending account is exactly what its waiting request
-    # asks for; every request has its transfer, and every decided one its decision's.
+    # asks for; every request has its transfer, and every decided one (paid, rejected,
+    # cancelled) its decision's.
     waiting_by_team: dict[int, int] = {}
     requests = PayoutRequest.objects.values_list(
         "pk", "team_id", "status", "amount", "request_transfer__amount", "decision_transfer__kind"
@@ -122,6 +123,7 @@ def assert_ledger_consistent() -> None:
     decision_kinds = {
         PayoutStatus.PAID: TransferKind.PAYOUT,
         PayoutStatus.REJECTED: TransferKind.PAYOUT_REJECT,
+        PayoutStatus.CANCELLED: TransferKind.PAYOUT_CANCEL,
     }
     for pk, team_id, status, amount, requested, decision_kind in requests:
         assert requested == amount, pk

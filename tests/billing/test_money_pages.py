@@ -143,3 +143,58 @@ def test_earnings_name_the_machine(client, provider_team, named_rental):
     assert f"machine:{machine.pk}" not in page
     body = key_client(provider_team).get("/api/v1/billing/earnings/").json()
     assert body["by_machine"][0]["machine_reference"] == f"machine:{machine.pk}"
+
+
+# --- the ledger's Reference filter finds rows by the names the page shows ----------------------
+
+
+def _ledger_rows(client, reference: str) -> list[str]:
+    page = client.get("/billing/", {"reference": reference}).content.decode()
+    if 'id="ledger"' not in page:
+        return []
+    return re.findall(r"<tr>.*?</tr>", _ledger_table(page).split("<tbody>")[1], re.S)
+
+
+def _exported(client, reference: str) -> list[dict]:
+    export = client.get("/billing/ledger.csv", {"reference": reference})
+    return list(csv.DictReader(io.StringIO(b"".join(export.streaming_content).decode())))
+
+
+def test_the_reference_filter_finds_a_rentals_rows_by_its_shown_names(
+    renter, renter_team, named_rental, rent
+):
+    plain = rent(gpus=1, hold=5_000_000)  # no label: the page calls it by its image, busybox
+    named_refs = {f"rental:{named_rental.instance_id}"}
+    # The hold, the charge, the release of the labelled rental: its three rows, nothing else.
+    for typed in ("train-llama", "LLAMA", "2× NVIDIA RTX 4090 on m1", "2× nvidia"):
+        rows = _ledger_rows(renter, typed)
+        assert len(rows) == 3, (typed, rows)
+        assert all("train-llama" in row for row in rows), typed
+    exported = _exported(renter, "train-llama")
+    assert {row["reference"] for row in exported} == named_refs
+    assert len(exported) == 5  # every entry: the hold's and the release's two legs each
+
+    # The unlabelled one by its image and its GPUs; the labelled one's image is not its name.
+    rows = _ledger_rows(renter, "busybox")
+    assert len(rows) == 1 and "1× NVIDIA RTX 4090 on m1" in rows[0]
+    assert len(_ledger_rows(renter, "1× NVIDIA")) == 1
+    # Both by their machine, and the reference itself still works.
+    assert len(_ledger_rows(renter, "on m1")) == 4
+    assert len(_ledger_rows(renter, f"rental:{plain.instance_id}")) == 1
+    assert _ledger_rows(renter, "no-such-name") == []
+
+
+def test_the_reference_filter_looks_only_among_the_viewing_teams_own_objects(
+    client, provider_team, named_rental
+):
+    """The provider's earnings rows carry the renter's rental reference: the renter's label
+    must not find them (it would tell the provider what renters call their rentals), while the
+    provider's own machine name does, and the page names that machine."""
+    host = UserFactory(username="host")
+    add_member(provider_team, host, "owner")
+    provider = client_for(client, host, provider_team)
+    assert _ledger_rows(provider, "train-llama") == []
+    assert _exported(provider, "train-llama") == []
+    rows = _ledger_rows(provider, "m1")
+    assert len(rows) == 1 and "on m1" in rows[0] and "Usage charge" in rows[0]
+    assert "train-llama" not in provider.get("/billing/").content.decode()

@@ -14,6 +14,7 @@ from billing.errors import (
     InsufficientEarnings,
     InvalidAmount,
     PayoutConflict,
+    PayoutNotFound,
 )
 from billing.holds import hold_capture_usage, hold_create
 from billing.models import Account, AccountKind, Entry, PayoutRequest, PayoutStatus, TransferKind
@@ -304,6 +305,92 @@ def test_two_asks_at_once_make_one_request_and_approve_racing_reject_decides_onc
         [
             lambda: payouts.payout_approve(payout_id=payout.pk, decided_by_id=None),
             lambda: payouts.payout_reject(payout_id=payout.pk, reason="no", decided_by_id=None),
+        ]
+    )
+    assert sum(isinstance(r, PayoutRequest) for r in results) == 1, results
+    assert sum(isinstance(r, PayoutConflict) for r in results) == 1, results
+    payout.refresh_from_db()
+    assert balances(earned)["payout_pending"] == 0
+    expected = 6 * USD if payout.status == "paid" else 36 * USD
+    assert balances(earned)["earnings"] == expected
+    assert_ledger_consistent()
+
+
+# --- the provider cancels its own waiting request ---------------------------------------------
+
+
+@pytest.fixture
+def provider(earned):
+    from tests.factories import UserFactory, add_member
+
+    user = UserFactory()
+    add_member(earned, user, "admin")
+    return user
+
+
+def test_a_provider_cancels_its_waiting_request_and_the_earnings_come_back(earned, provider):
+    payout, _ = payouts.payout_request_create(team_id=earned.pk, amount=20 * USD)
+    cancelled = payouts.payout_cancel(
+        team_id=earned.pk, payout_id=payout.pk, cancelled_by_id=provider.pk
+    )
+    assert cancelled.status == PayoutStatus.CANCELLED
+    assert cancelled.decided_by_id == provider.pk and cancelled.decided_at is not None
+    assert balances(earned)["earnings"] == 36 * USD and balances(earned)["payout_pending"] == 0
+    assert cancelled.decision_transfer.kind == TransferKind.PAYOUT_CANCEL
+    assert cancelled.decision_transfer.amount == 20 * USD
+    assert platform_payouts() == 0
+    assert_ledger_consistent()
+
+    # Again: the same answer, nothing written. The operator can no longer decide it.
+    before = ledger_counts()
+    again = payouts.payout_cancel(team_id=earned.pk, payout_id=payout.pk, cancelled_by_id=None)
+    assert again.status == PayoutStatus.CANCELLED and again.decided_by_id == provider.pk
+    with pytest.raises(PayoutConflict, match="cancelled"):
+        payouts.payout_approve(payout_id=payout.pk, decided_by_id=None)
+    with pytest.raises(PayoutConflict, match="cancelled"):
+        payouts.payout_reject(payout_id=payout.pk, reason="late", decided_by_id=None)
+    assert ledger_counts() == before
+    # The next one may be asked, for all of the earnings again.
+    _, created = payouts.payout_request_create(team_id=earned.pk, amount=36 * USD)
+    assert created
+
+
+@pytest.mark.parametrize("decided", ["paid", "rejected"])
+def test_a_decided_request_cannot_be_cancelled_and_nothing_is_written(earned, decided):
+    payout, _ = payouts.payout_request_create(team_id=earned.pk, amount=10 * USD)
+    if decided == "paid":
+        payouts.payout_approve(payout_id=payout.pk, note="SEPA 1", decided_by_id=None)
+    else:
+        payouts.payout_reject(payout_id=payout.pk, reason="no", decided_by_id=None)
+    before = ledger_counts()
+    with pytest.raises(PayoutConflict) as refused:
+        payouts.payout_cancel(team_id=earned.pk, payout_id=payout.pk, cancelled_by_id=None)
+    assert refused.value.http_status == 409
+    assert f"already {decided} by the operator" in str(refused.value)
+    assert ledger_counts() == before
+
+
+def test_another_teams_request_cannot_be_cancelled(earned, renter_team):
+    payout, _ = payouts.payout_request_create(team_id=earned.pk, amount=10 * USD)
+    before = ledger_counts()
+    for payout_id in (payout.pk, payout.pk + 1000):
+        with pytest.raises(PayoutNotFound) as refused:
+            payouts.payout_cancel(team_id=renter_team.pk, payout_id=payout_id, cancelled_by_id=None)
+        assert refused.value.http_status == 404
+    assert ledger_counts() == before
+
+
+@pytest.mark.django_db(transaction=True)
+def test_cancel_racing_approve_decides_once(earned):
+    from tests.billing.test_concurrency import race
+
+    payout, _ = payouts.payout_request_create(team_id=earned.pk, amount=30 * USD)
+    results = race(
+        [
+            lambda: payouts.payout_approve(payout_id=payout.pk, decided_by_id=None),
+            lambda: payouts.payout_cancel(
+                team_id=earned.pk, payout_id=payout.pk, cancelled_by_id=None
+            ),
         ]
     )
     assert sum(isinstance(r, PayoutRequest) for r in results) == 1, results

@@ -225,3 +225,107 @@ def test_an_admin_of_a_second_team_asks_for_that_team(earned, db):
     client = client_for(Client(), user, second)
     assert post(client, {"amount": "9"}).status_code == 201
     assert PayoutRequest.objects.get().team == second
+
+
+# --- the provider cancels a waiting request ---------------------------------------------------
+
+
+def test_provider_cancels_a_waiting_request_through_the_api(earned, owner_client):
+    asked = post(owner_client, {"amount": "20"}).json()
+    response = owner_client.post(f"{API}{asked['id']}/cancel/")
+    assert response.status_code == 200, response.content
+    body = response.json()
+    assert (body["id"], body["status"]) == (asked["id"], "cancelled")
+    assert body["decided_at"] is not None
+    assert owner_client.get("/api/v1/billing/balance/").json()["earnings"] == "36.000000"
+    kinds = [e["kind"] for e in owner_client.get("/api/v1/billing/ledger/").json()["results"]]
+    assert kinds.count("payout_cancel") == 2  # both legs: payout_pending −, earnings +
+    assert_ledger_consistent()
+
+    before = written()
+    again = owner_client.post(f"{API}{asked['id']}/cancel/")
+    assert again.status_code == 200 and again.json() == body  # the same answer
+    assert written() == before
+    assert post(owner_client, {"amount": "36"}).status_code == 201  # the next one may be asked
+
+
+@pytest.mark.parametrize("decided", ["paid", "rejected"])
+def test_cancelling_a_decided_request_answers_409_saying_why(earned, owner_client, decided):
+    asked = post(owner_client, {"amount": "10"}).json()
+    if decided == "paid":
+        payouts.payout_approve(payout_id=asked["id"], note="SEPA 7", decided_by_id=None)
+    else:
+        payouts.payout_reject(payout_id=asked["id"], reason="no", decided_by_id=None)
+    before = written()
+    response = owner_client.post(f"{API}{asked['id']}/cancel/")
+    assert response.status_code == 409
+    error = response.json()["error"]
+    assert error["code"] == "payout_conflict"
+    assert f"already {decided} by the operator" in error["message"]
+    assert written() == before
+
+
+def test_cancelling_needs_the_admin_role_and_another_teams_request_is_not_found(
+    earned, owner_client, teammate, outsider
+):
+    asked = post(owner_client, {"amount": "10"}).json()
+    url = f"{API}{asked['id']}/cancel/"
+    before = written()
+    member = client_for(Client(), teammate, earned)
+    refused = member.post(url)
+    assert refused.status_code == 403 and "admin" in refused.json()["error"]["message"]
+    assert key_client(earned, access=ApiKey.Access.READ).post(url).status_code == 403
+    assert client_for(Client(), outsider).post(url).status_code == 404
+    assert (
+        client_for(Client(), outsider).post(f"{API}{asked['id'] + 999}/cancel/").status_code == 404
+    )
+    assert written() == before
+    assert PayoutRequest.objects.get(pk=asked["id"]).status == "requested"
+
+
+def test_console_cancels_a_waiting_request_and_asks_first(earned, owner_client):
+    page = owner_client.get("/payouts/").content.decode()
+    owner_client.post("/payouts/", {"amount": "12.34", "nonce": nonce(page)})
+    payout = PayoutRequest.objects.get(team=earned)
+    page = owner_client.get("/payouts/").content.decode()
+    cancel = re.search(r'<form[^>]*action="/payouts/(\d+)/cancel/"[^>]*>', page)
+    assert cancel and int(cancel[1]) == payout.pk
+    assert "confirm(" in cancel[0]  # asks first, as revoking a key does
+
+    response = owner_client.post(f"/payouts/{payout.pk}/cancel/")
+    assert response.status_code == 302 and response["Location"] == "/payouts/"
+    payout.refresh_from_db()
+    assert payout.status == "cancelled"
+    page = owner_client.get("/payouts/").content.decode()
+    assert "cancelled" in page and "$36.00" in page and 'id="payout-form"' in page
+    assert "/cancel/" not in page  # nothing is waiting now
+    assert_ledger_consistent()
+
+    before = written()
+    again = owner_client.post(f"/payouts/{payout.pk}/cancel/", follow=True)
+    assert written() == before
+    assert again.status_code == 200
+
+
+def test_console_paid_request_cannot_be_cancelled_and_says_why(earned, owner_client):
+    payout, _ = payouts.payout_request_create(team_id=earned.pk, amount=10 * USD)
+    payouts.payout_approve(payout_id=payout.pk, decided_by_id=None)
+    before = written()
+    page = owner_client.post(f"/payouts/{payout.pk}/cancel/", follow=True).content.decode()
+    assert "already paid by the operator" in page
+    assert written() == before
+
+
+def test_console_members_cannot_cancel_and_outsiders_get_404(earned, teammate, outsider):
+    payout, _ = payouts.payout_request_create(team_id=earned.pk, amount=10 * USD)
+    member = client_for(Client(), teammate, earned)
+    assert "/cancel/" not in member.get("/payouts/").content.decode()
+    before = written()
+    page = member.post(f"/payouts/{payout.pk}/cancel/", follow=True).content.decode()
+    assert "admins and owner can cancel a payout request" in page
+    assert client_for(Client(), outsider).post(f"/payouts/{payout.pk}/cancel/").status_code == 404
+    assert client_for(Client(), outsider).get(f"/payouts/{payout.pk}/cancel/").status_code in (
+        404,
+        405,
+    )
+    assert written() == before

@@ -930,6 +930,7 @@ MATRIX: dict[str, list[Check]] = {
         console_page(lambda w: "/payouts/", payout_row),
         Custom(check_console_payout_ask),
     ],
+    "payout-cancel": [Obj(lambda w: f"/payouts/{w.payout.pk}/cancel/", "post")],
     # --- API: who am I, team
     "api-me": [Custom(check_me)],
     "api-member-list": [Listing(lambda w: "/api/v1/team/members/", lambda w: [w.member.pk])],
@@ -1094,8 +1095,9 @@ MATRIX: dict[str, list[Check]] = {
         Listing(lambda w: "/api/v1/payouts/", lambda w: [w.payout.pk]),
         Creates(lambda w: "/api/v1/payouts/", lambda w: smuggled(w, amount="0.02")),
     ],
-    # Read only: a request is decided by the operator, never changed through the API.
+    # Decided by the operator; the team may only cancel one that waits.
     "api-payout-detail": [Obj(lambda w: f"/api/v1/payouts/{w.payout.pk}/")],
+    "api-payout-cancel": [Obj(lambda w: f"/api/v1/payouts/{w.payout.pk}/cancel/", "post")],
     "billing-earnings-list": [
         Listing(
             lambda w: "/api/v1/billing/earnings/",
