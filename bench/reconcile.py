@@ -52,7 +52,9 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "marketplace.settings")
 os.environ.setdefault("DEBUG", "1")
-os.environ.setdefault("CELERY_TASK_ALWAYS_EAGER", "1")
+# Tasks go to the broker, as from the web and the beat: eager, the launches would run here.
+os.environ["CELERY_TASK_ALWAYS_EAGER"] = "0"
+os.environ.setdefault("BROKER_KEY_PREFIX", f"bench-reconcile-{os.getpid()}:")
 os.environ.setdefault(
     "DATABASE_URL", "postgres://gpumkt:gpumkt@127.0.0.1:5432/gpumkt_bench_reconcile"
 )
@@ -170,6 +172,34 @@ def one_value(sql: str) -> int:
         return cursor.fetchone()[0]
 
 
+def _broker_lists():
+    """This run's broker lists (its key prefix), and a client on the broker."""
+    import redis
+    from django.conf import settings
+
+    client = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+    prefix = os.environ["BROKER_KEY_PREFIX"]
+    return client, [k for k in client.scan_iter(f"{prefix}*") if client.type(k) == b"list"]
+
+
+def published_launches() -> int:
+    """Launch messages this run published, read back from the broker."""
+    import json
+
+    client, lists = _broker_lists()
+    return sum(
+        json.loads(raw)["headers"].get("task") == "marketplace.tasks.rental_launch"
+        for key in lists
+        for raw in client.lrange(key, 0, -1)
+    )
+
+
+def broker_clear() -> None:
+    client, _ = _broker_lists()
+    for key in client.scan_iter(f"{os.environ['BROKER_KEY_PREFIX']}*"):
+        client.delete(key)
+
+
 def checks() -> dict[str, int]:
     """Counts of what must be zero after placing."""
     from marketplace.deployments.conditions import matching_offers
@@ -214,14 +244,11 @@ def main() -> None:
     with scratch_database():
         from django.utils import timezone
 
-        import scheduler.work
+        import marketplace.tasks  # noqa: F401  (registers who queues each state's work)
         from marketplace.deployments.sweep import deployments_sweep
         from marketplace.models import Deployment, Replica
         from marketplace.models.deployments import ReplicaState
         from scheduler.models import Instance, InstanceState
-
-        launches = []  # no host to launch on: count what would have been queued
-        scheduler.work.work_enqueue = lambda instance_id, state, **kw: launches.append(instance_id)
 
         print(f"reconcile bench at scale {args.scale:g}: {machines:,} machines, {deployments:,}"
               f" deployments × {REPLICAS_PER_DEPLOYMENT} replicas = {replicas:,} replicas"
@@ -241,8 +268,8 @@ def main() -> None:
         queued = Replica.objects.filter(state=ReplicaState.QUEUED).count()
         rate = placed / elapsed
         print(f"backlog: {placed:,} of {replicas:,} queued replicas placed in {elapsed:.2f} s"
-              f" ({changed} deployments changed, {queued} still queued, {len(launches):,} launches"
-              f" queued on commit)")  # fmt: skip
+              f" ({changed} deployments changed, {queued} still queued, {published_launches():,} launches"
+              f" published on commit)")  # fmt: skip
         print(f"  per placement: {elapsed / max(placed, 1) * 1000:.1f} ms wall,"
               f" {cpu / max(placed, 1) * 1000:.1f} ms Python CPU, {queries / max(placed, 1):.1f}"
               f" SQL statements")  # fmt: skip
@@ -299,6 +326,7 @@ def main() -> None:
               f" Python CPU, {queries / deployments:.1f} SQL statements a deployment),"
               f" {changed} changed")  # fmt: skip
         failed |= changed != 0
+        broker_clear()
     print(f"dropped scratch database {name}")
     if failed:
         sys.exit(1)
