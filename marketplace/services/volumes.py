@@ -184,6 +184,10 @@ def volume_create_on_host(*, volume_id: int) -> str:
         return volume.state
     try:
         HostVolumes(volume.machine).create(volume.docker_name, volume.size_gb)
+        if volume.cloned_from_id is not None:
+            _copy_source(volume)
+    except CloneSourceGone as error:
+        return _creation_failed(volume_id, str(error))
     except CommandFailed as error:
         return _creation_failed(volume_id, f"The host could not make it: {error}")
     except (HostUnreachable, HostKeyMismatch) as error:
@@ -208,6 +212,46 @@ def volume_create_on_host(*, volume_id: int) -> str:
         )
         volume_remove_on_host(volume_id=volume_id_)
     return Volume.objects.values_list("state", flat=True).get(pk=volume_id)
+
+
+class CloneSourceGone(Exception):
+    pass
+
+
+def _copy_source(clone: Volume) -> None:
+    """Copy the volume a clone was made from into it, on their machine (before the clone is
+    ready, so nothing mounts it half copied)."""
+    source = Volume.objects.filter(pk=clone.cloned_from_id, state=VolumeState.READY).first()
+    if source is None:
+        raise CloneSourceGone(f"Volume {clone.cloned_from_id} was deleted before it was copied.")
+    HostVolumes(clone.machine).copy(source.docker_name, clone.docker_name)
+
+
+@transaction.atomic
+def volume_clone(*, source: Volume, user, name: str, size_gb: int | None, hours: float) -> Volume:
+    """A new volume of the same team on the source's machine, holding a copy of what the source
+    stores when its host makes it: at least the source's size (``size_gb``, or the source's),
+    held and charged as any new volume. Files being written meanwhile may be copied part-way,
+    as with any copy of a disk in use."""
+    source = Volume.objects.select_for_update().get(pk=source.pk)
+    if source.state != VolumeState.READY:
+        raise ValidationError({"source": f"Volume {source.pk} is {source.state}, not ready."})
+    size_gb = source.size_gb if size_gb is None else _check_size(size_gb)
+    if size_gb < source.size_gb:
+        raise ValidationError(
+            {"size_gb": f"A clone is at least its source's size ({source.size_gb} GB)."}
+        )
+    clone = volume_create(
+        team=source.team,
+        user=user,
+        machine_id=source.machine_id,
+        name=name,
+        size_gb=size_gb,
+        hours=hours,
+    )
+    clone.cloned_from = source
+    clone.save(update_fields=["cloned_from"])
+    return clone
 
 
 def _creation_failed(volume_id: int, reason: str) -> str:
