@@ -1,10 +1,12 @@
-"""``vastai copy SRC DST``: ``PUT /commands/rsync/`` when one side is the renter's machine,
-``PUT /commands/copy_direct/`` between two instances (marketplace/services/instance_copy.py).
+"""``vastai copy SRC DST`` (marketplace/services/instance_copy.py).
 
-The CLI parses ``[C.]<id>:<path>`` (or ``local:<path>``, or a bare path) and sends the id as
-it was typed. For ``/commands/rsync/`` it then runs rsync itself against the address and port
-answered here: ``rsync -e "ssh -p <port>" … vastai_kaalia@<address>::<id>/<path>``. Volumes
-(``V.<id>``) and cloud services (``s3.<id>``, ``drive``, …) are refused, naming the field.
+The CLI parses ``[C.]<id>:<path>``, ``local:<path>`` or a bare path, and sends the id as it was
+typed: ``PUT /commands/rsync/`` when a side has no id (a bare path), ``PUT
+/commands/copy_direct/`` otherwise, ``"local"`` included. Either way, when a side is the
+renter's machine it then runs rsync itself against the address and port answered here:
+``rsync -e "ssh -p <port>" … vastai_kaalia@<address>::<id>/<path>``; between two instances the
+platform copies. Volumes (``V.<id>``) and cloud services (``s3.<id>``, ``drive``, …) are
+refused, naming the field.
 """
 
 from __future__ import annotations
@@ -70,40 +72,12 @@ class CopyView(RenterView):
             path_of(body.get("dst_path"), "dst_path", in_instance=dst is not None),
         )
 
-
-class RsyncCopy(CopyView):
-    """Between the renter's machine and an SSH-mode instance: the instance's rsync module is
-    opened and its SSH address answered; the CLI's rsync copies."""
-
-    @extend_schema(
-        summary="vast.ai: copy (to or from your machine)",
-        request={"application/json": ANY_JSON},
-        responses={200: ANY_JSON},
-    )
-    def put(self, request):
-        src, _, dst, dst_path = self.locations()
-        if (src is None) == (dst is None):
-            raise Refused("One side is local and the other an instance.", field="src_id")
-        if src is not None:
-            remote, (address, port) = "src", rsync_endpoint(self.instance(src))
-        else:
-            remote, (address, port) = "dst", rsync_endpoint(self.instance(dst), into=dst_path)
-        return Response({"success": True, f"{remote}_addr": address, f"{remote}_port": port})
-
-
-class DirectCopy(CopyView):
-    """Between two of the team's running instances (any launch mode, one machine or two): the
-    platform relays the files, and answers once they are copied."""
-
-    @extend_schema(
-        summary="vast.ai: copy (instance to instance)",
-        request={"application/json": ANY_JSON},
-        responses={200: ANY_JSON},
-    )
     def put(self, request):
         src, src_path, dst, dst_path = self.locations()
+        if src is None and dst is None:
+            raise Refused("One side of a copy is an instance ([C.]<id>:<path>).", field="src_id")
         if src is None or dst is None:
-            raise Refused("Both sides are instances here; local copies use rsync.", field="src_id")
+            return self.for_rsync(src, dst, dst_path)
         source, destination = self.instance(src), self.instance(dst)
         copied = instances_copy(
             source=source, source_path=src_path, destination=destination, destination_path=dst_path
@@ -115,6 +89,41 @@ class DirectCopy(CopyView):
                 "bytes_relayed": copied,
             }
         )
+
+    def for_rsync(self, src: int | None, dst: int | None, dst_path: str) -> Response:
+        """The renter's machine and an SSH-mode instance: the instance's rsync module is
+        opened and its SSH address answered; the CLI's rsync copies."""
+        if src is not None:
+            remote, (address, port) = "src", rsync_endpoint(self.instance(src))
+        else:
+            remote, (address, port) = "dst", rsync_endpoint(self.instance(dst), into=dst_path)
+        return Response({"success": True, f"{remote}_addr": address, f"{remote}_port": port})
+
+
+class RsyncCopy(CopyView):
+    """A copy whose one side the CLI sent with no id (a bare local path)."""
+
+    @extend_schema(
+        summary="vast.ai: copy (a side with no id: your machine)",
+        request={"application/json": ANY_JSON},
+        responses={200: ANY_JSON},
+    )
+    def put(self, request):
+        return super().put(request)
+
+
+class DirectCopy(CopyView):
+    """A copy between two of the team's running instances (any launch mode, one machine or
+    two: the platform relays the files, and answers once they are copied), or with
+    ``local`` on one side (as ``RsyncCopy``)."""
+
+    @extend_schema(
+        summary="vast.ai: copy",
+        request={"application/json": ANY_JSON},
+        responses={200: ANY_JSON},
+    )
+    def put(self, request):
+        return super().put(request)
 
     @extend_schema(
         summary="vast.ai: cancel copy",

@@ -76,9 +76,9 @@ def test_files_go_into_and_out_of_an_instance_with_the_clis_rsync(
         "from the laptop\n"
     )
 
-    out = client.put(
-        "/api/v0/commands/rsync/",
-        {"client_id": "me", "src_id": str(body["id"]), "dst_id": None,
+    out = client.put(  # as the CLI sends `copy C.<id>:… local:…` (copy_direct, "local")
+        "/api/v0/commands/copy_direct/",
+        {"client_id": "me", "src_id": str(body["id"]), "dst_id": "local",
          "src_path": "/workspace/in/", "dst_path": str(tmp_path / "down")},
         format="json",
     )  # fmt: skip
@@ -181,7 +181,7 @@ def test_copy_requests_that_cannot_be_honoured_are_refused(funded_team, machine)
         ("rsync", {"src_id": None, "dst_id": "s3.101", "src_path": "a", "dst_path": "/b"}, "dst_id"),
         ("rsync", {"src_id": None, "dst_id": here, "src_path": "a", "dst_path": "rel"}, "dst_path"),
         ("rsync", {"src_id": None, "dst_id": here, "src_path": "a\nb", "dst_path": "/b"}, "src_path"),
-        ("copy_direct", {"src_id": here, "dst_id": None, "src_path": "/a", "dst_path": "/b"}, "src_id"),
+        ("copy_direct", {"src_id": "local", "dst_id": None, "src_path": "/a", "dst_path": "/b"}, "src_id"),
         ("copy_direct", {"src_id": here, "dst_id": here, "src_path": ["/a"], "dst_path": "/b"}, "src_path"),
         ("copy_direct", {"src_id": "C.x", "dst_id": here, "src_path": "/a", "dst_path": "/b"}, "src_id"),
     ]  # fmt: skip
