@@ -186,7 +186,7 @@ def volume_create_on_host(*, volume_id: int) -> str:
         HostVolumes(volume.machine).create(volume.docker_name, volume.size_gb)
         if volume.cloned_from_id is not None:
             _copy_source(volume)
-    except CloneSourceGone as error:
+    except CloneFailed as error:
         return _creation_failed(volume_id, str(error))
     except CommandFailed as error:
         return _creation_failed(volume_id, f"The host could not make it: {error}")
@@ -214,17 +214,24 @@ def volume_create_on_host(*, volume_id: int) -> str:
     return Volume.objects.values_list("state", flat=True).get(pk=volume_id)
 
 
-class CloneSourceGone(Exception):
+class CloneFailed(Exception):
     pass
 
 
 def _copy_source(clone: Volume) -> None:
     """Copy the volume a clone was made from into it, on their machine (before the clone is
-    ready, so nothing mounts it half copied)."""
+    ready, so nothing mounts it half copied). A copy that cannot be made removes what the host
+    made of the clone (CloneFailed); a silent host leaves it for the sweep to try again."""
+    host = HostVolumes(clone.machine)
     source = Volume.objects.filter(pk=clone.cloned_from_id, state=VolumeState.READY).first()
-    if source is None:
-        raise CloneSourceGone(f"Volume {clone.cloned_from_id} was deleted before it was copied.")
-    HostVolumes(clone.machine).copy(source.docker_name, clone.docker_name)
+    try:
+        if source is None:
+            raise CloneFailed(f"Volume {clone.cloned_from_id} was deleted before it was copied.")
+        host.copy(source.docker_name, clone.docker_name)
+    except (CloneFailed, CommandFailed) as error:
+        host.remove(clone.docker_name)
+        reason = str(error) if isinstance(error, CloneFailed) else f"The copy failed: {error}"
+        raise CloneFailed(reason) from None
 
 
 @transaction.atomic
