@@ -516,6 +516,26 @@ class Pool:
                 budget.release()
             self._drop(machine.pk, connection)
 
+    @contextlib.contextmanager
+    def channel(
+        self, machine: Machine, argv: list[str], *, timeout: float = COMMAND_TIMEOUT
+    ) -> Iterator[paramiko.Channel]:
+        """A session running argv whose stdin, stdout and stderr the caller drives (to pipe
+        one command's output into another's input), on the streams' budget. Never retried:
+        the caller sees any drop."""
+        slot = self._slot(machine.pk)
+        connection = self.connection(machine)
+        budget = self._session(slot.streams, machine, timeout)
+        try:
+            channel = connection._open(timeout)
+            try:
+                channel.exec_command(shlex.join(argv))
+                yield channel
+            finally:
+                channel.close()
+        finally:
+            budget.release()
+
     def _drop(self, machine_id: int, connection: Connection) -> None:
         """Forget ``connection`` if it is still the machine's (another thread may already
         have replaced it with a working one)."""

@@ -34,6 +34,15 @@ def _host_port(ports: list[dict[str, object]], container_port: int) -> object | 
     return next((p["host_port"] for p in ports if p["container_port"] == container_port), None)
 
 
+def instance_ssh_address(instance: Instance) -> tuple[str, int] | None:
+    """Where a running SSH-mode instance's sshd answers: its machine's address and the host
+    port published for its port 22 (None otherwise)."""
+    if instance.state != InstanceState.RUNNING or instance.launch_mode != LaunchMode.SSH:
+        return None
+    port = _host_port(published_ports(instance), SSH_CONTAINER_PORT)
+    return None if port is None else (instance.machine.address, int(port))
+
+
 def instance_connection(
     instance: Instance, ports: list[tuple[int, int, str]] | None = None
 ) -> dict[str, object]:

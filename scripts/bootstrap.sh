@@ -10,10 +10,11 @@ mode="${1:-run}"
 # libpango and a font: WeasyPrint lays out the PDF invoices. caddy: the cluster gateway.
 # btrfs-progs and e2fsprogs: the simulated hosts' enforced-disk Docker Engine (btrfs data
 # root) and the volumes' filesystem images. iptables: the hosts' tenant firewall (set up at
-# each probe; docker.io pulls it in too, named here as the platform runs it itself).
+# each probe; docker.io pulls it in too, named here as the platform runs it itself). rsync:
+# `vastai copy` runs it on the renter's side, and the simulated hosts' SSH image carries it.
 packages=(python3 python3-venv redis-server openssh-server docker.io busybox-static iproute2
   procps libpango-1.0-0 libpangoft2-1.0-0 fonts-dejavu-core caddy btrfs-progs e2fsprogs
-  iptables)
+  iptables rsync)
 # systemd: the production recipe's test (deploy/) runs systemd-analyze verify.
 if [ "$mode" = test ]; then packages+=(postgresql chromium systemd); fi
 

@@ -197,6 +197,9 @@ def ensure_gpu_bench_image(
 
 SSH_IMAGE = "gpumkt/sshbox:latest"
 SSH_KEYGEN = "/usr/bin/ssh-keygen"
+RSYNC = "/usr/bin/rsync"
+# Bumped when the image gains a program, so an image kept from before is made again.
+SSH_IMAGE_VERSION = "2"  # 2: rsync, for `vastai copy`
 # What the image's sshd reads: keys only, the renter's keys in root's authorized_keys.
 SSHBOX_SSHD_CONFIG = """\
 Port 22
@@ -229,17 +232,21 @@ def _copy_image(tag: str, docker_host: str) -> str:
 def ensure_ssh_image(tag: str = SSH_IMAGE) -> str:
     """Make a small image with a real sshd, with no registry: for SSH launch mode.
 
-    The host's own ``sshd`` and ``ssh-keygen`` with every shared library ``ldd`` lists for
-    them, busybox for the shell and tools, and what sshd needs to start: its privilege
-    separation user and directory (``/run/sshd``), passwd/group/nsswitch and an sshd_config.
-    Host keys are made per container at start (the SSH bootstrap runs ``ssh-keygen -A``).
-    Made once and kept, like ``ensure_image``.
+    The host's own ``sshd``, ``ssh-keygen`` and ``rsync`` (what ``vastai copy`` runs at both
+    ends) with every shared library ``ldd`` lists for them, busybox for the shell and tools,
+    and what sshd needs to start: its privilege separation user and directory (``/run/sshd``),
+    passwd/group/nsswitch and an sshd_config. Host keys are made per container at start (the
+    SSH bootstrap runs ``ssh-keygen -A``). Made once and kept, like ``ensure_image``, until
+    ``SSH_IMAGE_VERSION`` changes.
     """
-    found = subprocess.run(["docker", "image", "inspect", tag], capture_output=True, check=False)
-    if found.returncode == 0:
+    found = subprocess.run(
+        ["docker", "image", "inspect", "--format", '{{index .Config.Labels "gpumkt.sshbox"}}', tag],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if found.returncode == 0 and found.stdout.strip() == SSH_IMAGE_VERSION:
         return tag
     for program, package in ((SSHD, "openssh-server"), (SSH_KEYGEN, "openssh-client"),
-                             (BUSYBOX, "busybox-static")):  # fmt: skip
+                             (BUSYBOX, "busybox-static"), (RSYNC, "rsync")):  # fmt: skip
         if not Path(program).exists():
             raise RuntimeError(f"{program} is missing: apt-get install {package}")
     applets = subprocess.run([BUSYBOX, "--list"], capture_output=True, text=True, check=True)
@@ -253,7 +260,7 @@ def ensure_ssh_image(tag: str = SSH_IMAGE) -> str:
         for applet in applets.stdout.split():
             if applet != "busybox":
                 (rootfs / "bin" / applet).symlink_to("busybox")
-        for program in (SSHD, SSH_KEYGEN):
+        for program in (SSHD, SSH_KEYGEN, RSYNC):
             for path in [program, *_shared_libraries(program)]:
                 target = rootfs / path.lstrip("/")
                 target.parent.mkdir(parents=True, exist_ok=True)
@@ -270,7 +277,8 @@ def ensure_ssh_image(tag: str = SSH_IMAGE) -> str:
             tar.add(rootfs, arcname=".")
         subprocess.run(
             ["docker", "import", "-c", 'CMD ["/bin/sh"]',
-             "-c", "ENV PATH=/usr/sbin:/usr/bin:/bin", "-c", "WORKDIR /root", str(archive), tag],
+             "-c", "ENV PATH=/usr/sbin:/usr/bin:/bin", "-c", "WORKDIR /root",
+             "-c", f"LABEL gpumkt.sshbox={SSH_IMAGE_VERSION}", str(archive), tag],
             check=True, capture_output=True,
         )  # fmt: skip
     return tag

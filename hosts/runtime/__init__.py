@@ -21,7 +21,11 @@ Other apps import from ``hosts.runtime`` only; which module holds what:
   iptables rules, matched on the platform's bridges only (``gpumkt-br*``), that keep rentals
   off the host's own addresses, link-local 169.254.0.0/16 and the provider's named ranges.
 - ``volumes``: ``HostVolumes``, volumes whose size the host enforces (a btrfs image of that
-  size, loop-mounted under the platform's directory, given to Docker as a local volume).
+  size, loop-mounted under the platform's directory, given to Docker as a local volume), and
+  their copy into a clone.
+- ``container_files``: files between running containers (``container_copy``, a tar stream
+  relayed through the platform) and a container opened to the renter's rsync
+  (``rsync_module_open``), for ``vastai copy``.
 
 The SSH errors (``CommandFailed``, ``HostUnreachable``, …) come from ``hosts.ssh``.
 """

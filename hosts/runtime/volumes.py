@@ -76,6 +76,16 @@ rm -f "$img" "$img.new"; rmdir "$mnt" 2>/dev/null
 exit 0
 """
 
+# $1 directory, $2 the volume copied, $3 its clone (both mounted, the clone at least as big):
+# files, links, owners, modes and times, as they are now.
+_COPY = """set -e
+d=$1
+for n in "$2" "$3"; do
+  mountpoint -q "$d/$n" || { echo "volume $n is not mounted" >&2; exit 3; }
+done
+cp -a "$d/$2/." "$d/$3/"
+"""
+
 # $1 directory, $2 name: "<used KiB> <size KiB>" of the mounted filesystem (synced first:
 # btrfs counts what is still in memory only once it is written out).
 _USAGE = """d=$1; n=$2
@@ -125,6 +135,11 @@ class HostVolumes:
 
     def ensure_mounted(self, name: str) -> None:
         self._script(_ENSURE_MOUNTED, _name(name), timeout=60)
+
+    def copy(self, source: str, clone: str) -> None:
+        """Copy what ``source`` stores into ``clone`` (both on this machine; an hour at most)."""
+        self.ensure_mounted(source)  # a host rebooted since has lost its loop mount
+        self._script(_COPY, _name(source), _name(clone), timeout=3600)
 
     def remove(self, name: str) -> None:
         self._script(_REMOVE, _name(name))

@@ -10,7 +10,7 @@ from rest_framework import serializers
 
 from marketplace.api.fields import DollarsField, FiniteFloatField, finite_number
 from marketplace.rentals.renting import MAX_RENTAL_HOURS, MIN_RENTAL_HOURS, RentalRequest
-from marketplace.rentals.volumes import MountRequest
+from marketplace.rentals.volume_mounts import MountRequest
 from marketplace.url_ids import MAX_ID
 from scheduler.models import LaunchMode
 from scheduler.placement import BINPACK, CARD_POLICIES, SliceSize

@@ -52,7 +52,7 @@ from marketplace.rentals.versions import (
     rental_rollback,
     rental_version_delete,
 )
-from marketplace.rentals.volumes import MountRequest
+from marketplace.rentals.volume_mounts import MountRequest
 from marketplace.selectors import instance_connection, instance_logs, rental_versions
 from marketplace.services.ssh_keys import (
     instance_ssh_key_attach,

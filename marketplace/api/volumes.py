@@ -16,6 +16,7 @@ from marketplace.models import Volume, VolumeState
 from marketplace.rentals.volumes import (
     DEFAULT_VOLUME_HOURS,
     MAX_VOLUME_HOURS,
+    volume_clone,
     volume_create,
     volume_delete,
     volume_extend,
@@ -31,12 +32,13 @@ class VolumeSerializer(serializers.ModelSerializer):
     storage_price_per_gb_month = serializers.SerializerMethodField()
     mounted_by = serializers.SerializerMethodField()
     version = serializers.SerializerMethodField()
+    cloned_from = serializers.PrimaryKeyRelatedField(read_only=True)
 
     class Meta:
         model = Volume
         fields = [
             "id", "name", "machine_id", "size_gb", "state", "failure", "version", "mounted_by",
-            "storage_price_per_gb_month", "ends_at", "created_at", "deleted_at",
+            "storage_price_per_gb_month", "ends_at", "created_at", "deleted_at", "cloned_from",
         ]  # fmt: skip
 
     @extend_schema_field(DOLLARS_SCHEMA)
@@ -62,6 +64,18 @@ class VolumeCreateSerializer(serializers.Serializer):
     duration_hours = FiniteFloatField(
         min_value=1, max_value=MAX_VOLUME_HOURS, default=DEFAULT_VOLUME_HOURS,
         help_text="How long it is held (and charged) for; 30 days by default.",
+    )  # fmt: skip
+
+
+class VolumeCloneSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=64)
+    size_gb = serializers.IntegerField(
+        min_value=1, max_value=MAX_VOLUME_GB, required=False,
+        help_text="At least the source's size; the source's size when left out.",
+    )  # fmt: skip
+    duration_hours = FiniteFloatField(
+        min_value=1, max_value=MAX_VOLUME_HOURS, default=DEFAULT_VOLUME_HOURS,
+        help_text="How long the clone is held (and charged) for; 30 days by default.",
     )  # fmt: skip
 
 
@@ -114,6 +128,24 @@ class VolumeViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScoped
             hours=data["duration_hours"],
         )
         return self._answer(volume, status.HTTP_201_CREATED)
+
+    @extend_schema(request=VolumeCloneSerializer, responses={201: VolumeSerializer})
+    @action(detail=True, methods=["post"])
+    def clone(self, request, pk=None):
+        """A new volume on the same machine with a copy of this one's files (``creating`` until
+        its host has made and filled it; ``failed`` with the reason otherwise)."""
+        source = self.get_object()
+        params = VolumeCloneSerializer(data=request.data)
+        params.is_valid(raise_exception=True)
+        data = params.validated_data
+        clone = volume_clone(
+            source=source,
+            user=self._actor(),
+            name=data["name"],
+            size_gb=data.get("size_gb"),
+            hours=data["duration_hours"],
+        )
+        return self._answer(clone, status.HTTP_201_CREATED)
 
     @extend_schema(responses={200: dict})
     @action(detail=True, methods=["get"], pagination_class=None, filter_backends=[])

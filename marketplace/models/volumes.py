@@ -59,6 +59,10 @@ class Volume(models.Model):
     settled_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     deleted_at = models.DateTimeField(null=True, blank=True)
+    # A clone: made with a copy of what this volume stored when its host made it.
+    cloned_from = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="clones"
+    )
 
     class Meta:
         ordering = ["-created_at"]

@@ -47,7 +47,7 @@ from marketplace.rentals.terms import MIN_RENTAL_HOURS as MIN_RENTAL_HOURS
 from marketplace.rentals.terms import RentalRequest as RentalRequest
 from marketplace.rentals.terms import container_ports, request_check, terms_check
 from marketplace.rentals.versions import committed_image_check
-from marketplace.rentals.volumes import mounts_check, mounts_lock_ready, mounts_write
+from marketplace.rentals.volume_mounts import mounts_check, mounts_lock_ready, mounts_write
 from marketplace.services.offers import offers_refresh
 from marketplace.services.pricing import (
     Quote,

@@ -13,7 +13,7 @@ from django.core.exceptions import ValidationError
 
 from hosts.models import Machine
 from marketplace.rentals.bids import bid_check
-from marketplace.rentals.volumes import MountRequest
+from marketplace.rentals.volume_mounts import MountRequest
 from marketplace.services.pricing import MAX_RENTAL_HOURS, MIN_RENTAL_HOURS
 from marketplace.validation import label_check, registry_login_check, validate_launch
 from scheduler.models import LaunchMode

@@ -25,7 +25,7 @@ from hosts.runtime import (
 from marketplace.events import publish_instance_event
 from marketplace.models import CommittedImage, Rental, Team, Volume, VolumeMount, VolumeState
 from marketplace.rentals.metering import BANK_STORAGE_FIELDS, rental_bank_storage_owed
-from marketplace.rentals.volumes import (
+from marketplace.rentals.volume_mounts import (
     MountRequest,
     mounts_check,
     mounts_lock_ready,

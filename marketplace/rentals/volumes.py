@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -27,8 +26,7 @@ from django.utils import timezone
 from billing import holds
 from core.task_queue import task_queue_on_commit
 from hosts.models import Machine, MachineStatus, in_service
-from hosts.runtime import CommandFailed, HostKeyMismatch, HostUnreachable, InvalidContainerSpec
-from hosts.runtime.container_spec import validate_volumes
+from hosts.runtime import CommandFailed, HostKeyMismatch, HostUnreachable
 from hosts.runtime.volumes import MAX_VOLUME_GB, HostVolumes, VolumeUsage
 from hosts.user_text import name_check
 from marketplace.events import publish_team_events
@@ -37,13 +35,12 @@ from marketplace.models import Team, Volume, VolumeMount, VolumeState, VolumeVer
 from marketplace.models.volumes import volume_reference
 from marketplace.rentals.volume_metering import volume_meter
 from marketplace.services.pricing import MAX_RENTAL_HOURS, MIN_RENTAL_HOURS, storage_owed
-from scheduler.models import Instance, InstanceState
+from scheduler.models import InstanceState
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_VOLUME_HOURS = 30 * 24
 MAX_VOLUME_HOURS = 24 * 365
-MAX_MOUNTS = 8
 
 
 class VolumeInUse(Exception):
@@ -184,6 +181,10 @@ def volume_create_on_host(*, volume_id: int) -> str:
         return volume.state
     try:
         HostVolumes(volume.machine).create(volume.docker_name, volume.size_gb)
+        if volume.cloned_from_id is not None:
+            _copy_source(volume)
+    except CloneFailed as error:
+        return _creation_failed(volume_id, str(error))
     except CommandFailed as error:
         return _creation_failed(volume_id, f"The host could not make it: {error}")
     except (HostUnreachable, HostKeyMismatch) as error:
@@ -208,6 +209,53 @@ def volume_create_on_host(*, volume_id: int) -> str:
         )
         volume_remove_on_host(volume_id=volume_id_)
     return Volume.objects.values_list("state", flat=True).get(pk=volume_id)
+
+
+class CloneFailed(Exception):
+    pass
+
+
+def _copy_source(clone: Volume) -> None:
+    """Copy the volume a clone was made from into it, on their machine (before the clone is
+    ready, so nothing mounts it half copied). A copy that cannot be made removes what the host
+    made of the clone (CloneFailed); a silent host leaves it for the sweep to try again."""
+    host = HostVolumes(clone.machine)
+    source = Volume.objects.filter(pk=clone.cloned_from_id, state=VolumeState.READY).first()
+    try:
+        if source is None:
+            raise CloneFailed(f"Volume {clone.cloned_from_id} was deleted before it was copied.")
+        host.copy(source.docker_name, clone.docker_name)
+    except (CloneFailed, CommandFailed) as error:
+        host.remove(clone.docker_name)
+        reason = str(error) if isinstance(error, CloneFailed) else f"The copy failed: {error}"
+        raise CloneFailed(reason) from None
+
+
+@transaction.atomic
+def volume_clone(*, source: Volume, user, name: str, size_gb: int | None, hours: float) -> Volume:
+    """A new volume of the same team on the source's machine, holding a copy of what the source
+    stores when its host makes it: at least the source's size (``size_gb``, or the source's),
+    held and charged as any new volume. Files being written meanwhile may be copied part-way,
+    as with any copy of a disk in use."""
+    source = Volume.objects.select_for_update().get(pk=source.pk)
+    if source.state != VolumeState.READY:
+        raise ValidationError({"source": f"Volume {source.pk} is {source.state}, not ready."})
+    size_gb = source.size_gb if size_gb is None else _check_size(size_gb)
+    if size_gb < source.size_gb:
+        raise ValidationError(
+            {"size_gb": f"A clone is at least its source's size ({source.size_gb} GB)."}
+        )
+    clone = volume_create(
+        team=source.team,
+        user=user,
+        machine_id=source.machine_id,
+        name=name,
+        size_gb=size_gb,
+        hours=hours,
+    )
+    clone.cloned_from = source
+    clone.save(update_fields=["cloned_from"])
+    return clone
 
 
 def _creation_failed(volume_id: int, reason: str) -> str:
@@ -483,70 +531,4 @@ def volumes_due_for_deletion(now: datetime | None = None) -> list[int]:
         .exclude(pk__in=mounted)
         .order_by("pk")
         .values_list("pk", flat=True)
-    )
-
-
-# --- mounting at renting -------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class MountRequest:
-    volume_id: int
-    target: str
-
-
-def mounts_check(
-    *, team: Team, machine_id: int, requested: list[MountRequest]
-) -> list[tuple[Volume, str]]:
-    """The team's volumes a rental asks for, each at its path: ValidationError naming
-    ``volumes`` for another team's or a deleted volume (as if it did not exist), one on
-    another machine, a path that is not allowed, or the same volume twice."""
-    if not requested:
-        return []
-    if len(requested) > MAX_MOUNTS:
-        raise ValidationError({"volumes": f"At most {MAX_MOUNTS} volumes."})
-    found = {
-        volume.pk: volume
-        for volume in Volume.objects.filter(
-            team=team, state=VolumeState.READY, pk__in=[m.volume_id for m in requested]
-        )
-    }
-    pairs = []
-    for mount in requested:
-        volume = found.get(mount.volume_id)
-        if volume is None:
-            raise ValidationError({"volumes": f"Your team has no volume {mount.volume_id}."})
-        if volume.ends_at <= timezone.now():
-            raise ValidationError(
-                {"volumes": f"Volume {volume.pk}'s period ended; it can only be deleted now."}
-            )
-        if volume.machine_id != machine_id:
-            raise ValidationError(
-                {
-                    "volumes": f"Volume {volume.pk} is on machine {volume.machine_id}; rent there to mount it."
-                }
-            )
-        pairs.append((volume, mount.target))
-    if len({volume.pk for volume, _ in pairs}) != len(pairs):
-        raise ValidationError({"volumes": "The same volume is mounted twice."})
-    try:
-        validate_volumes([(volume.docker_name, target) for volume, target in pairs])
-    except InvalidContainerSpec as error:
-        raise ValidationError({"volumes": error.reason}) from error
-    return pairs
-
-
-def mounts_lock_ready(volume_ids: list[int]) -> set[int]:
-    """Lock the volumes a batch of rentals mounts (a delete waits, or is waited for) and
-    return those still ready."""
-    return set(
-        Volume.objects.select_for_update()
-        .filter(pk__in=sorted(set(volume_ids)), state=VolumeState.READY)
-        .values_list("pk", flat=True)
-    )
-
-
-def mounts_write(instance: Instance, pairs: list[tuple[Volume, str]]) -> None:
-    VolumeMount.objects.bulk_create(
-        [VolumeMount(volume=volume, instance=instance, target=target) for volume, target in pairs]
     )

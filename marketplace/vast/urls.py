@@ -9,6 +9,7 @@ from __future__ import annotations
 from django.urls import path, re_path
 
 from marketplace.vast import (
+    copy,
     hosting,
     keys,
     launch,
@@ -103,6 +104,8 @@ urlpatterns = [
         name="vast-team-role",
     ),
     path("commands/transfer_credit/", teams.TransferCredit.as_view(), name="vast-transfer-credit"),
+    path("commands/rsync/", copy.RsyncCopy.as_view(), name="vast-copy-rsync"),
+    path("commands/copy_direct/", copy.DirectCopy.as_view(), name="vast-copy-direct"),
     path("launch_instance/", launch.LaunchInstance.as_view(), name="vast-launch"),
     re_path(r"^.*$", vast_not_found),
 ]

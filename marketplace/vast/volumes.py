@@ -17,6 +17,7 @@ extended through /api/v1/volumes/<id>/extend/.
 from __future__ import annotations
 
 import math
+import uuid
 from typing import Any
 
 from drf_spectacular.utils import extend_schema
@@ -25,17 +26,20 @@ from rest_framework.response import Response
 
 from billing.money import MICRO_PER_DOLLAR
 from hosts.models import Machine, MachineStatus
+from hosts.runtime.volumes import MAX_VOLUME_GB
 from marketplace.models import Offer, Volume, VolumeState
 from marketplace.models.rentals import all_free_offers, machine_offer
 from marketplace.rentals.volumes import (
+    volume_clone,
     volume_delete,
     volume_room_gb,
 )
 from marketplace.tenancy import team_objects
+from marketplace.url_ids import MAX_ID
 from marketplace.vast import shapes
 from marketplace.vast.errors import Refused
 from marketplace.vast.views import ANY_JSON, RenterView
-from marketplace.vast.volume_mounts import new_volume
+from marketplace.vast.volume_mounts import new_volume, volume_hours, whole
 
 # vast.ai's query operators, as the CLI's parse_query writes them.
 OPERATORS = {
@@ -232,16 +236,20 @@ def volume_row(volume: Volume) -> dict[str, Any]:
     }
 
 
+def team_volumes(team):
+    return team_objects(
+        team,
+        Volume.objects.exclude(state=VolumeState.DELETED)
+        .select_related("machine")
+        .prefetch_related("mounts__instance"),
+    )
+
+
 class Volumes(RenterView):
     """``show volumes`` (GET), ``create volume`` (PUT), ``delete volume`` (DELETE ?id=)."""
 
     def team_volumes(self):
-        return team_objects(
-            self.team,
-            Volume.objects.exclude(state=VolumeState.DELETED)
-            .select_related("machine")
-            .prefetch_related("mounts__instance"),
-        )
+        return team_volumes(self.team)
 
     @extend_schema(summary="vast.ai: show volumes", responses={200: ANY_JSON})
     def get(self, request):
@@ -284,18 +292,50 @@ class Volumes(RenterView):
 
 
 class VolumeClone(RenterView):
-    """``vastai clone volume``: refused, saying why and what to do instead."""
+    """``vastai clone volume <volume id> <volume offer id> [--size GB]``: a new volume of the
+    team with a copy of the volume's files, on the same machine (a volume here lives on its
+    machine's disk, so the offer is the source's own machine: its id is the machine's). Held
+    as ``create volume``'s are; ``show volumes`` shows it ``creating`` until its host has
+    made and filled it."""
 
     @extend_schema(
         summary="vast.ai: clone volume",
         request={"application/json": ANY_JSON},
-        responses={400: ANY_JSON},
+        responses={200: ANY_JSON},
     )
     def post(self, request):
-        self.body()
-        raise Refused(
-            "clone volume is not offered: a volume here is an image on its machine's disk, "
-            "copied by no one but its renter. Create a volume (create volume) and copy the "
-            "files with an instance that mounts it.",
-            field="src_id",
+        body = self.body()
+        source_id = whole(body.get("src_id"), "src_id", 1, MAX_ID)
+        offer_id = whole(body.get("dst_id"), "dst_id", 1, MAX_ID)
+        size = body.get("size")
+        size_gb = None if size is None else whole(size, "--size", 1, MAX_VOLUME_GB)
+        if body.get("disable_compression") not in (None, False, True):
+            raise Refused("disable_compression is true or false.", field="disable_compression")
+        source = team_volumes(self.team).filter(pk=source_id).first()
+        if source is None:
+            raise NotFound(f"Volume {source_id} is not one of your team's volumes.")
+        if offer_id != source.machine_id:
+            raise Refused(
+                f"A clone is made on its volume's machine: use volume offer "
+                f"{source.machine_id} (a volume here lives on one machine's disk).",
+                field="dst_id",
+            )
+        membership = getattr(request, "membership", None)
+        clone = volume_clone(
+            source=source,
+            user=membership.user if membership is not None else None,
+            name=f"{source.name[:50]}-clone-{uuid.uuid4().hex[:4]}",
+            size_gb=size_gb,
+            hours=volume_hours(source.machine_id),
+        )
+        return Response(
+            {
+                "success": True,
+                "volume_id": clone.pk,
+                "id": clone.pk,
+                "name": clone.name,
+                "size": clone.size_gb,
+                "status": clone.state,
+                "cloned_from": source.pk,
+            }
         )

@@ -355,6 +355,31 @@ def v0_volume_cases(place, ask: str) -> list[Hostile]:
         body = {"image": "gpumkt/busybox:latest", "volume_info": info}
         cases.append(Hostile(f"v0 ask volume_info {info!r:.30}", "put", ask, body, field,
                              vast=True))  # fmt: skip
+    for body, field in [({"src_id": "x", "dst_id": machine_id}, "src_id"),
+                        ({"src_id": 2**63, "dst_id": machine_id}, "src_id"),
+                        ({"src_id": 1, "dst_id": [1]}, "dst_id"),
+                        ({"src_id": 1, "dst_id": machine_id, "size": 1e309}, "size"),
+                        ({"src_id": 1, "dst_id": machine_id, "size": "9"}, "size")]:  # fmt: skip
+        cases.append(Hostile(f"v0 clone volume {body!r:.40}", "post", "/api/v0/volumes/copy/",
+                             body, field, vast=True))  # fmt: skip
+    return cases + v0_copy_cases(place)
+
+
+def v0_copy_cases(place) -> list[Hostile]:
+    """``vastai copy``: ids and paths that name no instance or no absolute path, refused by
+    field before any host is reached."""
+    iid = place["instance_id"]
+    cases = []
+    for kind in ("rsync", "copy_direct"):
+        for value in ["V.1", "s3.101", "C.", "C.-1", "1e3", 2**63, True, {"a": 1}, "a:b"]:
+            body = {"src_id": value, "dst_id": iid, "src_path": "/a", "dst_path": "/b"}
+            cases.append(Hostile(f"v0 {kind} src_id {value!r:.12}", "put",
+                                 f"/api/v0/commands/{kind}/", body, "src_id", vast=True))  # fmt: skip
+        for path in ["rel", "", "/a\n/b", "/a\x00b", "/" + "a" * 5000, 5, ["/a"], None]:
+            body = {"src_id": None if kind == "rsync" else iid, "dst_id": iid,
+                    "src_path": "/a", "dst_path": path}  # fmt: skip
+            cases.append(Hostile(f"v0 {kind} dst_path {path!r:.12}", "put",
+                                 f"/api/v0/commands/{kind}/", body, "dst_path", vast=True))  # fmt: skip
     return cases
 
 

@@ -533,6 +533,11 @@ def check_volumes(c: Checker) -> None:
         assert client.get(f"{base}usage/").status_code == 404
         extend = client.post(f"{base}extend/", '{"hours": 5}', content_type="application/json")
         assert extend.status_code == 404
+        clone = client.post(f"{base}clone/", '{"name": "mine"}', content_type="application/json")
+        assert clone.status_code == 404
+        body = json.dumps({"src_id": volume.pk, "dst_id": machine.pk})
+        vast_clone = client.post("/api/v0/volumes/copy/", body, content_type="application/json")
+        assert vast_clone.status_code == 404
         listed = client.get("/api/v1/volumes/").json()["results"]
         assert volume.pk not in [v["id"] for v in listed]
         # The vast.ai API's show and delete volume.
@@ -549,6 +554,18 @@ def check_volumes(c: Checker) -> None:
         assert client.get(base).json()["name"] == "acme-data"
         assert [v["size_gb"] for v in client.get(f"{base}versions/").json()] == [5]
     assert (c.rows(Volume.objects.all()), c.rows(VolumeVersion.objects.all())) == before
+
+
+def check_copy(c: Checker) -> None:
+    """``vastai copy`` with Acme's instance on either side: 404 before any host is reached, so
+    nothing is opened or copied (tests/vast/test_copy.py copies on real hosts)."""
+    theirs, mine = c.acme.instance.pk, c.theirs.instance.pk
+    for client in c.outsider_api_clients():
+        for kind, src, dst in (("rsync", None, theirs), ("rsync", theirs, None),
+                               ("copy_direct", mine, theirs), ("copy_direct", theirs, mine)):  # fmt: skip
+            body = json.dumps({"src_id": src, "dst_id": dst, "src_path": "/a", "dst_path": "/b"})
+            answer = client.put(f"/api/v0/commands/{kind}/", body, content_type="application/json")
+            assert answer.status_code == 404, answer.content
 
 
 def check_transfer_credit(c: Checker) -> None:
@@ -1005,6 +1022,10 @@ MATRIX: dict[str, list[Check]] = {
     "vast-transfer-credit": [Custom(check_transfer_credit)],
     "api-volume-usage": [Custom(check_volumes)],
     "api-volume-extend": [Custom(check_volumes)],
+    "api-volume-clone": [Custom(check_volumes)],
+    "vast-volume-clone": [Custom(check_volumes)],
+    "vast-copy-rsync": [Custom(check_copy)],
+    "vast-copy-direct": [Custom(check_copy)],
     "api-deployment-detail": [Custom(check_deployments)],
     "api-deployment-stop": [Custom(check_deployments)],
     "api-deployment-replicas": [Custom(check_deployments)],
@@ -1253,7 +1274,6 @@ EXEMPT: dict[str, str] = {
     "product, as vast-ask (tests/vast/test_launch.py)",
     "vast-volume-search": "the public market of volume offers (listed machines' free disk), "
     "as vast-bundles",
-    "vast-volume-clone": "refused to everyone (clone volume is not offered); reads no volume",
 }
 # Unnamed routes, by pattern.
 EXEMPT_UNNAMED: dict[str, str] = {

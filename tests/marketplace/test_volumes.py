@@ -389,3 +389,25 @@ def test_a_volumes_host_work_runs_after_its_transaction_and_is_recorded(
     volume.refresh_from_db()
     assert (volume.size_gb, volume.resizing_to, volume.versions.count()) == (2, None, 2)
     assert os.path.getsize(on_host + ".img") == 2 * 1024**3
+
+
+def test_a_clone_whose_source_is_deleted_first_fails_and_leaves_nothing(funded_team, machine):
+    """The source is deleted in the clone's own transaction, before its host copies it: the
+    clone fails with the reason, its hold goes back, and its image is gone from the host."""
+    from django.db import transaction
+
+    from marketplace.rentals.volumes import volume_clone, volume_create, volume_delete
+
+    source = volume_create(
+        team=funded_team, user=None, machine_id=machine.pk, name="src", size_gb=1, hours=2
+    )
+    source.refresh_from_db()
+    assert source.state == VolumeState.READY
+    with transaction.atomic():
+        clone = volume_clone(source=source, user=None, name="copy", size_gb=None, hours=2)
+        volume_delete(volume=Volume.objects.get(pk=source.pk))
+    clone.refresh_from_db()
+    assert clone.state == VolumeState.FAILED and "deleted before it was copied" in clone.failure
+    assert clone.size_gb == 1 and clone.cloned_from_id == source.pk
+    assert Hold.objects.get(pk=clone.hold_id).status == "released"
+    assert not os.path.exists(os.path.join(VOLUME_DIR, f"{clone.docker_name}.img"))

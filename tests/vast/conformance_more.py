@@ -28,8 +28,8 @@ def wait_volume_ready(volume_id: int, timeout: float = 90) -> bool:
 
 
 def volumes(cli, table, machine, offer: str, wait_for_state) -> None:
-    """search/create/show/delete volume(s), create instance --link-volume/--create-volume,
-    and clone volume (refused)."""
+    """search/create/show/delete/clone volume(s), create instance --link-volume and
+    --create-volume."""
     found = cli("search", "volumes", f"machine_id={machine.pk}", raw=True)
     rows = json.loads(found.stdout) if found.returncode == 0 and found.stdout.strip() else []
     table.works(
@@ -90,6 +90,7 @@ def volumes(cli, table, machine, offer: str, wait_for_state) -> None:
         created.output,
     )
     destroy(cli, second, wait_for_state)
+    clone(cli, table, volume_id, machine, offer, wait_for_state)
     deleted = cli("delete", "volume", str(volume_id))
     gone = Volume.objects.filter(pk=volume_id).values_list("state", flat=True).first()
     table.works(
@@ -101,8 +102,42 @@ def volumes(cli, table, machine, offer: str, wait_for_state) -> None:
     )
     if scratch is not None:
         cli("delete", "volume", str(scratch.pk))
-    cloned = cli("clone", "volume", str(volume_id), str(machine.pk))
-    table.refused("clone volume <id> <volume offer>", cloned, "clone volume is not offered")
+
+
+def clone(cli, table, volume_id: int, machine, offer: str, wait_for_state) -> None:
+    """``clone volume``: a new volume with the files the volume holds (written by the
+    --link-volume row), mounted by a new instance."""
+    cloned = cli("clone", "volume", str(volume_id), str(machine.pk), "-s", "2")
+    matched = re.search(r"'volume_id': (\d+)", cloned.stdout)
+    copy = Volume.objects.filter(pk=int(matched.group(1))).first() if matched else None
+    ready = copy is not None and wait_volume_ready(copy.pk)
+    read = None
+    if ready:
+        linked = cli(
+            "create", "instance", offer, "--image", "gpumkt/busybox:latest",
+            "--link-volume", str(copy.pk), "--mount-path", "/data",
+            "--onstart-cmd", "sh", "--args", "-c", "exec sleep 600",
+        )  # fmt: skip
+        reader = instance_of(linked)
+        if reader and wait_for_state(reader, InstanceState.RUNNING) == InstanceState.RUNNING:
+            read = cli("execute", str(reader), "cat /data/f")
+        destroy(cli, reader, wait_for_state)
+    table.works(
+        "clone volume <id> <volume offer> [-s <GB>]",
+        "a new volume of the team with a copy of the volume's files, on the same machine (the "
+        "volume offer is that machine), at least the volume's size; an instance mounting it "
+        "reads the files",
+        bool(
+            ready
+            and copy.size_gb == 2
+            and copy.cloned_from_id == volume_id
+            and read
+            and "kept" in read.stdout
+        ),
+        cloned.output + (read.output if read else ""),
+    )
+    if copy is not None:
+        cli("delete", "volume", str(copy.pk))
 
 
 def instance_of(run) -> int:
@@ -272,3 +307,57 @@ def update_ssh_key(cli, table, team, tmp_path) -> None:
     )
     if key is not None:
         cli("delete", "ssh-key", str(key.pk))
+
+
+def copies(cli, table, instance: Instance, other_offer: str, tmp_path, wait_for_state) -> None:
+    """``copy`` from the renter's machine into a running SSH-mode instance and back (the
+    CLI's own rsync over the instance's SSH, with a key put in by ``attach ssh``), and from
+    that instance into another of the team's instances."""
+    from tests.marketplace.test_launch_modes import make_key
+
+    make_key(tmp_path / "id_copy")
+    cli("attach", "ssh", str(instance.pk), str(tmp_path / "id_copy.pub"))
+    up, down = tmp_path / "up", tmp_path / "down"
+    odd = "a;b $(touch owned) `id` *.txt"  # a name, never a command
+    (up / "sub").mkdir(parents=True)
+    (up / "sub" / odd).write_text("from the laptop\n")
+    key = str(tmp_path / "id_copy")
+    sent = cli("copy", f"local:{up}/", f"C.{instance.pk}:/workspace/in/", "-i", key)
+    there = cli("execute", str(instance.pk), "cat '/workspace/in/sub/" + odd + "'")
+    table.works(
+        "copy local:<path> C.<id>:<path> [-i <key>]",
+        "the CLI runs its rsync over the SSH-mode instance's sshd (user vastai_kaalia, module "
+        "C.<id>: the platform adds both in the container, for the keys that log in as root); "
+        "the files arrive, names with shell characters as names",
+        "from the laptop" in there.stdout,
+        sent.output + there.output,
+    )
+    got = cli("copy", f"C.{instance.pk}:/workspace/in/", f"local:{down}", "-i", key)
+    back = down / "sub" / odd
+    table.works(
+        "copy C.<id>:<path> local:<path> [-i <key>]",
+        "the instance's files come back to the renter's machine by the same rsync",
+        back.exists() and back.read_text() == "from the laptop\n",
+        got.output,
+    )
+    made = cli(
+        "create", "instance", other_offer, "--image", "gpumkt/busybox:latest",
+        "--onstart-cmd", "sh", "--args", "-c", "exec sleep 600",
+    )  # fmt: skip
+    other = instance_of(made)
+    running = other and wait_for_state(other, InstanceState.RUNNING) == InstanceState.RUNNING
+    direct = (
+        cli("copy", f"C.{instance.pk}:/workspace/in/", f"C.{other}:/data/") if running else None
+    )
+    read = cli("execute", str(other), "cat '/data/sub/" + odd + "'") if running else None
+    table.works(
+        "copy C.<id>:<path> C.<other id>:<path>",
+        "between two of the team's running instances (any launch mode, one machine or two): "
+        "the platform relays the files from one container into the other and answers once "
+        "they are there (tests/vast/test_copy.py: another team's instance id answers 404, and "
+        "nothing is copied)",
+        bool(direct and "Remote to Remote copy initiated" in direct.stdout and read
+             and "from the laptop" in read.stdout),
+        made.output + (direct.output if direct else "") + (read.output if read else ""),
+    )  # fmt: skip
+    destroy(cli, other, wait_for_state)

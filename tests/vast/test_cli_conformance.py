@@ -158,7 +158,7 @@ def test_the_vastai_cli_drives_the_marketplace(
         templates(cli, table, spare)
         env_vars(cli, table, spare, funded_team)
         api_keys(cli, table, tmp_path)
-        launch_modes(cli, table, spare, tmp_path)
+        launch_modes(cli, table, spare, tmp_path, main)
         interruptible(cli, table, spare, main, key_for(provider_team))
         ssh_keys(cli, table, funded_team)
         more.update_ssh_key(cli, table, funded_team, tmp_path)
@@ -646,7 +646,7 @@ def attach_ssh(cli, table, instance, machine, tmp_path) -> None:
     )
 
 
-def launch_modes(cli, table, machine, tmp_path) -> None:
+def launch_modes(cli, table, machine, tmp_path, other_machine) -> None:
     from hosts.devtools.sim_docker import ensure_ssh_image
 
     ensure_ssh_image()  # gpumkt/sshbox:latest, a real sshd (made once, kept)
@@ -663,6 +663,8 @@ def launch_modes(cli, table, machine, tmp_path) -> None:
     if instance is not None:
         attach_ssh(cli, table, instance, machine, tmp_path)
         more.ssh_urls(cli, table, instance, machine)
+        other_offer = str(offer_id(cli, other_machine, 1))
+        more.copies(cli, table, instance, other_offer, tmp_path, wait_for_state)
         cli("destroy", "instance", str(instance.pk), "-y")
         wait_for_state(instance.pk, InstanceState.DESTROYED)
     jupyter = cli(

@@ -1,10 +1,11 @@
 """The ``vastai`` SDK (``VastAI(api_key, server_url)``, 1.9.1, pinned) drives this marketplace
 unchanged: search → a template and a volume → create from the template with the volume → wait
-→ ssh-url → ssh in with a key added by attach ssh → execute → destroy.
+→ ssh-url → ssh in with a key added by attach ssh → copy a file in and out → execute → destroy.
 
 The SDK runs in the CLI's own virtualenv (tests/vast/cli.py), so each call is one short
 subprocess there that prints the SDK's answer as JSON; the test reads it as a script would.
-(``copy`` is not in the loop: it runs the user's local rsync, which this test machine lacks.)
+``copy`` answers where the user's own rsync goes (the SDK runs none): the test then runs the
+rsync command line the CLI runs with that answer.
 """
 
 from __future__ import annotations
@@ -46,6 +47,19 @@ class Sdk:
         answer = [line for line in done.stdout.splitlines() if line.startswith("SDK-ANSWER ")]
         assert done.returncode == 0 and answer, (expression, done.stdout, done.stderr)
         return json.loads(answer[-1].removeprefix("SDK-ANSWER "))
+
+
+def rsync(*, key, port: int, home, source: str, target: str) -> None:
+    """The rsync command line CLI 1.9.1's ``copy`` runs (vastai/cli/commands/storage.py)."""
+    ssh_cmd = (
+        f"ssh -i {key} -p {port} -o StrictHostKeyChecking=no "
+        f"-o UserKnownHostsFile={home}/known_hosts"
+    )
+    done = subprocess.run(
+        ["rsync", "-arz", "-v", "--progress", "--rsh=ssh", "-e", ssh_cmd, source, target],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
 
 
 def test_the_vastai_sdk_drives_a_rental_from_search_to_destroy(
@@ -99,8 +113,21 @@ def test_the_vastai_sdk_drives_a_rental_from_search_to_destroy(
             assert stdout.read().decode().strip() == "over-ssh"
         finally:
             session.close()
-        ran = sdk(f"sdk.execute(id={instance}, command='cat /work/from-ssh')")
-        assert ran["output"].strip() == "over-ssh" and ran["exit_code"] == 0
+        (tmp_path / "up").mkdir()
+        (tmp_path / "up" / "from-laptop").write_text("copied in\n")
+        into = sdk(f"sdk.copy(src='local:{tmp_path}/up/', dst='C.{instance}:/work/in/')")
+        assert into["success"] and into["dst_port"] == shown["ssh_port"], into
+        rsync(key=tmp_path / "id_sdk", port=into["dst_port"], home=tmp_path,
+              source=f"{tmp_path}/up/",
+              target=f"vastai_kaalia@{into['dst_addr']}::C.{instance}//work/in/")  # fmt: skip
+        out = sdk(f"sdk.copy(src='C.{instance}:/work/', dst='local:{tmp_path}/down')")
+        rsync(key=tmp_path / "id_sdk", port=out["src_port"], home=tmp_path,
+              source=f"vastai_kaalia@{out['src_addr']}::C.{instance}//work/",
+              target=f"{tmp_path}/down")  # fmt: skip
+        assert (tmp_path / "down" / "from-ssh").read_text() == "over-ssh\n"
+        assert (tmp_path / "down" / "in" / "from-laptop").read_text() == "copied in\n"
+        ran = sdk(f"sdk.execute(id={instance}, command='cat /work/from-ssh /work/in/from-laptop')")
+        assert ran["output"] == "over-ssh\ncopied in\n" and ran["exit_code"] == 0
     finally:
         gone = sdk(f"sdk.destroy_instance(id={instance})")
     assert gone["success"], gone

@@ -143,7 +143,7 @@ def test_volume_requests_that_cannot_be_honoured_write_nothing(funded_team, mach
     unknown = client.post("/api/v0/volumes/search/", {"gpu_nmae": {"eq": "x"}}, format="json")
     assert unknown.status_code == 400 and "gpu_nmae" in unknown.json()["msg"]
     clone = client.post("/api/v0/volumes/copy/", {"src_id": 1, "dst_id": machine.pk}, format="json")
-    assert clone.status_code == 400 and "clone volume is not offered" in clone.json()["msg"]
+    assert clone.status_code == 404 and "not one of your team's volumes" in clone.json()["msg"]
     elsewhere = client.put(
         f"/api/v0/asks/{offer_of(machine)}/",
         {
@@ -183,3 +183,80 @@ def test_another_teams_volume_is_not_there(funded_team, machine):
     assert linking.status_code == 400 and "no volume" in linking.json()["msg"]
     assert Volume.objects.get(pk=volume_id).state == VolumeState.READY
     assert not Volume.objects.filter(team=funded_team).exists()
+
+
+def test_a_clone_is_a_new_volume_with_the_files_and_its_own_size(funded_team, machine, tmp_path):
+    client = key_client(funded_team)
+    made = client.put(
+        "/api/v0/volumes/", {"size": 1, "id": machine.pk, "name": "src"}, format="json"
+    )
+    source = Volume.objects.get(pk=made.json()["volume_id"])
+    first = mount(client, machine, source.pk)
+    marker = tmp_path / "owned"  # what a name run by a shell would make, here or in a container
+    odd = f"a;b $(touch {marker}) *"  # quoted with '' in the renter's own commands below
+    wrote = run(client, first, f"mkdir -p '/data/{odd}' && echo kept > '/data/{odd}/f'")
+    assert wrote["exit_code"] == 0, wrote
+    assert client.delete(f"/api/v0/instances/{first}/").status_code == 200
+
+    refusals = [
+        ({"src_id": source.pk, "dst_id": machine.pk + 1000}, "dst_id"),
+        ({"src_id": source.pk, "dst_id": machine.pk, "size": 0.5}, "size"),
+        ({"src_id": "x", "dst_id": machine.pk}, "src_id"),
+    ]
+    for body, field in refusals:
+        answer = client.post("/api/v0/volumes/copy/", body, format="json")
+        assert answer.status_code == 400 and field in answer.json()["error"]["fields"], body
+    assert Volume.objects.filter(team=funded_team).count() == 1  # nothing written
+
+    cloned = client.post(
+        "/api/v0/volumes/copy/",
+        {"src_id": source.pk, "dst_id": machine.pk, "size": 2},
+        format="json",
+    )
+    assert cloned.status_code == 200 and cloned.json()["success"], cloned.content
+    clone = Volume.objects.get(pk=cloned.json()["volume_id"])
+    assert (clone.team, clone.machine, clone.size_gb, clone.cloned_from) == (
+        funded_team, machine, 2, source,
+    )  # fmt: skip
+    assert clone.state == VolumeState.READY, clone.failure
+    assert HostVolumes(machine).usage(clone.docker_name).size_bytes > 1.5 * 2**30
+    second = mount(client, machine, clone.pk)
+    assert run(client, second, f"cat '/data/{odd}/f'")["output"].strip() == "kept"
+    assert run(client, second, f"test -e {marker}")["exit_code"] == 1 and not marker.exists()
+    # The clone is its own volume: writing it leaves the source as it was.
+    run(client, second, f"echo changed > '/data/{odd}/f'")
+    assert client.delete(f"/api/v0/instances/{second}/").status_code == 200
+    third = mount(client, machine, source.pk)
+    assert run(client, third, f"cat '/data/{odd}/f'")["output"].strip() == "kept"
+    assert client.delete(f"/api/v0/instances/{third}/").status_code == 200
+
+    other = TeamFactory(name="Other")
+    add_member(other, UserFactory(), Role.OWNER)
+    fund(other)
+    theirs = key_client(other).post(
+        "/api/v0/volumes/copy/", {"src_id": source.pk, "dst_id": machine.pk}, format="json"
+    )
+    assert theirs.status_code == 404 and not Volume.objects.filter(team=other).exists()
+    via_v1 = client.post(f"/api/v1/volumes/{source.pk}/clone/", {"name": "again"}, format="json")
+    assert via_v1.status_code == 201 and via_v1.json()["cloned_from"] == source.pk, via_v1.content
+    assert via_v1.json()["size_gb"] == 1
+    smaller = client.post(
+        f"/api/v1/volumes/{clone.pk}/clone/", {"name": "small", "size_gb": 1}, format="json"
+    )
+    assert smaller.status_code == 400 and "size_gb" in smaller.json()["error"]["fields"]
+
+
+def mount(client, machine, volume_id: int) -> int:
+    rented = client.put(
+        f"/api/v0/asks/{offer_of(machine)}/",
+        {
+            "image": "gpumkt/busybox:latest",
+            "runtype": "args",
+            "onstart": "sleep",
+            "args": ["600"],
+            "volume_info": {"create_new": False, "volume_id": volume_id, "mount_path": "/data"},
+        },
+        format="json",
+    )
+    assert rented.status_code == 200, rented.content
+    return rented.json()["new_contract"]
