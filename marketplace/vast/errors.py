@@ -40,16 +40,27 @@ def vast_exception_handler(exc, context):
     return response
 
 
+def not_offered_body(request) -> dict:
+    return with_msg(
+        error_body(
+            "not_found",
+            f"This marketplace does not offer {request.method} {request.path} of the "
+            "vast.ai API; see docs/vast-cli-compatibility.md for the commands that work.",
+        )
+    )
+
+
 @csrf_exempt  # answers every method with the same 404 and changes nothing
 def vast_not_found(request, exception=None):
     """Any other path under /api/v0/: the CLI's command is one we do not offer."""
-    return JsonResponse(
-        with_msg(
-            error_body(
-                "not_found",
-                f"This marketplace does not offer {request.method} {request.path} of the "
-                "vast.ai API; see docs/vast-cli-compatibility.md for the commands that work.",
-            )
-        ),
-        status=404,
-    )
+    return JsonResponse(not_offered_body(request), status=404)
+
+
+@csrf_exempt  # answers every method with the same 404 and changes nothing
+def tfa_not_found(request):
+    """The ``tfa`` (2FA) commands, which we do not offer either. The CLI's ``tfa login`` and
+    ``tfa auth-new`` read ``error`` as vast's error code, a string (and crash on our error
+    object), so here it is the code alone; ``msg`` says what is not offered."""
+    body = not_offered_body(request)
+    body["error"] = body["error"]["code"]
+    return JsonResponse(body, status=404)

@@ -20,7 +20,7 @@ from marketplace.vast import (
     views,
     volumes,
 )
-from marketplace.vast.errors import vast_not_found
+from marketplace.vast.errors import tfa_not_found, vast_not_found
 from marketplace.vast.schema import schema_view
 
 urlpatterns = [
@@ -107,5 +107,6 @@ urlpatterns = [
     path("commands/rsync/", copy.RsyncCopy.as_view(), name="vast-copy-rsync"),
     path("commands/copy_direct/", copy.DirectCopy.as_view(), name="vast-copy-direct"),
     path("launch_instance/", launch.LaunchInstance.as_view(), name="vast-launch"),
+    re_path(r"^tfa/", tfa_not_found),
     re_path(r"^.*$", vast_not_found),
 ]

@@ -246,7 +246,8 @@ def team_volumes(team):
 
 
 class Volumes(RenterView):
-    """``show volumes`` (GET), ``create volume`` (PUT), ``delete volume`` (DELETE ?id=)."""
+    """``show volumes`` (GET), ``create volume`` (PUT), ``delete volume`` (DELETE ?id=); a
+    host's ``list volume(s)`` (POST) is refused."""
 
     def team_volumes(self):
         return team_volumes(self.team)
@@ -277,6 +278,18 @@ class Volumes(RenterView):
                 "size": volume.size_gb,
                 "status": volume.state,
             }
+        )
+
+    @extend_schema(
+        summary="vast.ai: list volume (not offered)",
+        request={"application/json": ANY_JSON},
+        responses={400: ANY_JSON},
+    )
+    def post(self, request):
+        raise Refused(
+            "list volume is not offered: a listed machine's free disk is offered for volumes "
+            "already (search volumes shows it, at the storage price that list machine -s sets).",
+            field="machine",
         )
 
     @extend_schema(summary="vast.ai: delete volume", responses={200: ANY_JSON})

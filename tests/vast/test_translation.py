@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from marketplace.models import ApiKey, Offer, Rental, SshKey
+from marketplace.models import ApiKey, Offer, Rental, SshKey, Volume
 from scheduler.models import Instance, InstanceState
 from tests.conftest import key_client
 from tests.factories import TeamFactory, UserFactory, add_member
@@ -322,6 +322,24 @@ def test_a_command_we_do_not_offer_says_so(funded_team):
     response = renter(funded_team).put("/api/v0/instances/recycle/1/", {}, format="json")
     assert response.status_code == 404
     assert "does not offer PUT /api/v0/instances/recycle/1/" in response.json()["msg"]
+
+
+def test_a_2fa_command_is_refused_with_the_error_code_the_cli_reads(funded_team):
+    # vastai 1.9.1's tfa login looks its answer's "error" up in a set of codes: an object there
+    # was a traceback.
+    response = renter(funded_team).post("/api/v0/tfa/", {"code": "123456"}, format="json")
+    assert response.status_code == 404
+    assert response.json()["error"] == "not_found"
+    assert "does not offer POST /api/v0/tfa/" in response.json()["msg"]
+
+
+def test_listing_a_volume_offer_is_refused_naming_the_command(funded_team):
+    response = renter(funded_team).post(
+        "/api/v0/volumes/", {"size": 5, "machine": 1, "price_disk": 0.1}, format="json"
+    )
+    assert response.status_code == 400
+    assert response.json()["msg"].startswith("list volume is not offered")
+    assert not Volume.objects.exists()
 
 
 def test_no_key_answers_401_with_a_msg(client):
