@@ -14,6 +14,10 @@ works; the test fails if a command that should work did not. A passing run check
 (``UPDATE_VAST_CLI_DOC=1``, which ``make vast-cli-doc`` sets): a test never changes a tracked
 file on its own, and a failing run never touches it.
 
+Its last section (tests/vast/every_command.py) reads the commands of ``vastai --help`` from
+the CLI itself and gives every one a row: each not checked before is run once and must work or
+print our refusal, never a traceback; a --help command without a row fails the run.
+
 One file on purpose, past the ~600-line habit: the rows are one CLI session against one
 server, in order (a row's instance is the next row's subject), and the table is written from
 them all; its helpers live in ``tests/vast/cli.py``.
@@ -40,6 +44,7 @@ from tests.marketplace.conftest import PRICE_PER_GPU_HOUR, docker, fund, machine
 from tests.marketplace.test_launch_modes import login, make_key
 from tests.vast import conformance_more as more
 from tests.vast.cli import CLI_VERSION, ROOT, VastCli, ensure_cli
+from tests.vast.every_command import every_other_command
 from tests.vast.serverless_cli import WORKER_GPU, serverless
 
 pytestmark = [pytest.mark.system, pytest.mark.django_db(transaction=True)]
@@ -77,6 +82,13 @@ class Table:
         self.rows[command] = Outcome(command, False, f"not supported; the CLI prints: {shown}")
         if not ok:
             self.failures.append(f"{command}: expected {message!r} in {run.output[-1500:]}")
+
+    def refused_without_message(self, command: str, note: str, ok: bool, evidence: str) -> None:
+        """A command we do not offer whose CLI prints no message of the server's (only a status,
+        or its own words): ``ok`` is that it printed that, readable, and no traceback."""
+        self.rows[command] = Outcome(command, False, f"not supported; {note}")
+        if not ok or "Traceback (most recent call last)" in evidence:
+            self.failures.append(f"{command}: {evidence[-1500:]}")
 
     def markdown(self) -> str:
         lines = [
@@ -171,6 +183,7 @@ def test_the_vastai_cli_drives_the_marketplace(
         machine_for(sim_host_factory(gpus=2, gpu_name=WORKER_GPU), provider_team)
         serverless(cli, table, funded_team)
         not_offered(cli, table)
+        every_other_command(cli, table, instance_id, main, key_for(provider_team))
     finally:
         written = tmp_path / DOC.name
         written.write_text(table.markdown())
