@@ -233,31 +233,41 @@ def docker_engine():
     return ensure_image()
 
 
-# Each simulated host publishes containers' ports on a range of its own, handed out in turn
-# to all the namespace's workers (one worker made 51 hosts in a run: fixed slices per worker
-# overlapped, and a container of one worker held a port another worker's test expected free).
+# Each simulated host publishes containers' ports on a range of its own, held for as long as
+# the worker process that made it lives: a lock on the range's file, which the kernel drops
+# when the process ends, however it ends. Ranges are taken from one pool for the whole machine
+# (every namespace, every run beside this one), so no two live hosts ever share a port. A
+# counter per namespace that wrapped after 120 hosts did: a full run makes ~170, all alive
+# until its end, and a host's containers then failed on "port is already allocated".
 # Below Linux's ephemeral range (32768+), where outgoing connections take their local ports
 # and would collide with docker's binds.
 SIM_PORTS_PER_HOST = 20
-SIM_HOSTS_PER_NAMESPACE = 120
+SIM_PORTS = (10000, 32760)
+_held_port_ranges: list = []  # this process's locked range files, kept open
 
 
-def _sim_port_range_start(namespace: int) -> int:
+def _sim_port_range_start() -> int:
     import fcntl
+    import random
     import tempfile
 
-    counter = Path(tempfile.gettempdir()) / f"gpumkt-test-sim-ports-ns{namespace}"
-    with open(counter, "a+") as file:
-        fcntl.flock(file, fcntl.LOCK_EX)  # released when the file closes
-        file.seek(0)
-        taken = int(file.read() or 0)
-        file.seek(0)
-        file.truncate()
-        file.write(str(taken + 1))
-    slot = taken % SIM_HOSTS_PER_NAMESPACE  # an earlier run's hosts are gone by now
-    return (
-        10000 + namespace * SIM_PORTS_PER_HOST * SIM_HOSTS_PER_NAMESPACE + slot * SIM_PORTS_PER_HOST
-    )
+    folder = Path(tempfile.gettempdir()) / "gpumkt-test-sim-port-ranges"
+    folder.mkdir(exist_ok=True)
+    ranges = (SIM_PORTS[1] - SIM_PORTS[0]) // SIM_PORTS_PER_HOST
+    # From a random range on: a range a crashed run's containers may still hold is not the
+    # next one taken.
+    first = random.randrange(ranges)
+    for step in range(ranges):
+        index = (first + step) % ranges
+        file = open(folder / f"{index}.lock", "a")  # noqa: SIM115 (held open on purpose)
+        try:
+            fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            file.close()
+            continue
+        _held_port_ranges.append(file)
+        return SIM_PORTS[0] + index * SIM_PORTS_PER_HOST
+    pytest.fail(f"every simulated host port range in {SIM_PORTS} is held by a live test process")
 
 
 @pytest.fixture(scope="session")
@@ -290,7 +300,7 @@ def sim_host_factory(docker_engine, sim_root):
             docker_host = sim_docker.ensure_quota_dockerd()
             sim_docker.ensure_image(docker_host=docker_host)
         n = len(made)
-        ports = _sim_port_range_start(namespace)
+        ports = _sim_port_range_start()
         spec = SimHostSpec(
             name=f"ns{namespace}-w{worker}-h{n}",
             address=f"127.{1 + namespace}.{20 + worker}.{10 + n}",
