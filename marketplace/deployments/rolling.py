@@ -67,8 +67,15 @@ def _launching_first_then_oldest(replicas: list[Replica]) -> list[Replica]:
     return sorted(replicas, key=lambda r: (r.state == R.RUNNING, r.created_at, r.pk))
 
 
-def queued_first_then_newest(replicas: list[Replica]) -> list[Replica]:
-    return sorted(replicas, key=lambda r: (r.state == R.QUEUED, r.created_at, r.pk), reverse=True)
+def queued_first_then_newest(replicas: list[Replica], *, gated: bool = False) -> list[Replica]:
+    """The order extras stop in: queued ones, then those still on their way (not ready), then
+    the newest. A ready replica never stops while one on its way is kept: stopping the newest
+    running one and keeping a launching one took serving replicas below what was wanted."""
+    return sorted(
+        replicas,
+        key=lambda r: (r.state == R.QUEUED, not _ready(r, gated), r.created_at, r.pk),
+        reverse=True,
+    )
 
 
 def _ready(replica: Replica, gated: bool) -> bool:
@@ -91,8 +98,8 @@ def plan_roll(
     for replica in ordered_old[: max(len(old) - keep_old, 0)]:
         plan.stop.append((replica, REPLACED if new_running else SCALED_DOWN))
     old_left = ordered_old[max(len(old) - keep_old, 0) :]
-    # Scaled down meanwhile: new ones past what is wanted stop, queued and newest first.
-    ordered_new = queued_first_then_newest(new)
+    # Scaled down meanwhile: new ones past what is wanted stop, queued and on their way first.
+    ordered_new = queued_first_then_newest(new, gated=gated)
     for replica in ordered_new[: max(len(new) - wanted, 0)]:
         plan.stop.append((replica, SCALED_DOWN))
     new_left = ordered_new[max(len(new) - wanted, 0) :]

@@ -1280,6 +1280,7 @@ EXEMPT_UNNAMED: dict[str, str] = {
     r"api/v1/^.*$": "the API's JSON 404 for unknown endpoints",
     r"^api(/.*)?$": "the API's JSON 404 outside /api/v1/",
     r"api/v0/^.*$": "the vast.ai API's JSON 404 for commands it does not offer",
+    r"api/v0/^tfa/": "the same 404 for two-factor commands, its error a code the CLI reads",
 }
 
 
