@@ -10,6 +10,10 @@ connection opened before the flag.
 Errors shown to providers say only "no SSH server answered" whether the port was closed,
 filtered or spoke something else, so adding machines cannot map the platform's network;
 the details go to the log.
+
+One module on purpose, just past the ~600-line habit: its errors, the pinned connection and
+the pool are one concept (a command on a machine over SSH) that some 40 callers name as
+``ssh.X``; the host-key and command errors are what each caller catches from the pool.
 """
 
 from __future__ import annotations
