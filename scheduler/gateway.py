@@ -184,9 +184,9 @@ def _balancer(upstreams: tuple[str, ...], health_path: str) -> dict:
             "try_interval": SECOND // 20,
         },
         "health_checks": {
-            # A replica slow to answer under load is not down: 3 s, as the web's own checks
-            # (deploy/Caddyfile); a 1 s timeout marked every replica down at a load of 30 and
-            # the gateway answered 503. A refused connection still marks it down at once.
+            # A replica slow to answer under load is not down: give it as long as the web's
+            # own checks do (deploy/Caddyfile), or a busy machine sees every replica marked
+            # down and the gateway answers 503. A refused connection still counts at once.
             "active": {"uri": health_path, "interval": SECOND, "timeout": 3 * SECOND},
             "passive": {"fail_duration": 10 * SECOND, "max_fails": 1},
         },
