@@ -3,7 +3,7 @@ the invoices (credit added), and price increases.
 
 - ``show deposit ID``: the credit held for the rental (our hold, /api/v1/billing/holds/).
 - ``show invoices-v1 -c``: the usage charges, one row per rental or volume per day (what the
-  console's invoices list per month).
+  console's invoices list per month); ``-i``: the credit added, as below.
 - ``search invoices '<query>'``: the credit added to the team (top-ups, grants, credit sent
   between teams), each a row in vast's invoice fields, filtered by the CLI's query.
 - ``show pending-price-increases``: always none. A rental's prices are fixed when it is
@@ -33,7 +33,6 @@ from marketplace.vast.errors import Refused
 from marketplace.vast.views import ANY_JSON, RenterView, VastView, json_param
 
 VOLUME_PREFIX = volume_reference(0)[:-1]  # "volume:"
-MAX_CHARGES_PAGE = 100
 
 
 def dollars(micro: int) -> float:
@@ -56,8 +55,8 @@ class Deposit(RenterView):
             {
                 "success": True,
                 "instance_id": instance.pk,
-                # What stays reserved for the rental now; the rest of it comes back when the
-                # rental ends.
+                # What the hold still reserves: usage from now on is charged from it, and
+                # what is left comes back when the rental ends.
                 "deposit": dollars(hold.remaining),
                 "held_total": dollars(hold.amount),
                 "charged": dollars(hold.captured),

@@ -45,9 +45,9 @@ def deposit(cli, table, instance_id: int, running: bool) -> None:
         body = {}
     table.works(
         "show deposit <id>",
-        "the credit the rental's hold reserves: deposit (what it still holds, given back when "
-        "the rental ends), held_total, charged and the time it covers (/api/v1/billing/holds/ "
-        "shows the same hold)",
+        "the credit the rental's hold reserves: deposit (what it still holds: later usage is "
+        "charged from it, the rest comes back when the rental ends), held_total, charged and "
+        "the time it covers (/api/v1/billing/holds/ shows the same hold)",
         running
         and hold is not None
         and body.get("deposit") == hold.remaining / 1e6
