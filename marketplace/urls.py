@@ -22,6 +22,7 @@ from marketplace.api import templates as templates_api
 from marketplace.api import volumes as volumes_api
 from marketplace.api.errors import api_not_found
 from marketplace.clusters.auth import gateway_auth
+from marketplace.vast import money as vast_money
 from marketplace.vast import templates as vast_templates
 from marketplace.vast.views import for_vastai_cli
 from marketplace.views import accounts as views
@@ -58,6 +59,8 @@ api_v1 = [
     ),
     # ... and saves a template's edits at this one (``update template``).
     path("template/", vast_templates.TemplateV1.as_view(), name="vast-template-v1"),
+    # ... and reads ``show invoices-v1 -i`` at this one.
+    path("invoices/", vast_money.PaymentInvoices.as_view(), name="vast-invoices-v1"),
     path("me/", accounts_api.me, name="api-me"),
     path("env-vars/", env_vars_api.EnvVars.as_view(), name="api-env-vars"),
     path("env-vars/<str:name>/", env_vars_api.EnvVarDetail.as_view(), name="api-env-var"),

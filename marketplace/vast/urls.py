@@ -11,8 +11,10 @@ from django.urls import path, re_path
 from marketplace.vast import (
     copy,
     hosting,
+    instance_update,
     keys,
     launch,
+    money,
     serverless_views,
     ssh_keys,
     teams,
@@ -40,6 +42,24 @@ urlpatterns = [
     path(
         "instances/command/<id:pk>/", views.InstanceCommand.as_view(), name="vast-instance-command"
     ),
+    path(
+        "instances/update_template/<id:pk>/",
+        instance_update.InstanceUpdate.as_view(),
+        name="vast-instance-update",
+    ),
+    path("instances/balance/<id:pk>/", money.Deposit.as_view(), name="vast-deposit"),
+    path(
+        "instances/pending-price-increases/",
+        money.PendingPriceIncreases.as_view(),
+        name="vast-price-increases",
+    ),
+    re_path(
+        r"^instances/(?:accept|reject)-price-increase/$",
+        money.PriceIncreaseAnswer.as_view(),
+        name="vast-price-increase-answer",
+    ),
+    re_path(r"^charges/?$", money.Charges.as_view(), name="vast-charges"),
+    re_path(r"^invoices/?$", money.InvoiceSearch.as_view(), name="vast-invoice-search"),
     path("template/", templates.Templates.as_view(), name="vast-templates"),
     path("endptjobs/", serverless_views.Endpoints.as_view(), name="vast-endpoints"),
     path("endptjobs/<id:pk>/", serverless_views.EndpointDetail.as_view(), name="vast-endpoint"),

@@ -312,6 +312,17 @@ def machine_reference(w: World) -> str:
     return f"machine:{w.machine.pk}"
 
 
+def credit_entry_ids(w: World) -> list[int]:
+    """The team's credit grant, as the vast invoices list it (its available-credit leg)."""
+    grants = Entry.objects.filter(team=w.team, transfer__kind="grant", account_kind="available")
+    return list(grants.values_list("pk", flat=True))
+
+
+# Every time there is: the lists below are not about dates.
+ALL_DAYS = "select_filters=" + json.dumps({"day": {"gte": 0, "lte": 9_999_999_999}})
+ALL_WHENS = "select_filters=" + json.dumps({"when": {"gte": 0, "lte": 9_999_999_999}})
+
+
 def inst(suffix: str = "") -> Url:
     return lambda w: f"/instances/{w.instance.pk}/{suffix}"
 
@@ -1131,6 +1142,21 @@ MATRIX: dict[str, list[Check]] = {
     "vast-invoices": [
         Listing(lambda w: "/api/v0/users/me/invoices", lambda w: [rental_reference(w)], "reference")
     ],
+    "vast-charges": [
+        Listing(
+            lambda w: f"/api/v0/charges/?{ALL_DAYS}", lambda w: [rental_reference(w)], "reference"
+        )
+    ],
+    "vast-invoice-search": [Listing(lambda w: "/api/v0/invoices", credit_entry_ids)],
+    "vast-invoices-v1": [Listing(lambda w: f"/api/v1/invoices/?{ALL_WHENS}", credit_entry_ids)],
+    "vast-deposit": [Obj(lambda w: f"/api/v0/instances/balance/{w.instance.pk}/")],
+    "vast-instance-update": [
+        Obj(
+            lambda w: f"/api/v0/instances/update_template/{w.instance.pk}/",
+            "put",
+            {"image": "gpumkt/busybox:latest"},
+        )
+    ],
     "vast-instances": [
         Listing(lambda w: "/api/v0/instances/?owner=me", lambda w: [w.instance.pk]),
         Custom(check_vast_bulk),
@@ -1232,6 +1258,8 @@ MATRIX: dict[str, list[Check]] = {
 
 # Routes with no team object to reach, each with the reason.
 EXEMPT: dict[str, str] = {
+    "vast-price-increases": "always the empty list: a rental's prices are fixed at renting",
+    "vast-price-increase-answer": "answers 'none pending' to any id; reads and changes nothing",
     "login": "anonymous sign-in form; no team data",
     "logout": "ends the caller's own session",
     "signup": "anonymous; makes a new user and their personal team",

@@ -62,9 +62,7 @@ class Refusal:
 # --help names it; a command --help lists that is neither here nor in a row fails the run.
 REFUSED = {
     "search benchmarks": Refusal("'gpu_name=RTX_4090'"),
-    "search invoices": Refusal("'id>0'"),
     "recycle instance": Refusal("{instance}"),
-    "update instance": Refusal("{instance} --image gpumkt/busybox:latest"),
     "prepay instance": Refusal("{instance} 10"),
     "take snapshot": Refusal(
         "{instance} --repo me/snap --docker_login_user me --docker_login_pass secret"
@@ -85,8 +83,6 @@ REFUSED = {
     "tfa status": Refusal(""),
     "tfa totp-setup": Refusal(""),
     "tfa update": Refusal("1 --label phone"),
-    "show invoices-v1": Refusal("-c"),
-    "show deposit": Refusal("{instance}"),
     "set user": Refusal("--file {home}/user.json"),
     "show subaccounts": Refusal(""),
     "show ipaddrs": Refusal(""),
@@ -113,9 +109,6 @@ REFUSED = {
     "list volume": Refusal("{machine} -s 5", host=True),
     "list volumes": Refusal("{machine} -s 5", host=True),
     "unlist volume": Refusal("1", host=True),
-    "show pending-price-increases": Refusal(""),
-    "accept price-increase": Refusal("{instance} -y"),
-    "reject price-increase": Refusal("{instance} -y"),
 }
 # Our refusal of these is a message of its own, naming the command.
 MESSAGES = {

@@ -42,6 +42,7 @@ from scheduler.models import Instance, InstanceState, LaunchMode, PortAllocation
 from tests.factories import TeamFactory, UserFactory, add_member
 from tests.marketplace.conftest import PRICE_PER_GPU_HOUR, docker, fund, machine_for
 from tests.marketplace.test_launch_modes import login, make_key
+from tests.vast import conformance_money as money
 from tests.vast import conformance_more as more
 from tests.vast.cli import CLI_VERSION, ROOT, VastCli, ensure_cli
 from tests.vast.every_command import every_other_command
@@ -103,12 +104,17 @@ class Table:
             "| --- | --- | --- |",
         ]
         for row in self.rows.values():
-            note = " ".join(row.note.split()).replace("|", "\\|")
             # A check that is no command of its own, like "(another team's instance)", reads
             # as itself.
             what = row.command if row.command.startswith("(") else f"`vastai {row.command}`"
-            lines.append(f"| {what} | {'yes' if row.works else 'no'} | {note} |")
+            lines.append(f"| {cell(what)} | {'yes' if row.works else 'no'} | {cell(row.note)} |")
         return "\n".join(lines) + "\n"
+
+
+def cell(text: str) -> str:
+    """Text for one cell of a markdown table: on one line, its ``|`` escaped (inside a code
+    span too: GitHub splits a row at every bare ``|`` before it reads the code)."""
+    return " ".join(text.split()).replace("|", "\\|")
 
 
 def table_rows(stdout: str) -> list[list[str]]:
@@ -177,6 +183,7 @@ def test_the_vastai_cli_drives_the_marketplace(
         more.volumes(cli, table, spare, str(offer_id(cli, spare, 1)), wait_for_state)
         more.launch(cli, table, wait_for_state)
         invoices(cli, table)
+        money.money_and_updates(cli, table, wait_for_state)
         more.teams(cli, table, funded_team, tmp_path)
         fresh = machine_for(sim_host_factory(gpus=1), provider_team)  # never rented
         hosting(cli, table, main, spare, fresh, key_for(provider_team))
