@@ -72,14 +72,17 @@ DIRECT = 4096  # at most this many matches are sorted outright rather than walke
 MERGE_AT = 2048  # rows appended since a field's order was made, before they are merged in
 COMPACT_AT = 10_000  # dead rows (replaced or gone) kept before they are dropped, at least
 
+# The epoch, the oldest transaction still running (all below it are finished), and the
+# machines changed by transactions from ``{since}`` on, with their transaction ids.
 CHECK = """
 SELECT (SELECT token::text FROM marketplace_offer_index_epoch WHERE id = 1),
        pg_snapshot_xmin(pg_current_snapshot())::text,
-       ARRAY(SELECT machine_id FROM marketplace_offer_change
-             WHERE xid >= %s::text::xid8 ORDER BY machine_id),
-       ARRAY(SELECT xid::text FROM marketplace_offer_change
-             WHERE xid >= %s::text::xid8 ORDER BY machine_id)
+       COALESCE(changed.machines, '{{}}'), COALESCE(changed.xids, '{{}}')
+FROM (SELECT array_agg(machine_id) AS machines, array_agg(xid::text) AS xids
+      FROM marketplace_offer_change WHERE xid >= {since}) AS changed
 """
+SINCE_LAST = CHECK.format(since="%s::text::xid8")
+SINCE_SNAPSHOT = CHECK.format(since="pg_snapshot_xmin(pg_current_snapshot())")
 
 
 class Declined(Exception):
@@ -118,7 +121,7 @@ class OfferIndex:
     def current(self) -> None:
         """Make the index answer from every offer change committed before now."""
         with connection.cursor() as cursor:
-            cursor.execute(CHECK, [self.last or "0", self.last or "0"])
+            cursor.execute(SINCE_LAST, [self.last or "0"])
             token, xmin, machines, xids = cursor.fetchone()
             if token is None:
                 cursor.execute(
@@ -143,7 +146,7 @@ class OfferIndex:
         """Every offer, read in one snapshot, with what changed as of it."""
         with transaction.atomic(), connection.cursor() as cursor:
             cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-            cursor.execute(CHECK, ["0", "0"])
+            cursor.execute(SINCE_SNAPSHOT)
             token, xmin, machines, xids = cursor.fetchone()
             cursor.execute("SELECT min(id), max(id) FROM marketplace_offer")
             low, high = cursor.fetchone()
@@ -174,7 +177,7 @@ class OfferIndex:
         with the list of changes."""
         with transaction.atomic(), connection.cursor() as cursor:
             cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-            cursor.execute(CHECK, [self.last, self.last])
+            cursor.execute(SINCE_LAST, [self.last])
             token, xmin, machines, xids = cursor.fetchone()
             if token != self.token:
                 changed = None
@@ -219,13 +222,14 @@ class OfferIndex:
         as they were). Their order is kept, so every field's order stays valid."""
         for name, words in before.items():
             position = {word: code for code, word in enumerate(self.words[name])}
-            mapping = np.array([position[word] for word in words] or [0], dtype=np.int64)
+            mapping = np.array([position[word] for word in words] or [0], dtype=np.int32)
             column = self.columns[name]
             column[: self.n] = mapping[column[: self.n]]
 
     def _dtypes(self) -> dict[str, np.dtype]:
         types = {name: np.dtype(NUMPY[kind]).newbyteorder("=") for name, kind in NUMBERS.items()}
-        types.update({name: np.dtype(np.int64) for name in [*NULLABLE, *WORDS]})
+        types.update({name: np.dtype(np.int64) for name in NULLABLE})
+        types.update({name: np.dtype(np.int32) for name in WORDS})
         return types
 
     def _read(self, cursor, where: str) -> dict[str, np.ndarray]:
@@ -257,8 +261,8 @@ class OfferIndex:
         header = 19 + int.from_bytes(data[15:19], "big") if data else 0
         body = data[header:-2] if data else b""
         rows = np.frombuffer(body, dtype=record)
-        found = {name: rows[name].astype(np.dtype(rows.dtype[name]).newbyteorder("="))
-                 for name, _, _ in sources}  # fmt: skip
+        types = self._dtypes()
+        found = {name: rows[name].astype(types[name]) for name, _, _ in sources}
         if len(rows) and any((found[name] < 0).any() for name in WORDS):
             raise RuntimeError("an offer's word has no code")  # _learn_words missed one
         return found
@@ -348,10 +352,22 @@ class OfferIndex:
             return self.columns["id"][rows[offset : offset + limit]].tolist()
 
     def _mask(self, query: offer_query.OfferQuery) -> np.ndarray:
-        mask = self.live[: self.n].copy()
+        """The rows the search's filters (defaults included) match. Once the terms so far
+        leave few rows, the rest are checked on those rows only."""
+        terms = sorted(query.effective_filters().items(), key=_narrowing)
         now = timezone.now()
-        for name, (op, value) in query.effective_filters().items():
-            mask &= self._term(name, op, value, now)
+        mask = self.live[: self.n].copy()
+        rows = None  # every row, while the terms so far match many
+        for name, (op, value) in terms:
+            if rows is None:
+                mask &= self._term(name, op, value, now, self._column(name))
+                if np.count_nonzero(mask) <= self.n // 16:
+                    rows = np.flatnonzero(mask)
+            else:
+                rows = rows[self._term(name, op, value, now, self._column(name)[rows])]
+        if rows is not None:
+            mask = np.zeros(self.n, dtype=bool)
+            mask[rows] = True
         return mask
 
     def _column(self, name: str) -> np.ndarray:
@@ -359,9 +375,9 @@ class OfferIndex:
         column = name if name in DERIVED else spec.column
         return self.columns[column][: self.n]
 
-    def _term(self, name: str, op: str, value, now: datetime) -> np.ndarray:
+    def _term(self, name: str, op: str, value, now: datetime, column: np.ndarray) -> np.ndarray:
+        """Which of ``column``'s values (the field's, of all rows or some) the term takes."""
         spec = offer_query.FIELDS[name]
-        column = self._column(name)
         if spec.kind == "days":  # no end date: forever
             moment = _micros(now + timedelta(days=value))
             if op in (">", ">="):
@@ -369,9 +385,10 @@ class OfferIndex:
             return (column != NULL) & _compare(column, op, moment)
         values = value if isinstance(value, list) else [value]
         if spec.kind in ("str", "gpu"):
-            equal = np.isin(column, self._codes(name, spec.kind, values))
+            codes = self._codes(name, spec.kind, values)
+            equal = column == codes[0] if len(codes) == 1 else np.isin(column, codes, kind="table")
         elif op in ("in", "notin", "=", "==", "!="):
-            equal = np.zeros(self.n, dtype=bool)
+            equal = np.zeros(len(column), dtype=bool)
             for item in values:
                 equal |= column == item
         else:  # a range; a null (min_bid) is in none, as in SQL
@@ -442,20 +459,55 @@ class OfferIndex:
             edge = key[found[k - 1]]
             head = found[:k]
             before = head[key[head] != edge]
-            tied = mask.copy()
-            tied[covered:] = False
-            tied &= key == edge
-            found = np.concatenate([before, self._top(tied, order[1:], k - len(before))])
+            # The rows tied on this field are one stretch of its order.
+            tied = perm[_first(key, perm, edge, after=False) : _first(key, perm, edge, after=True)]
+            tied = tied[mask[tied]].astype(np.int64)
+            found = np.concatenate([before, self._top_of(tied, order[1:], k - len(before))])
         added = np.flatnonzero(mask[covered:]) + covered
         return self._sorted(np.concatenate([found, added]), order)[:k]
 
+    def _top_of(self, rows: np.ndarray, order: list[tuple[str, bool]], k: int) -> np.ndarray:
+        """``_top`` of these rows."""
+        if not order or len(rows) <= max(DIRECT, 2 * k):
+            return self._sorted(rows, order)[:k]
+        mask = np.zeros(self.n, dtype=bool)
+        mask[rows] = True
+        return self._top(mask, order, k)
+
     def _sorted(self, rows: np.ndarray, order: list[tuple[str, bool]]) -> np.ndarray:
+        if not order:  # past the unique id: one row at most
+            return rows
         keys = []
         for name, descending in reversed(order):
             key = self._key(name)[rows]
             keys.append(-key.astype(np.float64 if key.dtype.kind == "f" else np.int64)
                         if descending else key)  # fmt: skip
         return rows[np.lexsort(keys)] if len(rows) else rows
+
+
+def _narrowing(term) -> int:
+    """Terms that usually leave fewest rows first: equalities, then ranges, then the rest
+    (``!=``, ``notin``, true/false)."""
+    name, (op, _) = term
+    if offer_query.FIELDS[name].kind == "bool":
+        return 3
+    if op in ("=", "==", "in"):
+        return 0
+    return 1 if op in ("<", "<=", ">", ">=") else 2
+
+
+def _first(key: np.ndarray, perm: np.ndarray, value, *, after: bool) -> int:
+    """The first place in ``perm`` (rows in ``key``'s ascending order) whose key is at least
+    ``value`` (above it, with ``after``): a binary search that reads only the keys it needs."""
+    low, high = 0, len(perm)
+    while low < high:
+        middle = (low + high) // 2
+        found = key[perm[middle]]
+        if found < value or (after and found == value):
+            low = middle + 1
+        else:
+            high = middle
+    return low
 
 
 def _walk(order: np.ndarray, mask: np.ndarray, k: int, expected: int) -> np.ndarray:
