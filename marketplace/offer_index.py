@@ -385,8 +385,7 @@ class OfferIndex:
             return (column != NULL) & _compare(column, op, moment)
         values = value if isinstance(value, list) else [value]
         if spec.kind in ("str", "gpu"):
-            codes = self._codes(name, spec.kind, values)
-            equal = column == codes[0] if len(codes) == 1 else np.isin(column, codes, kind="table")
+            equal = _any_of(column, self._codes(name, spec.kind, values))
         elif op in ("in", "notin", "=", "==", "!="):
             equal = np.zeros(len(column), dtype=bool)
             for item in values:
@@ -454,7 +453,12 @@ class OfferIndex:
         name, descending = order[0]
         key = self._key(name)
         perm, covered = self._perm(name)
-        found = _walk(perm[::-1] if descending else perm, mask, k, len(perm) * k // count)
+        # Where the matches lie far along the order, sorting them outright costs less than
+        # walking there: the walk stops at a few times the number of matches.
+        found = _walk(perm[::-1] if descending else perm, mask, k, len(perm) * k // count,
+                      limit=max(4 * count, 65_536))  # fmt: skip
+        if found is None:
+            return self._sorted(np.flatnonzero(mask), order)[:k]
         if len(found) >= k:
             edge = key[found[k - 1]]
             head = found[:k]
@@ -510,10 +514,27 @@ def _first(key: np.ndarray, perm: np.ndarray, value, *, after: bool) -> int:
     return low
 
 
-def _walk(order: np.ndarray, mask: np.ndarray, k: int, expected: int) -> np.ndarray:
-    """The matching rows met first in ``order``, at least ``k`` of them where there are."""
+def _any_of(column: np.ndarray, codes: np.ndarray) -> np.ndarray:
+    """Which of the word codes in ``column`` are among ``codes``."""
+    if len(codes) <= 4:
+        found = np.zeros(len(column), dtype=bool)
+        for code in codes.tolist():
+            found |= column == code
+        return found
+    table = np.zeros(int(column.max(initial=0)) + 1, dtype=bool)
+    table[codes[codes < len(table)]] = True
+    return table[column]
+
+
+def _walk(
+    order: np.ndarray, mask: np.ndarray, k: int, expected: int, *, limit: int
+) -> np.ndarray | None:
+    """The matching rows met first in ``order``, at least ``k`` of them where there are;
+    None when they are not all found within ``limit`` places."""
     found, got, start, step = [], 0, 0, max(8192, expected + expected // 4)
     while start < len(order) and got < k:
+        if start >= limit:
+            return None
         rows = order[start : start + step]
         hit = rows[mask[rows]]
         found.append(hit)
