@@ -20,6 +20,12 @@ other search), so both see the same machine. The
 ratio is the median over searches of (HTTP − SQL) / SQL. The slowest generated searches are
 printed with their SQL time, to say which plans miss.
 
+The web processes answer from their in-memory offer index (marketplace/offer_index.py, the
+``OFFER_INDEX`` setting, on by default), loaded at each one's first search (the warm-up);
+the SQL beside each search is then what the same search costs without it, and a page of
+another length than its SQL's fails the bench. ``BENCH_WEB_ENV=OFFER_INDEX=0`` times the
+SQL path instead.
+
 The data lives in a scratch database (``gpumkt_bench_offers`` + ``BENCH_DATABASE_SUFFIX``)
 with a private Redis, dropped at the end.
 
@@ -459,7 +465,8 @@ def main() -> None:
         raw = RawSql()
         with web_processes(REDIS, overrides={"LOG_LEVEL": log_level}) as cluster:
             client = Client(cluster.web_ports, keys)
-            for search in fixed[: len(QUERIES) * 2]:  # both processes: connections, imports
+            # Both processes: connections, imports, and each one's offer index loaded.
+            for search in fixed[: len(QUERIES) * 2]:
                 client.search(search)
             lines = [Line("generated"), Line("fixed")]
             # The lines take turns, a block of each, so both see the same load.

@@ -336,6 +336,10 @@ DATA_GRACE_HOURS = int(os.environ.get("DATA_GRACE_HOURS", "48"))
 REPLICA_UNREACHABLE_GRACE_MINUTES = float(os.environ.get("REPLICA_UNREACHABLE_GRACE_MINUTES", "10"))
 
 # --- REST API -----------------------------------------------------------------------------
+# Offer search answered by each web process's in-memory index of offers
+# (marketplace/offer_index.py; PostgreSQL only). Off: every search runs as SQL.
+OFFER_INDEX = env_bool("OFFER_INDEX", True)
+
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "marketplace.api.auth.ApiKeyAuthentication",

@@ -13,7 +13,7 @@ from rest_framework.decorators import api_view
 from rest_framework.response import Response
 
 from billing.usd import MICRO_PER_DOLLAR
-from marketplace import offer_query
+from marketplace import offer_index, offer_query
 from marketplace.api import offer_statements
 from marketplace.api.fields import DOLLARS_SCHEMA, DollarsField, FiniteFloatField, dollars
 from marketplace.api.permissions import read_only_methods
@@ -179,7 +179,12 @@ def days_until(end_date, now) -> float | None:
 
 
 def search_offers(query: offer_query.OfferQuery, limit: int, offset: int) -> list[Offer]:
-    return list(offer_query.apply(Offer.objects.all(), query)[offset : offset + limit])
+    """A page of the search's offers as model instances (the v0 API's searches)."""
+    ids = offer_index.page_ids(query, limit, offset)
+    if ids is None:
+        return list(offer_query.apply(Offer.objects.all(), query)[offset : offset + limit])
+    found = Offer.objects.in_bulk(ids)
+    return [found[pk] for pk in ids if pk in found]  # one gone since is left out
 
 
 def search_offer_rows(query: offer_query.OfferQuery, limit: int, offset: int) -> list[dict]:

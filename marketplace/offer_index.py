@@ -1,0 +1,569 @@
+"""Offer search answered in memory: each web process holds the searched columns of every
+offer as numpy arrays and answers a search's filters and order there, then reads the page's
+offers from PostgreSQL by id (what a renter sees is the row as it is now).
+
+Why: no set of PostgreSQL indexes serves every field × operator × sort × page of the query
+language at a million offers; a filter on an unindexed column, or a sort or deep page the
+indexes do not match, reads most of the table (hundreds of milliseconds). Here every filter is
+a vectorised comparison over one array, and a sort walks that field's order (``perm``, a
+permutation kept per field) only as far as the page needs, so a deep page never sorts the
+million.
+
+Semantics are ``offer_query.apply``'s, term for term (defaults, GPU families, ``duration``,
+``field=any``, nulls as the ORM's SQL treats them, strings in the database's collation
+order); tests/marketplace/test_offer_index.py holds the two to each other on generated
+searches. A search the index cannot answer exactly (a word outside ASCII, whose case folding
+PostgreSQL's and Python's may differ on) is answered by SQL.
+
+Freshness: triggers on the offers table record each changed machine with the writing
+transaction's id (migration 0026). Before each search the index asks which machines changed
+in transactions it has not yet seen as finished (one indexed query), and re-reads those
+machines' offers, replacing their rows. So a search answers from every offer change committed
+before it began, as SQL would. A TRUNCATE (the tests' flush) drops the epoch, and the index
+loads afresh.
+
+It serves only outside a transaction (``in_atomic_block``): inside one, the caller may have
+written offers that only its own connection sees (a test's rolled-back rows, a view's own
+writes), and the index, which reads committed data, must not answer for them.
+"""
+
+from __future__ import annotations
+
+import threading
+from datetime import UTC, datetime, timedelta
+
+import numpy as np
+from django.conf import settings
+from django.db import connection, transaction
+from django.utils import timezone
+
+from marketplace import offer_query
+
+NULL = np.iinfo(np.int64).max  # a null end date or minimum bid: after every value, as SQL sorts
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+WORDS = ("gpu_name", "geolocation", "driver_version")  # held as codes in collation order
+# The loaded columns and how each is read: numbers and flags as they are; nullable ones with
+# NULL for null; words as their code (``_load``).
+NUMBERS = {
+    "id": "int8", "machine_id": "int8", "provider_team_id": "int8", "num_gpus": "int8",
+    "gpu_ram": "float8", "cpu_cores_per_unit": "float8", "cpu_ram_per_unit": "float8",
+    "disk_per_unit": "float8", "disk_enforced": "bool", "price_per_gpu_hour": "int8",
+    "dph_total": "int8", "storage_cost": "int8", "reliability": "float8",
+    "cuda_max_good": "float8", "verified": "bool", "rentable": "bool", "rented": "bool",
+    "score": "float8", "cpu_cores": "int8", "datacenter": "bool", "static_ip": "bool",
+    "direct_port_count": "int8", "sharing": "bool", "gpu_frac": "float8",
+    "slice_core_percent": "int8", "slice_memory_mb": "int8", "total_flops": "float8",
+    "compute_cap": "int8", "gpu_mem_bw": "float8", "dlperf": "float8",
+    "dlperf_per_dphtotal": "float8", "inet_up": "float8", "inet_down": "float8",
+    "disk_bw": "float8",
+}  # fmt: skip
+NULLABLE = {
+    "min_bid": f"COALESCE(min_bid, {NULL})",
+    "end_date": f"COALESCE((EXTRACT(EPOCH FROM end_date) * 1000000)::int8, {NULL})",
+}
+# ``offer_query.ANNOTATIONS``, computed the same way (float8 × the GPUs).
+DERIVED = {
+    "gpu_total_ram": "gpu_ram", "cpu_cores_effective": "cpu_cores_per_unit",
+    "cpu_ram": "cpu_ram_per_unit", "disk_space": "disk_per_unit",
+}  # fmt: skip
+NUMPY = {"int8": ">i8", "float8": ">f8", "bool": "?"}
+LOAD_CHUNK = 200_000  # ids per COPY while loading: bounds the memory a load takes at once
+DIRECT = 4096  # at most this many matches are sorted outright rather than walked in order
+MERGE_AT = 2048  # rows appended since a field's order was made, before they are merged in
+COMPACT_AT = 10_000  # dead rows (replaced or gone) kept before they are dropped, at least
+
+# The epoch, the oldest transaction still running (all below it are finished), and the
+# machines changed by transactions from ``{since}`` on, with their transaction ids.
+CHECK = """
+SELECT (SELECT token::text FROM marketplace_offer_index_epoch WHERE id = 1),
+       pg_snapshot_xmin(pg_current_snapshot())::text,
+       COALESCE(changed.machines, '{{}}'), COALESCE(changed.xids, '{{}}')
+FROM (SELECT array_agg(machine_id) AS machines, array_agg(xid::text) AS xids
+      FROM marketplace_offer_change WHERE xid >= {since}) AS changed
+"""
+SINCE_LAST = CHECK.format(since="%s::text::xid8")
+SINCE_SNAPSHOT = CHECK.format(since="pg_snapshot_xmin(pg_current_snapshot())")
+
+
+class Declined(Exception):
+    """The index cannot answer this search exactly: SQL answers it."""
+
+
+def serves() -> bool:
+    """Whether a search here may be answered by the index (see the module's docstring)."""
+    return (
+        getattr(settings, "OFFER_INDEX", False)
+        and connection.vendor == "postgresql"
+        and not connection.in_atomic_block
+    )
+
+
+def page_ids(query: offer_query.OfferQuery, limit: int, offset: int) -> list[int] | None:
+    """The ids of the search's page, in its order; None where the index does not serve."""
+    if not serves():
+        return None
+    try:
+        return INDEX.search(query, limit, offset)
+    except Declined:
+        return None
+
+
+class OfferIndex:
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.token: str | None = None
+        self.last: str | None = None  # the xmin of the last look (``_advance``)
+        self.applied: dict[int, str] = {}
+        self.words: dict[str, list[str]] = {name: [] for name in WORDS}
+
+    # --- loading and keeping current -------------------------------------------------------
+
+    def current(self) -> None:
+        """Make the index answer from every offer change committed before now."""
+        with connection.cursor() as cursor:
+            cursor.execute(SINCE_LAST, [self.last or "0"])
+            token, xmin, machines, xids = cursor.fetchone()
+            if token is None:
+                cursor.execute(
+                    "INSERT INTO marketplace_offer_index_epoch VALUES (1, gen_random_uuid()) "
+                    "ON CONFLICT DO NOTHING"
+                )
+        if token is None or token != self.token:
+            self._load()
+            return
+        if any(self.applied.get(m) != x for m, x in zip(machines, xids, strict=True)):
+            self._refresh()
+        else:
+            self._advance(xmin, machines, xids)
+
+    def _advance(self, xmin: str, machines: list[int], xids: list[str]) -> None:
+        """Remember what is applied: changes below ``xmin`` are finished and will not be
+        listed again; those at or above it may be, and are skipped while unchanged."""
+        self.last = xmin
+        self.applied = dict(zip(machines, xids, strict=True))
+
+    def _load(self) -> None:
+        """Every offer, read in one snapshot, with what changed as of it."""
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            cursor.execute(SINCE_SNAPSHOT)
+            token, xmin, machines, xids = cursor.fetchone()
+            cursor.execute("SELECT min(id), max(id) FROM marketplace_offer")
+            low, high = cursor.fetchone()
+            self.words = {name: [] for name in WORDS}
+            self._learn_words(cursor, "TRUE")
+            parts = []
+            if low is not None:
+                for start in range(low, high + 1, LOAD_CHUNK):
+                    where = f"o.id >= {int(start)} AND o.id < {int(start + LOAD_CHUNK)}"
+                    parts.append(self._read(cursor, where))
+        columns = {name: np.concatenate([p[name] for p in parts]) if parts else np.empty(0, dtype)
+                   for name, dtype in self._dtypes().items()}  # fmt: skip
+        self.n = len(columns["id"])
+        columns.update({name: np.empty(self.n, dtype=np.float64) for name in DERIVED})
+        self.token = token
+        self.columns = columns
+        self._derive(slice(0, self.n))
+        self.live = np.ones(self.n, dtype=bool)
+        self.dead = 0
+        self._index_machines()
+        self.perms = {}
+        for name in offer_query.FIELDS:
+            self._perm(name)
+        self._advance(xmin, machines, xids)
+
+    def _refresh(self) -> None:
+        """Re-read the offers of the machines changed since the last look, in one snapshot
+        with the list of changes."""
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            cursor.execute(SINCE_LAST, [self.last])
+            token, xmin, machines, xids = cursor.fetchone()
+            if token != self.token:
+                changed = None
+            else:
+                changed = sorted(
+                    m for m, x in zip(machines, xids, strict=True) if self.applied.get(m) != x
+                )
+                fresh = None
+                if changed:
+                    listed = ", ".join(str(int(m)) for m in changed)
+                    where = f"o.machine_id IN ({listed})"
+                    self._recode(self._learn_words(cursor, where))
+                    fresh = self._read(cursor, where)
+        if changed is None:
+            self._load()
+            return
+        if changed:
+            self._replace(np.array(changed, dtype=np.int64), fresh)
+        self._advance(xmin, machines, xids)
+
+    def _learn_words(self, cursor, where: str) -> dict[str, list[str]]:
+        """Add the words (GPU names, regions, drivers) of the offers ``where`` selects that the
+        index has no code for; returns the word lists they changed as they were (codes then
+        change: ``_recode``)."""
+        before = {}
+        for name in WORDS:
+            cursor.execute(f"SELECT DISTINCT o.{name} FROM marketplace_offer o WHERE {where}")  # noqa: S608
+            known = set(self.words[name])
+            found = [row[0] for row in cursor.fetchall() if row[0] not in known]
+            if found:
+                # Codes in the database's collation order, so a sort by a word sorts codes.
+                cursor.execute(
+                    "SELECT w FROM unnest(%s::text[]) AS w ORDER BY w",
+                    [self.words[name] + found],
+                )
+                before[name] = self.words[name]
+                self.words[name] = [row[0] for row in cursor.fetchall()]
+        return before
+
+    def _recode(self, before: dict[str, list[str]]) -> None:
+        """Rewrite the loaded rows' word codes after new words joined (``before``: the lists
+        as they were). Their order is kept, so every field's order stays valid."""
+        for name, words in before.items():
+            position = {word: code for code, word in enumerate(self.words[name])}
+            mapping = np.array([position[word] for word in words] or [0], dtype=np.int32)
+            column = self.columns[name]
+            column[: self.n] = mapping[column[: self.n]]
+
+    def _dtypes(self) -> dict[str, np.dtype]:
+        types = {name: np.dtype(NUMPY[kind]).newbyteorder("=") for name, kind in NUMBERS.items()}
+        types.update({name: np.dtype(np.int64) for name in NULLABLE})
+        types.update({name: np.dtype(np.int32) for name in WORDS})
+        return types
+
+    def _read(self, cursor, where: str) -> dict[str, np.ndarray]:
+        """The loaded columns of the offers ``where`` selects (a condition on ``o``), by one
+        binary COPY: every column fixed-width and not null, so the rows are one numpy record
+        array."""
+        sources = [(name, f"o.{name}::{kind}", kind) for name, kind in NUMBERS.items()]
+        sources += [(name, sql.replace("min_bid", "o.min_bid").replace("end_date", "o.end_date"),
+                     "int8") for name, sql in NULLABLE.items()]  # fmt: skip
+        joins = []
+        for number, name in enumerate(WORDS):
+            words = ", ".join(_literal(word) for word in self.words[name]) or "NULL"
+            joins.append(
+                f"LEFT JOIN unnest(ARRAY[{words}]::text[]) WITH ORDINALITY AS w{number}(word, code)"
+                f" ON w{number}.word = o.{name}"
+            )
+            sources.append((name, f"COALESCE(w{number}.code - 1, -1)::int8", "int8"))
+        select = ", ".join(sql for _, sql, _ in sources)
+        statement = (
+            f"COPY (SELECT {select} FROM marketplace_offer o {' '.join(joins)} WHERE {where}) "  # noqa: S608
+            "TO STDOUT (FORMAT BINARY)"
+        )
+        with cursor.cursor.copy(statement) as copy:
+            data = b"".join(bytes(block) for block in copy)
+        fields = [("count", ">i2")]
+        for number, (name, _, kind) in enumerate(sources):
+            fields += [(f"length{number}", ">i4"), (name, NUMPY[kind])]
+        record = np.dtype(fields)
+        header = 19 + int.from_bytes(data[15:19], "big") if data else 0
+        body = data[header:-2] if data else b""
+        rows = np.frombuffer(body, dtype=record)
+        types = self._dtypes()
+        found = {name: rows[name].astype(types[name]) for name, _, _ in sources}
+        if len(rows) and any((found[name] < 0).any() for name in WORDS):
+            raise RuntimeError("an offer's word has no code")  # _learn_words missed one
+        return found
+
+    def _index_machines(self) -> None:
+        """Where each machine's rows are: the loaded rows sorted by machine, and the rows of
+        machines re-read since (``moved``)."""
+        machine = self.columns["machine_id"][: self.n]
+        self.by_machine = np.argsort(machine, kind="stable")
+        self.machine_sorted = machine[self.by_machine]
+        self.moved: dict[int, np.ndarray] = {}
+
+    def _rows_of(self, machine: int) -> np.ndarray:
+        if machine in self.moved:
+            return self.moved[machine]
+        low = np.searchsorted(self.machine_sorted, machine, side="left")
+        high = np.searchsorted(self.machine_sorted, machine, side="right")
+        return self.by_machine[low:high]
+
+    def _replace(self, machines: np.ndarray, fresh: dict[str, np.ndarray]) -> None:
+        """The machines' rows as ``fresh`` has them: the old ones dropped, the new appended."""
+        for machine in machines.tolist():
+            rows = self._rows_of(machine)
+            self.dead += int(np.count_nonzero(self.live[rows]))
+            self.live[rows] = False
+        count = len(fresh["id"])
+        self._reserve(self.n + count)
+        start = self.n
+        for name, values in fresh.items():
+            self.columns[name][start : start + count] = values
+        self._derive(slice(start, start + count))
+        self.live[start : start + count] = True
+        self.n += count
+        order = np.argsort(fresh["machine_id"], kind="stable")
+        grouped = fresh["machine_id"][order]
+        for machine in machines.tolist():
+            low = np.searchsorted(grouped, machine, side="left")
+            high = np.searchsorted(grouped, machine, side="right")
+            self.moved[machine] = order[low:high] + start
+        if self.dead > max(self.n // 4, COMPACT_AT):
+            self._compact()
+
+    def _reserve(self, size: int) -> None:
+        capacity = len(self.live)
+        if size <= capacity:
+            return
+        capacity = max(size, capacity + capacity // 2, 1024)
+        for name, column in self.columns.items():
+            grown = np.zeros(capacity, dtype=column.dtype)
+            grown[: self.n] = column[: self.n]
+            self.columns[name] = grown
+        live = np.zeros(capacity, dtype=bool)
+        live[: self.n] = self.live[: self.n]
+        self.live = live
+
+    def _compact(self) -> None:
+        """Drop the dead rows; each field's order is kept, renumbered."""
+        keep = np.flatnonzero(self.live[: self.n])
+        renumber = np.full(self.n, -1, dtype=np.int64)
+        renumber[keep] = np.arange(len(keep))
+        for name in self.columns:
+            self.columns[name] = self.columns[name][keep].copy()
+        for name, (perm, covered) in self.perms.items():
+            moved = renumber[perm]
+            self.perms[name] = (
+                moved[moved >= 0].astype(perm.dtype),
+                int(renumber[:covered].max(initial=-1)) + 1,
+            )
+        self.n = len(keep)
+        self.live = np.ones(self.n, dtype=bool)
+        self.dead = 0
+        self._index_machines()
+
+    def _derive(self, rows: slice) -> None:
+        units = self.columns["num_gpus"][rows]
+        for name, per_unit in DERIVED.items():
+            self.columns[name][rows] = self.columns[per_unit][rows] * units
+
+    # --- answering -------------------------------------------------------------------------
+
+    def search(self, query: offer_query.OfferQuery, limit: int, offset: int) -> list[int]:
+        with self.lock:
+            self.current()
+            mask = self._mask(query)
+            order = [*(query.order or offer_query.DEFAULT_ORDER), ("id", False)]
+            rows = self._top(mask, order, offset + limit)
+            return self.columns["id"][rows[offset : offset + limit]].tolist()
+
+    def _mask(self, query: offer_query.OfferQuery) -> np.ndarray:
+        """The rows the search's filters (defaults included) match. Once the terms so far
+        leave few rows, the rest are checked on those rows only."""
+        terms = sorted(query.effective_filters().items(), key=_narrowing)
+        now = timezone.now()
+        mask = self.live[: self.n].copy()
+        rows = None  # every row, while the terms so far match many
+        for name, (op, value) in terms:
+            if rows is None:
+                mask &= self._term(name, op, value, now, self._column(name))
+                if np.count_nonzero(mask) <= self.n // 16:
+                    rows = np.flatnonzero(mask)
+            else:
+                rows = rows[self._term(name, op, value, now, self._column(name)[rows])]
+        if rows is not None:
+            mask = np.zeros(self.n, dtype=bool)
+            mask[rows] = True
+        return mask
+
+    def _column(self, name: str) -> np.ndarray:
+        spec = offer_query.FIELDS[name]
+        column = name if name in DERIVED else spec.column
+        return self.columns[column][: self.n]
+
+    def _term(self, name: str, op: str, value, now: datetime, column: np.ndarray) -> np.ndarray:
+        """Which of ``column``'s values (the field's, of all rows or some) the term takes."""
+        spec = offer_query.FIELDS[name]
+        if spec.kind == "days":  # no end date: forever
+            moment = _micros(now + timedelta(days=value))
+            if op in (">", ">="):
+                return (column == NULL) | _compare(column, op, moment)
+            return (column != NULL) & _compare(column, op, moment)
+        values = value if isinstance(value, list) else [value]
+        if spec.kind in ("str", "gpu"):
+            equal = _any_of(column, self._codes(name, spec.kind, values))
+        elif op in ("in", "notin", "=", "==", "!="):
+            equal = np.zeros(len(column), dtype=bool)
+            for item in values:
+                equal |= column == item
+        else:  # a range; a null (min_bid) is in none, as in SQL
+            found = _compare(column, op, value)
+            return found & (column != NULL) if spec.column in NULLABLE else found
+        # ``!=`` and ``notin`` take nulls, as the ORM's negation does (NOT (x = v AND x IS
+        # NOT NULL)).
+        return ~equal if op in ("!=", "notin") else equal
+
+    def _codes(self, name: str, kind: str, values: list[str]) -> np.ndarray:
+        """The codes of the words a word filter matches: case aside (``iexact``), or for a GPU
+        its model or family (``offer_query._gpu_family``)."""
+        words = self.words[offer_query.FIELDS[name].column]
+        if not all(value.isascii() for value in values) or not all(w.isascii() for w in words):
+            raise Declined  # upper-casing outside ASCII may differ from PostgreSQL's
+        if kind == "gpu":
+            wanted = [value.strip().upper() for value in values]
+            match = [
+                any(w.upper() == x or w.upper().startswith((f"{x}-", f"{x} ")) for x in wanted)
+                for w in words
+            ]
+        else:
+            wanted = {value.upper() for value in values}
+            match = [w.upper() in wanted for w in words]
+        return np.flatnonzero(np.array(match, dtype=bool))
+
+    def _key(self, name: str) -> np.ndarray:
+        """The field's values as they sort (words by code, which is collation order)."""
+        column = self._column(name)
+        return column.view(np.int8) if column.dtype == bool else column
+
+    def _perm(self, name: str) -> tuple[np.ndarray, int]:
+        """The rows in the field's ascending order (ties in any order), and how many rows it
+        covers: rows appended since are merged in once there are ``MERGE_AT`` of them."""
+        key = self._key(name)
+        perm, covered = self.perms.get(name, (None, 0))
+        if perm is None:
+            perm = np.argsort(key, kind="stable").astype(np.int32)
+            covered = self.n
+        elif self.n - covered >= MERGE_AT:
+            added = np.arange(covered, self.n)
+            added = added[np.argsort(key[added], kind="stable")]
+            at = np.searchsorted(key[perm], key[added], side="right")
+            perm = np.insert(perm, at, added.astype(np.int32))
+            covered = self.n
+        self.perms[name] = (perm, covered)
+        return perm, covered
+
+    def _top(self, mask: np.ndarray, order: list[tuple[str, bool]], k: int) -> np.ndarray:
+        """The first ``k`` rows of ``mask`` in ``order`` (which ends with the unique id).
+
+        Few matches are sorted outright. Otherwise the first field's order is walked until
+        ``k`` matches are found; the rows tied with the ``k``-th on that field are ranked by
+        the rest of the order the same way; rows appended since that order was made join
+        the final sort."""
+        count = int(np.count_nonzero(mask))
+        if count == 0 or k <= 0:
+            return np.empty(0, dtype=np.int64)
+        if not order:  # ties on the unique id: one row at most
+            return np.flatnonzero(mask)[:k]
+        if count <= max(DIRECT, 2 * k):
+            return self._sorted(np.flatnonzero(mask), order)[:k]
+        name, descending = order[0]
+        key = self._key(name)
+        perm, covered = self._perm(name)
+        # Where the matches lie far along the order, sorting them outright costs less than
+        # walking there: the walk stops at a few times the number of matches.
+        found = _walk(perm[::-1] if descending else perm, mask, k, len(perm) * k // count,
+                      limit=max(4 * count, 65_536))  # fmt: skip
+        if found is None:
+            return self._sorted(np.flatnonzero(mask), order)[:k]
+        if len(found) >= k:
+            edge = key[found[k - 1]]
+            head = found[:k]
+            before = head[key[head] != edge]
+            # The rows tied on this field are one stretch of its order.
+            tied = perm[_first(key, perm, edge, after=False) : _first(key, perm, edge, after=True)]
+            tied = tied[mask[tied]].astype(np.int64)
+            found = np.concatenate([before, self._top_of(tied, order[1:], k - len(before))])
+        added = np.flatnonzero(mask[covered:]) + covered
+        return self._sorted(np.concatenate([found, added]), order)[:k]
+
+    def _top_of(self, rows: np.ndarray, order: list[tuple[str, bool]], k: int) -> np.ndarray:
+        """``_top`` of these rows."""
+        if not order or len(rows) <= max(DIRECT, 2 * k):
+            return self._sorted(rows, order)[:k]
+        mask = np.zeros(self.n, dtype=bool)
+        mask[rows] = True
+        return self._top(mask, order, k)
+
+    def _sorted(self, rows: np.ndarray, order: list[tuple[str, bool]]) -> np.ndarray:
+        if not order:  # past the unique id: one row at most
+            return rows
+        keys = []
+        for name, descending in reversed(order):
+            key = self._key(name)[rows]
+            keys.append(-key.astype(np.float64 if key.dtype.kind == "f" else np.int64)
+                        if descending else key)  # fmt: skip
+        return rows[np.lexsort(keys)] if len(rows) else rows
+
+
+def _narrowing(term) -> int:
+    """Terms that usually leave fewest rows first: equalities, then ranges, then the rest
+    (``!=``, ``notin``, true/false)."""
+    name, (op, _) = term
+    if offer_query.FIELDS[name].kind == "bool":
+        return 3
+    if op in ("=", "==", "in"):
+        return 0
+    return 1 if op in ("<", "<=", ">", ">=") else 2
+
+
+def _first(key: np.ndarray, perm: np.ndarray, value, *, after: bool) -> int:
+    """The first place in ``perm`` (rows in ``key``'s ascending order) whose key is at least
+    ``value`` (above it, with ``after``): a binary search that reads only the keys it needs."""
+    low, high = 0, len(perm)
+    while low < high:
+        middle = (low + high) // 2
+        found = key[perm[middle]]
+        if found < value or (after and found == value):
+            low = middle + 1
+        else:
+            high = middle
+    return low
+
+
+def _any_of(column: np.ndarray, codes: np.ndarray) -> np.ndarray:
+    """Which of the word codes in ``column`` are among ``codes``."""
+    if len(codes) <= 4:
+        found = np.zeros(len(column), dtype=bool)
+        for code in codes.tolist():
+            found |= column == code
+        return found
+    table = np.zeros(int(column.max(initial=0)) + 1, dtype=bool)
+    table[codes[codes < len(table)]] = True
+    return table[column]
+
+
+def _walk(
+    order: np.ndarray, mask: np.ndarray, k: int, expected: int, *, limit: int
+) -> np.ndarray | None:
+    """The matching rows met first in ``order``, at least ``k`` of them where there are;
+    None when they are not all found within ``limit`` places."""
+    found, got, start, step = [], 0, 0, max(8192, expected + expected // 4)
+    while start < len(order) and got < k:
+        if start >= limit:
+            return None
+        rows = order[start : start + step]
+        hit = rows[mask[rows]]
+        found.append(hit)
+        got += len(hit)
+        start += step
+        step *= 2
+    return np.concatenate(found).astype(np.int64) if found else np.empty(0, dtype=np.int64)
+
+
+def _compare(column: np.ndarray, op: str, value) -> np.ndarray:
+    if op == "<":
+        return column < value
+    if op == "<=":
+        return column <= value
+    if op == ">":
+        return column > value
+    return column >= value
+
+
+def _micros(moment: datetime) -> int:
+    delta = moment - EPOCH
+    return (delta.days * 86400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+
+def _literal(word: str) -> str:
+    """A word as an SQL string literal (standard_conforming_strings: quotes doubled)."""
+    if "\x00" in word:
+        raise ValueError("a word with a NUL")
+    return "'" + word.replace("'", "''") + "'"
+
+
+INDEX = OfferIndex()
