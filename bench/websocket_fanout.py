@@ -37,6 +37,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from bench_common import (  # noqa: E402
+    budget_row,
     private_redis,
     scratch_database,
     web_bench_environment,
@@ -202,6 +203,11 @@ def run(args) -> None:
         f"max {latencies[-1]:.1f} ms; dropped {dropped} (load average {load:.2f})"
     )
     ratio = p99 / BUDGET_P99_MS
+    budget_row(
+        "websocket_fanout.py", budget=f"{args.sockets:,} sockets: p99 ≤ {BUDGET_P99_MS} ms, none dropped",
+        figure=f"p50 {p50:.1f} ms, p99 {p99:.1f} ms, {dropped} dropped", ratio=ratio,
+        within=ratio <= 1 and not dropped,
+    )  # fmt: skip
     print(f"budget p99 ≤ {BUDGET_P99_MS} ms, none dropped: {ratio:.2f}× the budget")
     if ratio > 1 or dropped:
         sys.exit(1)
