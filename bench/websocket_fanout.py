@@ -80,7 +80,9 @@ class BrowserSocket(asyncio.Protocol):
         self.uri = parse_uri(url)
         self.protocol = ClientProtocol(
             self.uri,
-            origin="http://localhost",
+            # The page's own origin, as a browser on the console sends it (the web processes
+            # refuse any other: marketplace/socket_origin.py).
+            origin=f"http://{self.uri.host}:{self.uri.port}",
             extensions=enable_client_permessage_deflate(None),
             max_size=None,
         )
