@@ -173,7 +173,12 @@ def run(args) -> None:
         for process in clients:
             process.start()
         for _ in clients:
-            ready.acquire()
+            # A client that could not open its sockets (refused, a web process down) ends
+            # without signalling: fail then, instead of waiting for it forever.
+            while not ready.acquire(timeout=1):
+                dead = [p for p in clients if p.exitcode not in (None, 0)]
+                if dead:
+                    sys.exit(f"{len(dead)} client process(es) failed opening their sockets")
         print(
             f"{args.sockets} sockets open over 2 web processes in {time.monotonic() - opened:.1f} s"
         )
