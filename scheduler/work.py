@@ -223,9 +223,8 @@ def work_enqueue_many_on_commit(
     if not ids:
         return
     caller = contextvars.copy_context()
-    if contexts is None:
-        log_contexts = None
-    else:
+    log_contexts: list[dict | None] | None = None
+    if contexts is not None:
         log_contexts = [context.run(structlog.contextvars.get_contextvars) for context in contexts]
     transaction.on_commit(lambda: caller.run(work_enqueue_many, ids, state, log_contexts))
 
