@@ -206,3 +206,31 @@ def process_cpu_seconds(pid: int) -> float | None:
     except OSError:
         return None
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def budget_row(
+    bench: str,
+    *,
+    budget: str,
+    figure: str,
+    floor: str = "—",
+    ratio: float | None = None,
+    within: bool,
+) -> None:
+    """One row of ``make bench``'s table (bench/bench_table.py): what was measured against one
+    budget, the floor measured beside it (the same work with nothing of ours around it) and
+    the figure divided by the budget, as the bench prints it (for a "≥" budget above 1 is
+    within, for a "≤" one below 1). Added
+    to the JSON-lines file ``BENCH_RESULTS`` names, with the load average; nothing without
+    it (a bench run alone prints its figures anyway)."""
+    import json
+
+    path = os.environ.get("BENCH_RESULTS")
+    if not path:
+        return
+    row = {
+        "bench": bench, "budget": budget, "figure": figure, "floor": floor, "ratio": ratio,
+        "within": within, "load": round(os.getloadavg()[0], 1),
+    }  # fmt: skip
+    with open(path, "a", encoding="utf-8") as results:
+        results.write(json.dumps(row, ensure_ascii=False) + "\n")

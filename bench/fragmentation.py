@@ -28,6 +28,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench_common import budget_row  # noqa: E402
+
 from scheduler.placement import (  # noqa: E402
     BINPACK,
     SPREAD,
@@ -193,6 +195,12 @@ def main() -> None:
         f" mean ratio {ratio:.2f}× (end {binpack['whole_end']} vs {spread['whole_end']})"
         f"  {'within budget' if ok else 'OVER BUDGET'}"
     )
+    budget_row(
+        "fragmentation.py", budget="binpack keeps more 8-GPU machines whole than spread",
+        figure=f"{binpack['whole_mean']:.1f} vs {spread['whole_mean']:.1f} whole on average,"
+        f" {binpack['whole_end']} vs {spread['whole_end']} at the end",
+        floor="spread's figure", ratio=ratio, within=ok,
+    )  # fmt: skip
     if not ok:
         sys.exit(1)
 

@@ -53,7 +53,7 @@ os.environ["GATEWAY_ADMIN"] = f"127.0.0.1:{ADMIN}"
 os.environ["GATEWAY_URL"] = f"http://127.0.0.1:{LISTEN}"
 os.environ["GATEWAY_AUTH_UPSTREAM"] = f"127.0.0.1:{WEB}"
 
-from bench_common import scratch_database, simulated_machine  # noqa: E402
+from bench_common import budget_row, scratch_database, simulated_machine  # noqa: E402
 
 IMAGE = "gpumkt/busybox:latest"
 ROLLED = "gpumkt/busybox:bench-rolled"
@@ -334,6 +334,17 @@ def main() -> int:
         + (f"; {dict(Counter(map(str, failed)))}" if failed else "")
     )
     ok = p99 <= P99_BUDGET_MS and len(failed) <= FAILED_BUDGET and not bad_pairs
+    budget_row(
+        "gateway.py", budget=f"added latency p99 ≤ {P99_BUDGET_MS:g} ms at {RATE} requests/s, {KEYS:,} keys",
+        figure=f"p99 {p99:.2f} ms (p50 {pct(diffs, 0.5):.2f} ms)"
+        + (f", {len(bad_pairs)} pairs not 200" if bad_pairs else ""),
+        floor=f"straight to a replica: p50 {pct(direct, 0.5):.2f} ms, p99 {pct(direct, 0.99):.2f} ms",
+        ratio=p99 / P99_BUDGET_MS, within=p99 <= P99_BUDGET_MS and not bad_pairs,
+    )  # fmt: skip
+    budget_row(
+        "gateway.py", budget=f"0 failed requests in {ROLLS} rolling updates at {ROLL_RATE} requests/s",
+        figure=f"{len(failed)} of {len(results):,} failed", within=len(failed) <= FAILED_BUDGET,
+    )  # fmt: skip
     print("  within budget" if ok else "  OVER BUDGET")
     return 0 if ok else 1
 

@@ -22,7 +22,7 @@ os.environ.setdefault("DATABASE_URL", "postgres://gpumkt:gpumkt@127.0.0.1:5432/g
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "marketplace.settings")
 os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6391/15")
 
-from bench_common import scratch_database, simulated_machine  # noqa: E402
+from bench_common import budget_row, scratch_database, simulated_machine  # noqa: E402
 
 RUNS = 50
 
@@ -61,6 +61,11 @@ def main() -> None:
         f"  pooled beside {ssh.MAX_STREAMS_PER_HOST} open streams {b:6.2f} ms   budget ≤ 50 ms   ratio {b / 50:.2f}"
     )
     within = max(p, b) <= 50 and f / p >= 5
+    budget_row(
+        "ssh_pool.py", budget="pooled command ≤ 50 ms (also beside open streams), ≥ 5× faster than fresh",
+        figure=f"{p:.1f} ms; beside streams {b:.1f} ms; {f / p:.0f}× faster",
+        floor=f"fresh connection {f:.1f} ms", ratio=max(p, b) / 50, within=within,
+    )  # fmt: skip
     print("  within budget" if within else "  OVER BUDGET")
     if not within:
         sys.exit(1)

@@ -19,8 +19,9 @@ from marketplace.rentals import bids, clocks, metering, volume_metering, volumes
 from marketplace.services import env_vars, offers, registries, ssh_keys
 from marketplace.services.accounts import invitations_expire as expire
 from scheduler import services as scheduler
+from scheduler import work as scheduler_work
 from scheduler.models import WORK_STATES, Instance, InstanceState
-from scheduler.work import register_worker, work_enqueue
+from scheduler.work import register_fan_out, register_worker, work_enqueue
 
 logger = logging.getLogger(__name__)
 
@@ -120,6 +121,17 @@ def _queue(task):
 register_worker(InstanceState.LAUNCHING, _queue(rental_launch))
 register_worker(InstanceState.STOPPING, _queue(rental_stop))
 register_worker(InstanceState.DESTROYING, _queue(rental_destroy))
+
+
+@shared_task(name="marketplace.tasks.work_fan_out")
+def work_fan_out(state: str, work: list[list]) -> int:
+    """Queue each instance's task of a batch queued as one message (scheduler.work's
+    ``work_enqueue_many``): [instance id, log context or None] each."""
+    scheduler_work.work_fan_out(state, work)
+    return len(work)
+
+
+register_fan_out(lambda state, work: work_fan_out.apply_async((state, work)))
 
 
 @shared_task(name="marketplace.tasks.metering_sweep")

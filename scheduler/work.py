@@ -22,6 +22,7 @@ import threading
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
+import structlog
 from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import F, Q, QuerySet
@@ -142,11 +143,19 @@ def work_queued(*, instance_ids: list[int]) -> None:
 # since a launch needs the team's SSH keys and registry login), so this room imports nothing
 # upward; services and sweeps queue work through ``work_enqueue`` alone.
 Enqueue = Callable[[int, float | None], None]
+# Queues one message that carries many instances' work of one state: (state, [[instance id,
+# log context], ...]); the task it queues queues each instance's own task (a fan-out).
+EnqueueMany = Callable[[str, list[list]], None]
 _enqueuers: dict[str, Enqueue] = {}
+_fan_out: list[EnqueueMany] = []
 
 
 def register_worker(state: str, enqueue: Enqueue) -> None:
     _enqueuers[state] = enqueue
+
+
+def register_fan_out(enqueue_many: EnqueueMany) -> None:
+    _fan_out[:] = [enqueue_many]
 
 
 def work_enqueue(instance_id: int, state: str, *, countdown: float | None = None) -> None:
@@ -166,11 +175,68 @@ def work_enqueue_on_commit(instance_id: int, state: str) -> None:
     transaction.on_commit(lambda: context.run(work_enqueue, instance_id, state))
 
 
+def work_enqueue_many(
+    instance_ids: list[int], state: str, log_contexts: list[dict | None] | None = None
+) -> None:
+    """Queue the work of many instances in one message, which a worker fans out into each
+    instance's own task (``work_fan_out``): a sweep placing hundreds of replicas, or rents
+    committed together, pay one round trip to the broker instead of one each.
+    ``log_contexts``, one for each instance: the log context its task carries (the request
+    that rented it); without them, the caller's.
+
+    At least once, as a single task is: the instances were made due (``work_due_at``) in the
+    transaction that committed them, so a message lost before or after it was sent (the
+    process died, the broker was away) is queued again by ``work_sweep`` after its grace."""
+    if len(instance_ids) > 1 and _fan_out:
+        contexts = log_contexts or [None] * len(instance_ids)
+        _fan_out[0](
+            state, [[pk, context] for pk, context in zip(instance_ids, contexts, strict=True)]
+        )
+    else:
+        work_fan_out(
+            state,
+            [[pk, log_contexts[i] if log_contexts else None] for i, pk in enumerate(instance_ids)],
+        )
+
+
+def work_fan_out(state: str, work: list[list]) -> None:
+    """Queue each instance's own task of a ``work_enqueue_many`` message, each in its log
+    context ([instance id, context or None for the current one])."""
+    for instance_id, log_context in work:
+        if log_context is None:
+            work_enqueue(instance_id, state)
+        else:
+            contextvars.Context().run(_enqueue_logged_as, log_context, instance_id, state)
+
+
+def _enqueue_logged_as(log_context: dict, instance_id: int, state: str) -> None:
+    structlog.contextvars.bind_contextvars(**log_context)
+    work_enqueue(instance_id, state)
+
+
+def work_enqueue_many_on_commit(
+    instance_ids: list[int], state: str, contexts: list[contextvars.Context] | None = None
+) -> None:
+    """``work_enqueue_many`` once the transaction has committed. ``contexts``, one for each
+    instance: the context whose log context its task carries (default: the caller's)."""
+    ids = list(instance_ids)
+    if not ids:
+        return
+    caller = contextvars.copy_context()
+    log_contexts: list[dict | None] | None = None
+    if contexts is not None:
+        log_contexts = [context.run(structlog.contextvars.get_contextvars) for context in contexts]
+    transaction.on_commit(lambda: caller.run(work_enqueue_many, ids, state, log_contexts))
+
+
 def work_sweep() -> int:
     """Queue again the work no worker is doing: a worker died holding its lease, a queued task
     was lost, or a retry is due. Returns how many were queued."""
     due = list(work_due().values_list("pk", "state"))
     work_queued(instance_ids=[pk for pk, _ in due])
+    by_state: dict[str, list[int]] = {}
     for pk, state in due:
-        work_enqueue(pk, state)
+        by_state.setdefault(state, []).append(pk)
+    for state, instance_ids in by_state.items():
+        work_enqueue_many(instance_ids, state)
     return len(due)

@@ -10,7 +10,6 @@ the same path (``rentals_create``), so they cannot drift apart.
 from __future__ import annotations
 
 import contextvars
-import functools
 import secrets
 from collections import defaultdict
 from dataclasses import dataclass
@@ -65,7 +64,7 @@ from scheduler.services import (
     allocations_write,
 )
 from scheduler.services.allocations import SliceTaken
-from scheduler.work import work_enqueue_on_commit
+from scheduler.work import work_enqueue_many_on_commit
 
 # What ``allocations_write`` writes every port allocation as (the model's default).
 PORT_PROTOCOL = PortAllocation._meta.get_field("protocol").default
@@ -458,9 +457,12 @@ def _rentals_write(
     _tell_consoles(instances)
     rented = {a.machine.pk: a.machine for a in accepted}
     offers_refresh(rented, machines=list(rented.values()))
-    for a, instance in zip(accepted, instances, strict=True):
-        enqueue = functools.partial(work_enqueue_on_commit, instance.pk, InstanceState.LAUNCHING)
-        contexts[a.index].run(enqueue) if contexts else enqueue()
+    # One message for the batch's launches, each task in the log context of its own order.
+    work_enqueue_many_on_commit(
+        [instance.pk for instance in instances],
+        InstanceState.LAUNCHING,
+        [contexts[a.index] for a in accepted] if contexts else None,
+    )
     return [
         Rented(
             rental=rental,

@@ -15,6 +15,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from billing.money import MICRO_PER_DOLLAR
+from core.pg_bulk import bigint_array, upsert_models
 from hosts.models import Gpu, Machine, MachineStatus, MaintenanceWindow
 from marketplace.models import Offer, Rental
 from marketplace.rentals.bids import min_bid
@@ -89,7 +90,7 @@ def offers_refresh(
     cards = machine_cards(machines)  # sharing machines only: no query when none shares
     taken.update(card.gpu_id for each in cards.values() for card in each if not card.whole_free)
     offers = []
-    kept = Q()
+    kept: list[tuple[int, int]] = []  # (machine, GPUs) of each bundle offered now
     for machine in machines:
         present = sorted(gpus[machine.pk])
         machine.present_gpu_count = len(present)  # the unit sizes divide by it: no query each
@@ -101,14 +102,34 @@ def offers_refresh(
         gpu_gb = present[0][3] / 1024 if present else 0.0
         for size in sizes:
             offers.append(_bundle(machine, values, slices, size=size, free=free, gpu_gb=gpu_gb))
-        kept |= Q(machine_id=machine.pk, num_gpus__in=sizes)
-    Offer.objects.filter(machine_id__in=ids).exclude(kept).delete()
-    return Offer.objects.bulk_create(
-        offers,
-        update_conflicts=True,
-        unique_fields=["machine", "num_gpus"],
-        update_fields=list(OFFER_FIELDS),
+        kept.extend((machine.pk, size) for size in sizes)
+    _bundles_drop_others(ids, kept)
+    return upsert_models(
+        Offer, offers, unique_fields=["machine", "num_gpus"], update_fields=list(OFFER_FIELDS)
     )
+
+
+def _bundles_drop_others(machine_ids: list[int], kept: list[tuple[int, int]]) -> None:
+    """Delete the machines' bundles that are no longer offered (a size no longer free). On
+    PostgreSQL in one statement over arrays: the ORM's OR of a condition per machine took
+    longer to build than to run, for the hundreds of machines a batch of placements touches."""
+    if connection.vendor != "postgresql":
+        others = Q()
+        for machine_id, size in kept:
+            others |= Q(machine_id=machine_id, num_gpus=size)
+        Offer.objects.filter(machine_id__in=machine_ids).exclude(others).delete()
+        return
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "DELETE FROM marketplace_offer WHERE machine_id = ANY(%s::bigint[])"
+            " AND (machine_id, num_gpus) NOT IN"
+            " (SELECT * FROM unnest(%s::bigint[], %s::int[]))",
+            [
+                bigint_array(machine_ids),
+                bigint_array(machine_id for machine_id, _ in kept),
+                bigint_array(size for _, size in kept),
+            ],
+        )
 
 
 def _bundle(
