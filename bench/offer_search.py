@@ -54,6 +54,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from bench_common import (  # noqa: E402
+    budget_row,
     private_redis,
     scratch_database,
     web_bench_environment,
@@ -417,7 +418,16 @@ def report(line: Line) -> bool:
     print(f"    p50 {p50:7.2f} ms   SQL {s50:6.2f} ms   budget {P50_BUDGET_MS} ms   ratio {p50 / P50_BUDGET_MS:.2f}")  # fmt: skip
     print(f"    p99 {p99:7.2f} ms   SQL {s99:6.2f} ms   budget {P99_BUDGET_MS} ms   ratio {p99 / P99_BUDGET_MS:.2f}")  # fmt: skip
     print(f"    our part (HTTP − SQL) / SQL, median {ours:.2f}×   budget ≤ {OURS_BUDGET}×   ratio {ours / OURS_BUDGET:.2f}")  # fmt: skip
-    return p50 <= P50_BUDGET_MS and p99 <= P99_BUDGET_MS and ours <= OURS_BUDGET
+    within = p50 <= P50_BUDGET_MS and p99 <= P99_BUDGET_MS and ours <= OURS_BUDGET
+    budget_row(
+        "offer_search.py",
+        budget=f"{line.name}: p50 ≤ {P50_BUDGET_MS} ms, p99 ≤ {P99_BUDGET_MS} ms, ours ≤ {OURS_BUDGET}× SQL",
+        figure=f"p50 {p50:.1f} ms, p99 {p99:.1f} ms, ours {ours:.2f}×",
+        floor=f"SQL p50 {s50:.1f} ms, p99 {s99:.1f} ms",
+        ratio=round(max(p50 / P50_BUDGET_MS, p99 / P99_BUDGET_MS, ours / OURS_BUDGET), 2),
+        within=within,
+    )
+    return within
 
 
 def slowest(line: Line, count: int = 5) -> None:
