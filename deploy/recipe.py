@@ -12,9 +12,11 @@ folder.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shlex
+import signal
 import socket
 import subprocess
 import time
@@ -202,6 +204,7 @@ class Recipe:
             env=env,
             cwd=Path(unit.value("WorkingDirectory", default=str(self.root))),
             log=self.scratch / "logs" / f"{name.replace('@.', f'@{instance}.')}.log",
+            kill_mode=unit.value("KillMode", default="control-group"),
         )
 
 
@@ -216,6 +219,7 @@ class Process:
     env: dict[str, str]
     cwd: Path
     log: Path
+    kill_mode: str = "control-group"  # the unit's KillMode=, as systemd's stop reads it
     popen: subprocess.Popen | None = None
 
     def start(self, *, timeout: float = 300) -> Process:
@@ -254,18 +258,26 @@ class Process:
             os.killpg(self.popen.pid, sig)
 
     def stop(self, timeout: float = 30) -> int | None:
-        """SIGTERM to the process group (systemd's stop), SIGKILL after ``timeout``."""
+        """Stop as systemd does for the unit's ``KillMode=``: SIGTERM to the whole process
+        group (``control-group``), or to the main process only (``mixed``: a Celery worker
+        then finishes its running tasks and stops its own pool); SIGKILL to what is left of
+        the group after ``timeout``, or once the main process has exited."""
         if self.popen is None:
             return None
         if self.popen.poll() is None:
             try:
-                os.killpg(self.popen.pid, 15)
+                if self.kill_mode == "mixed":
+                    self.popen.send_signal(signal.SIGTERM)
+                else:
+                    os.killpg(self.popen.pid, signal.SIGTERM)
                 self.popen.wait(timeout=timeout)
             except ProcessLookupError:
                 pass
             except subprocess.TimeoutExpired:
-                os.killpg(self.popen.pid, 9)
-                self.popen.wait(timeout=10)
+                pass
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.popen.pid, signal.SIGKILL)
+        self.popen.wait(timeout=10)
         return self.popen.returncode
 
     def tail(self, chars: int = 3000) -> str:
