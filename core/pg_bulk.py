@@ -87,14 +87,19 @@ def insert_models(model: type[_M], objects: list[_M]) -> None:
     names = [f.attname for f in fields]
 
     def row(obj: _M) -> tuple[Any, ...]:
-        values = [getattr(obj, name) for name in names]
-        for n in json_at:
-            if values[n] is not None:
-                values[n] = Jsonb(values[n])
-        return (obj.pk, *values)
+        return (obj.pk, *_copy_values(obj, names, json_at))
 
     columns = [("id", "int8"), *((f.column, t) for f, t in zip(fields, types, strict=True))]
     copy_rows(table, columns, (row(obj) for obj in objects))
+
+
+def _copy_values(obj: models.Model, names: list[str], json_at: list[int]) -> list[Any]:
+    """An instance's values of ``names`` as COPY takes them (JSON columns wrapped)."""
+    values = [getattr(obj, name) for name in names]
+    for n in json_at:
+        if values[n] is not None:
+            values[n] = Jsonb(values[n])
+    return values
 
 
 def upsert_models(
@@ -130,11 +135,7 @@ def upsert_models(
     names = [f.attname for f in fields]
 
     def row(obj: _M) -> tuple[Any, ...]:
-        values = [getattr(obj, name) for name in names]
-        for n in json_at:
-            if values[n] is not None:
-                values[n] = Jsonb(values[n])
-        return tuple(values)
+        return tuple(_copy_values(obj, names, json_at))
 
     with transaction.atomic(), connection.cursor() as cursor:
         # Dropped at the end of the transaction at the latest; made anew each time, so two
