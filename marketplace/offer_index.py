@@ -29,6 +29,7 @@ writes), and the index, which reads committed data, must not answer for them.
 
 from __future__ import annotations
 
+import json
 import threading
 from datetime import UTC, datetime, timedelta
 
@@ -56,6 +57,9 @@ NUMBERS = {
     "compute_cap": "int8", "gpu_mem_bw": "float8", "dlperf": "float8",
     "dlperf_per_dphtotal": "float8", "inet_up": "float8", "inet_down": "float8",
     "disk_bw": "float8",
+    # Not searched; held so a page's offers are read from here (``page_rows``).
+    "total_gpus": "int8", "min_gpus": "int8", "min_slice_core_percent": "int8",
+    "bench_simulated": "bool",
 }  # fmt: skip
 NULLABLE = {
     "min_bid": f"COALESCE(min_bid, {NULL})",
@@ -108,6 +112,20 @@ def page_ids(query: offer_query.OfferQuery, limit: int, offset: int) -> list[int
         return None
 
 
+def page_rows(
+    query: offer_query.OfferQuery, limit: int, offset: int, columns: tuple[str, ...]
+) -> list[dict] | None:
+    """The search's page as rows of ``columns`` (as the ORM's ``values()`` gives them), in its
+    order, read from the index as of the search; None where the index does not serve or
+    does not hold every column."""
+    if not serves() or not INDEX.holds(columns):
+        return None
+    try:
+        return INDEX.search_rows(query, limit, offset, columns)
+    except Declined:
+        return None
+
+
 class OfferIndex:
     def __init__(self):
         self.lock = threading.Lock()
@@ -115,6 +133,7 @@ class OfferIndex:
         self.last: str | None = None  # the xmin of the last look (``_advance``)
         self.applied: dict[int, str] = {}
         self.words: dict[str, list[str]] = {name: [] for name in WORDS}
+        self.cards: dict[int, list] = {}  # by offer id, the offers whose cards are not []
 
     # --- loading and keeping current -------------------------------------------------------
 
@@ -157,12 +176,14 @@ class OfferIndex:
                 for start in range(low, high + 1, LOAD_CHUNK):
                     where = f"o.id >= {int(start)} AND o.id < {int(start + LOAD_CHUNK)}"
                     parts.append(self._read(cursor, where))
+            cards = self._read_cards(cursor, "TRUE")
         columns = {name: np.concatenate([p[name] for p in parts]) if parts else np.empty(0, dtype)
                    for name, dtype in self._dtypes().items()}  # fmt: skip
         self.n = len(columns["id"])
         columns.update({name: np.empty(self.n, dtype=np.float64) for name in DERIVED})
         self.token = token
         self.columns = columns
+        self.cards = cards
         self._derive(slice(0, self.n))
         self.live = np.ones(self.n, dtype=bool)
         self.dead = 0
@@ -185,17 +206,18 @@ class OfferIndex:
                 changed = sorted(
                     m for m, x in zip(machines, xids, strict=True) if self.applied.get(m) != x
                 )
-                fresh = None
+                fresh, cards = None, {}
                 if changed:
                     listed = ", ".join(str(int(m)) for m in changed)
                     where = f"o.machine_id IN ({listed})"
                     self._recode(self._learn_words(cursor, where))
                     fresh = self._read(cursor, where)
+                    cards = self._read_cards(cursor, where)
         if changed is None:
             self._load()
             return
         if changed:
-            self._replace(np.array(changed, dtype=np.int64), fresh)
+            self._replace(np.array(changed, dtype=np.int64), fresh, cards)
         self._advance(xmin, machines, xids)
 
     def _learn_words(self, cursor, where: str) -> dict[str, list[str]]:
@@ -267,6 +289,15 @@ class OfferIndex:
             raise RuntimeError("an offer's word has no code")  # _learn_words missed one
         return found
 
+    def _read_cards(self, cursor, where: str) -> dict[int, list]:
+        """The cards (a shared machine's cards and their free shares) of the offers ``where``
+        selects, by offer id, for the few whose list is not empty."""
+        cursor.execute(
+            f"SELECT o.id, o.cards::text FROM marketplace_offer o WHERE ({where}) "  # noqa: S608
+            "AND o.cards <> '[]'::jsonb"
+        )
+        return {pk: json.loads(text) for pk, text in cursor.fetchall()}
+
     def _index_machines(self) -> None:
         """Where each machine's rows are: the loaded rows sorted by machine, and the rows of
         machines re-read since (``moved``)."""
@@ -282,12 +313,18 @@ class OfferIndex:
         high = np.searchsorted(self.machine_sorted, machine, side="right")
         return self.by_machine[low:high]
 
-    def _replace(self, machines: np.ndarray, fresh: dict[str, np.ndarray]) -> None:
-        """The machines' rows as ``fresh`` has them: the old ones dropped, the new appended."""
+    def _replace(
+        self, machines: np.ndarray, fresh: dict[str, np.ndarray], cards: dict[int, list]
+    ) -> None:
+        """The machines' rows as ``fresh`` has them (and ``cards``): the old ones dropped, the
+        new appended."""
         for machine in machines.tolist():
             rows = self._rows_of(machine)
             self.dead += int(np.count_nonzero(self.live[rows]))
             self.live[rows] = False
+            for pk in self.columns["id"][rows].tolist():
+                self.cards.pop(pk, None)
+        self.cards.update(cards)
         count = len(fresh["id"])
         self._reserve(self.n + count)
         start = self.n
@@ -345,11 +382,46 @@ class OfferIndex:
 
     def search(self, query: offer_query.OfferQuery, limit: int, offset: int) -> list[int]:
         with self.lock:
-            self.current()
-            mask = self._mask(query)
-            order = [*(query.order or offer_query.DEFAULT_ORDER), ("id", False)]
-            rows = self._top(mask, order, offset + limit)
-            return self.columns["id"][rows[offset : offset + limit]].tolist()
+            rows = self._page(query, limit, offset)  # loads the index on a first search
+            return self.columns["id"][rows].tolist()
+
+    def search_rows(
+        self, query: offer_query.OfferQuery, limit: int, offset: int, columns: tuple[str, ...]
+    ) -> list[dict]:
+        with self.lock:
+            return self._rows(self._page(query, limit, offset), columns)
+
+    def holds(self, columns: tuple[str, ...]) -> bool:
+        """Whether the index holds every one of ``columns`` (``_rows``)."""
+        held = {*NUMBERS, *NULLABLE, *WORDS, "cards"}
+        return all(name in held for name in columns)
+
+    def _page(self, query: offer_query.OfferQuery, limit: int, offset: int) -> np.ndarray:
+        """The rows of the search's page, in its order, as of every change committed before
+        now (under the lock)."""
+        self.current()
+        mask = self._mask(query)
+        order = [*(query.order or offer_query.DEFAULT_ORDER), ("id", False)]
+        return self._top(mask, order, offset + limit)[offset : offset + limit]
+
+    def _rows(self, rows: np.ndarray, columns: tuple[str, ...]) -> list[dict]:
+        """The rows as the database gives them: words as text, nulls as None, end dates as
+        datetimes, cards as their lists."""
+        values = []
+        for name in columns:
+            found = self.columns[name][rows].tolist() if name != "cards" else None
+            if name == "cards":
+                pks = self.columns["id"][rows].tolist()
+                found = [list(self.cards.get(pk, ())) for pk in pks]
+            elif name in WORDS:
+                words = self.words[name]
+                found = [words[code] for code in found]
+            elif name == "end_date":
+                found = [None if v == NULL else EPOCH + timedelta(microseconds=v) for v in found]
+            elif name in NULLABLE:
+                found = [None if v == NULL else v for v in found]
+            values.append(found)
+        return [dict(zip(columns, row, strict=True)) for row in zip(*values, strict=True)]
 
     def _mask(self, query: offer_query.OfferQuery) -> np.ndarray:
         """The rows the search's filters (defaults included) match. Once the terms so far
@@ -449,7 +521,7 @@ class OfferIndex:
         if not order:  # ties on the unique id: one row at most
             return np.flatnonzero(mask)[:k]
         if count <= max(DIRECT, 2 * k):
-            return self._sorted(np.flatnonzero(mask), order)[:k]
+            return self._first_of(np.flatnonzero(mask), order, k)
         name, descending = order[0]
         key = self._key(name)
         perm, covered = self._perm(name)
@@ -458,7 +530,7 @@ class OfferIndex:
         found = _walk(perm[::-1] if descending else perm, mask, k, len(perm) * k // count,
                       limit=max(4 * count, 65_536))  # fmt: skip
         if found is None:
-            return self._sorted(np.flatnonzero(mask), order)[:k]
+            return self._first_of(np.flatnonzero(mask), order, k)
         if len(found) >= k:
             edge = key[found[k - 1]]
             head = found[:k]
@@ -473,10 +545,24 @@ class OfferIndex:
     def _top_of(self, rows: np.ndarray, order: list[tuple[str, bool]], k: int) -> np.ndarray:
         """``_top`` of these rows."""
         if not order or len(rows) <= max(DIRECT, 2 * k):
-            return self._sorted(rows, order)[:k]
+            return self._first_of(rows, order, k)
         mask = np.zeros(self.n, dtype=bool)
         mask[rows] = True
         return self._top(mask, order, k)
+
+    def _first_of(self, rows: np.ndarray, order: list[tuple[str, bool]], k: int) -> np.ndarray:
+        """The first ``k`` of ``rows`` in ``order``: only the rows up to the ``k``-th value of
+        the first field (found by a partial sort, linear) are sorted."""
+        if order and len(rows) > 4 * k:
+            name, descending = order[0]
+            key = self._key(name)[rows]
+            key = (
+                -key.astype(np.float64 if key.dtype.kind == "f" else np.int64)
+                if descending
+                else key
+            )
+            rows = rows[key <= np.partition(key, k - 1)[k - 1]]
+        return self._sorted(rows, order)[:k]
 
     def _sorted(self, rows: np.ndarray, order: list[tuple[str, bool]]) -> np.ndarray:
         if not order:  # past the unique id: one row at most

@@ -49,9 +49,9 @@ class Statement:
 def search_rows(query: offer_query.OfferQuery, columns: tuple[str, ...], limit: int, offset: int):
     """A page of the search's offers as rows (dicts of ``columns``), in its order."""
     connection = connections[Offer.objects.db]
-    ids = offer_index.page_ids(query, limit, offset)
-    if ids is not None:
-        return rows_by_id(ids, columns)
+    rows = offer_index.page_rows(query, limit, offset, columns)
+    if rows is not None:
+        return rows
     query = offer_query.resolve_families(query)
     shape = _shape(query)
     # On other databases than PostgreSQL (SQLite embedded) a lookup may rewrite its value
@@ -67,23 +67,6 @@ def search_rows(query: offer_query.OfferQuery, columns: tuple[str, ...], limit: 
         cursor.execute(statement.sql, [*params, limit, offset])
         rows = cursor.fetchall()
     return [_row(columns, row, connection) for row in rows]
-
-
-def rows_by_id(ids: list[int], columns: tuple[str, ...]) -> list[dict]:
-    """The offers of ``ids`` as rows, in that order; an offer gone since is left out."""
-    if not ids:
-        return []
-    connection = connections[Offer.objects.db]
-    with connection.cursor() as cursor:
-        cursor.execute(_by_id_statement(columns, connection.ops.quote_name), [ids])
-        found = {row[0]: row for row in cursor.fetchall()}
-    return [_row(columns, found[pk][1:], connection) for pk in ids if pk in found]
-
-
-@functools.lru_cache(maxsize=8)
-def _by_id_statement(columns: tuple[str, ...], quote) -> str:
-    listed = ", ".join(quote(Offer._meta.get_field(name).column) for name in columns)
-    return f"SELECT id, {listed} FROM {Offer._meta.db_table} WHERE id = ANY(%s)"  # noqa: S608
 
 
 def _shape(query: offer_query.OfferQuery) -> tuple | None:

@@ -9,7 +9,8 @@ from django.http import Http404
 from django.utils import timezone
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_field
 from rest_framework import serializers
-from rest_framework.decorators import api_view
+from rest_framework.decorators import api_view, renderer_classes
+from rest_framework.renderers import BrowsableAPIRenderer
 from rest_framework.response import Response
 
 from billing.usd import MICRO_PER_DOLLAR
@@ -17,6 +18,7 @@ from marketplace import offer_index, offer_query
 from marketplace.api import offer_statements
 from marketplace.api.fields import DOLLARS_SCHEMA, DollarsField, FiniteFloatField, dollars
 from marketplace.api.permissions import read_only_methods
+from marketplace.api.renderers import FastJSONRenderer
 from marketplace.api.throttling import throttle_scope
 from marketplace.models import Offer
 from marketplace.rentals.renting import MAX_RENTAL_HOURS, MIN_RENTAL_HOURS
@@ -276,6 +278,7 @@ OFFER_FILTER_BODY = {
     responses=OfferResultsSerializer,
 )
 @api_view(["GET", "POST"])
+@renderer_classes([FastJSONRenderer, BrowsableAPIRenderer])
 def offers(request):
     """GET with ``q=`` (query language) or POST a JSON filter body (``{"num_gpus": {"gte": 2}}``).
 

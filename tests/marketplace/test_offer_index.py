@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 
 from hosts.models import Gpu, Machine
 from marketplace import offer_index, offer_query
-from marketplace.api.offers import search_offers
+from marketplace.api.offers import OFFER_COLUMNS, search_offer_rows, search_offers
 from marketplace.models import Offer, Role
 from marketplace.services.offers import offers_refresh
 from tests.conftest import key_client
@@ -87,6 +87,7 @@ def machines_listed(provider, rng: random.Random, count: int) -> list[Machine]:
                 gpu_mem_bw=rng.choice([936.0, 2039.0]), dlperf_per_gpu=rng.choice([30.0, 55.0, 120.0]),
                 inet_up=round(rng.uniform(50, 10_000), 1), inet_down=round(rng.uniform(50, 10_000), 1),
                 disk_read_mbps=round(rng.uniform(200, 5000), 1),
+                sharing_enabled=rng.random() < 0.2,  # its offers list their cards
             )
             for i in itertools.islice(ADDRESSES, count)
         ]
@@ -128,6 +129,10 @@ def agree(searches, total: int) -> int:
         found = offer_index.page_ids(query, search.limit, offset)
         assert found is not None, "the index must serve outside a transaction"
         assert found == sql_page(query, search.limit, offset), search.label()
+        # The page's offers as the API shows them, read from the index: what SQL reads.
+        rows = offer_index.page_rows(query, search.limit, offset, OFFER_COLUMNS)
+        with transaction.atomic():  # the index does not serve here: SQL answers
+            assert rows == search_offer_rows(query, search.limit, offset), search.label()
         if pages % 10 == 0:  # the v0 API's search, as model instances
             offers = search_offers(query, search.limit, offset)
             assert [offer.pk for offer in offers] == found
