@@ -112,9 +112,6 @@ OFFER_COLUMNS = (
     *BENCHMARK_FIELDS,
 )  # fmt: skip
 
-# DRF's own field writes end dates, so they read as every other date of the API does.
-_END_DATE = serializers.DateTimeField()
-
 
 def offer_json(offer: Mapping, now) -> dict:
     """An offer's API representation from its columns (``OFFER_COLUMNS``); figures are for its
@@ -141,7 +138,7 @@ def offer_json(offer: Mapping, now) -> dict:
         "storage_cost": _dollars(offer["storage_cost"]),
         "reliability": float(offer["reliability"]),
         "duration": days_until(end_date, now),
-        "end_date": _END_DATE.to_representation(end_date) if end_date else None,
+        "end_date": _iso(end_date) if end_date else None,
         "geolocation": offer["geolocation"],
         "driver_version": offer["driver_version"],
         "cuda_max_good": float(offer["cuda_max_good"]),
@@ -161,6 +158,13 @@ def offer_json(offer: Mapping, now) -> dict:
         "min_bid": _dollars(offer["min_bid"]),
         **{name: offer[name] for name in BENCHMARK_FIELDS},
     }
+
+
+def _iso(moment) -> str:
+    """A date as DRF's ``DateTimeField`` writes every other date of the API (in the current
+    time zone, UTC as ``Z``), without a field's checks for each of a page's offers."""
+    text = timezone.localtime(moment).isoformat()
+    return text[:-6] + "Z" if text.endswith("+00:00") else text
 
 
 def _dollars(micro: int | None) -> str | None:
@@ -218,12 +222,21 @@ class OfferPageSerializer(serializers.Serializer):
     )
 
 
+# The page's two fields, validated one by one as the serializer would (the same errors): a
+# serializer made for each search copies its fields, which cost more than the search's filters.
+_PAGE_FIELDS = OfferPageSerializer().fields
+
+
 def _page_params(data) -> tuple[int, int]:
-    page = OfferPageSerializer(
-        data={name: data[name] for name in ("limit", "offset") if name in data}
-    )
-    page.is_valid(raise_exception=True)
-    return page.validated_data["limit"], page.validated_data["offset"]
+    values, errors = {}, {}
+    for name, field in _PAGE_FIELDS.items():
+        try:
+            values[name] = field.run_validation(data[name]) if name in data else field.default
+        except serializers.ValidationError as error:
+            errors[name] = error.detail
+    if errors:
+        raise serializers.ValidationError(errors)
+    return values["limit"], values["offset"]
 
 
 def _offer_query(request) -> tuple[offer_query.OfferQuery, str]:
