@@ -22,6 +22,8 @@ machines' offers, replacing their rows. So a search answers from every offer cha
 before it began, as SQL would. A TRUNCATE (the tests' flush) drops the epoch, and the index
 loads afresh.
 
+What it holds of each offer, and how that is read from PostgreSQL: ``marketplace.offer_columns``.
+
 It serves only outside a transaction (``in_atomic_block``): inside one, the caller may have
 written offers that only its own connection sees (a test's rolled-back rows, a view's own
 writes), and the index, which reads committed data, must not answer for them.
@@ -29,48 +31,17 @@ writes), and the index, which reads committed data, must not answer for them.
 
 from __future__ import annotations
 
-import json
 import threading
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 import numpy as np
 from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from marketplace import offer_query
+from marketplace import offer_columns, offer_query
+from marketplace.offer_columns import DERIVED, EPOCH, HELD, NULL, NULLABLE, WORDS, as_read
 
-NULL = np.iinfo(np.int64).max  # a null end date or minimum bid: after every value, as SQL sorts
-EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-WORDS = ("gpu_name", "geolocation", "driver_version")  # held as codes in collation order
-# The loaded columns and how each is read: numbers and flags as they are; nullable ones with
-# NULL for null; words as their code (``_load``).
-NUMBERS = {
-    "id": "int8", "machine_id": "int8", "provider_team_id": "int8", "num_gpus": "int8",
-    "gpu_ram": "float8", "cpu_cores_per_unit": "float8", "cpu_ram_per_unit": "float8",
-    "disk_per_unit": "float8", "disk_enforced": "bool", "price_per_gpu_hour": "int8",
-    "dph_total": "int8", "storage_cost": "int8", "reliability": "float8",
-    "cuda_max_good": "float8", "verified": "bool", "rentable": "bool", "rented": "bool",
-    "score": "float8", "cpu_cores": "int8", "datacenter": "bool", "static_ip": "bool",
-    "direct_port_count": "int8", "sharing": "bool", "gpu_frac": "float8",
-    "slice_core_percent": "int8", "slice_memory_mb": "int8", "total_flops": "float8",
-    "compute_cap": "int8", "gpu_mem_bw": "float8", "dlperf": "float8",
-    "dlperf_per_dphtotal": "float8", "inet_up": "float8", "inet_down": "float8",
-    "disk_bw": "float8",
-    # Not searched; held so a page's offers are read from here (``page_rows``).
-    "total_gpus": "int8", "min_gpus": "int8", "min_slice_core_percent": "int8",
-    "bench_simulated": "bool",
-}  # fmt: skip
-NULLABLE = {
-    "min_bid": f"COALESCE(min_bid, {NULL})",
-    "end_date": f"COALESCE((EXTRACT(EPOCH FROM end_date) * 1000000)::int8, {NULL})",
-}
-# ``offer_query.ANNOTATIONS``, computed the same way (float8 × the GPUs).
-DERIVED = {
-    "gpu_total_ram": "gpu_ram", "cpu_cores_effective": "cpu_cores_per_unit",
-    "cpu_ram": "cpu_ram_per_unit", "disk_space": "disk_per_unit",
-}  # fmt: skip
-NUMPY = {"int8": ">i8", "float8": ">f8", "bool": "?"}
 LOAD_CHUNK = 200_000  # ids per COPY while loading: bounds the memory a load takes at once
 DIRECT = 4096  # at most this many matches are sorted outright rather than walked in order
 MERGE_AT = 2048  # rows appended since a field's order was made, before they are merged in
@@ -170,15 +141,15 @@ class OfferIndex:
             cursor.execute("SELECT min(id), max(id) FROM marketplace_offer")
             low, high = cursor.fetchone()
             self.words = {name: [] for name in WORDS}
-            self._learn_words(cursor, "TRUE")
+            offer_columns.learn_words(cursor, self.words, "TRUE")
             parts = []
             if low is not None:
                 for start in range(low, high + 1, LOAD_CHUNK):
                     where = f"o.id >= {int(start)} AND o.id < {int(start + LOAD_CHUNK)}"
-                    parts.append(self._read(cursor, where))
-            cards = self._read_cards(cursor, "TRUE")
+                    parts.append(offer_columns.read(cursor, self.words, where))
+            cards = offer_columns.read_cards(cursor, "TRUE")
         columns = {name: np.concatenate([p[name] for p in parts]) if parts else np.empty(0, dtype)
-                   for name, dtype in self._dtypes().items()}  # fmt: skip
+                   for name, dtype in offer_columns.dtypes().items()}  # fmt: skip
         self.n = len(columns["id"])
         columns.update({name: np.empty(self.n, dtype=np.float64) for name in DERIVED})
         self.token = token
@@ -210,34 +181,15 @@ class OfferIndex:
                 if changed:
                     listed = ", ".join(str(int(m)) for m in changed)
                     where = f"o.machine_id IN ({listed})"
-                    self._recode(self._learn_words(cursor, where))
-                    fresh = self._read(cursor, where)
-                    cards = self._read_cards(cursor, where)
+                    self._recode(offer_columns.learn_words(cursor, self.words, where))
+                    fresh = offer_columns.read(cursor, self.words, where)
+                    cards = offer_columns.read_cards(cursor, where)
         if changed is None:
             self._load()
             return
         if changed:
             self._replace(np.array(changed, dtype=np.int64), fresh, cards)
         self._advance(xmin, machines, xids)
-
-    def _learn_words(self, cursor, where: str) -> dict[str, list[str]]:
-        """Add the words (GPU names, regions, drivers) of the offers ``where`` selects that the
-        index has no code for; returns the word lists they changed as they were (codes then
-        change: ``_recode``)."""
-        before = {}
-        for name in WORDS:
-            cursor.execute(f"SELECT DISTINCT o.{name} FROM marketplace_offer o WHERE {where}")  # noqa: S608
-            known = set(self.words[name])
-            found = [row[0] for row in cursor.fetchall() if row[0] not in known]
-            if found:
-                # Codes in the database's collation order, so a sort by a word sorts codes.
-                cursor.execute(
-                    "SELECT w FROM unnest(%s::text[]) AS w ORDER BY w",
-                    [self.words[name] + found],
-                )
-                before[name] = self.words[name]
-                self.words[name] = [row[0] for row in cursor.fetchall()]
-        return before
 
     def _recode(self, before: dict[str, list[str]]) -> None:
         """Rewrite the loaded rows' word codes after new words joined (``before``: the lists
@@ -247,56 +199,6 @@ class OfferIndex:
             mapping = np.array([position[word] for word in words] or [0], dtype=np.int32)
             column = self.columns[name]
             column[: self.n] = mapping[column[: self.n]]
-
-    def _dtypes(self) -> dict[str, np.dtype]:
-        types = {name: np.dtype(NUMPY[kind]).newbyteorder("=") for name, kind in NUMBERS.items()}
-        types.update({name: np.dtype(np.int64) for name in NULLABLE})
-        types.update({name: np.dtype(np.int32) for name in WORDS})
-        return types
-
-    def _read(self, cursor, where: str) -> dict[str, np.ndarray]:
-        """The loaded columns of the offers ``where`` selects (a condition on ``o``), by one
-        binary COPY: every column fixed-width and not null, so the rows are one numpy record
-        array."""
-        sources = [(name, f"o.{name}::{kind}", kind) for name, kind in NUMBERS.items()]
-        sources += [(name, sql.replace("min_bid", "o.min_bid").replace("end_date", "o.end_date"),
-                     "int8") for name, sql in NULLABLE.items()]  # fmt: skip
-        joins = []
-        for number, name in enumerate(WORDS):
-            words = ", ".join(_literal(word) for word in self.words[name]) or "NULL"
-            joins.append(
-                f"LEFT JOIN unnest(ARRAY[{words}]::text[]) WITH ORDINALITY AS w{number}(word, code)"
-                f" ON w{number}.word = o.{name}"
-            )
-            sources.append((name, f"COALESCE(w{number}.code - 1, -1)::int8", "int8"))
-        select = ", ".join(sql for _, sql, _ in sources)
-        statement = (
-            f"COPY (SELECT {select} FROM marketplace_offer o {' '.join(joins)} WHERE {where}) "  # noqa: S608
-            "TO STDOUT (FORMAT BINARY)"
-        )
-        with cursor.cursor.copy(statement) as copy:
-            data = b"".join(bytes(block) for block in copy)
-        fields = [("count", ">i2")]
-        for number, (name, _, kind) in enumerate(sources):
-            fields += [(f"length{number}", ">i4"), (name, NUMPY[kind])]
-        record = np.dtype(fields)
-        header = 19 + int.from_bytes(data[15:19], "big") if data else 0
-        body = data[header:-2] if data else b""
-        rows = np.frombuffer(body, dtype=record)
-        types = self._dtypes()
-        found = {name: rows[name].astype(types[name]) for name, _, _ in sources}
-        if len(rows) and any((found[name] < 0).any() for name in WORDS):
-            raise RuntimeError("an offer's word has no code")  # _learn_words missed one
-        return found
-
-    def _read_cards(self, cursor, where: str) -> dict[int, list]:
-        """The cards (a shared machine's cards and their free shares) of the offers ``where``
-        selects, by offer id, for the few whose list is not empty."""
-        cursor.execute(
-            f"SELECT o.id, o.cards::text FROM marketplace_offer o WHERE ({where}) "  # noqa: S608
-            "AND o.cards <> '[]'::jsonb"
-        )
-        return {pk: json.loads(text) for pk, text in cursor.fetchall()}
 
     def _index_machines(self) -> None:
         """Where each machine's rows are: the loaded rows sorted by machine, and the rows of
@@ -393,8 +295,7 @@ class OfferIndex:
 
     def holds(self, columns: tuple[str, ...]) -> bool:
         """Whether the index holds every one of ``columns`` (``_rows``)."""
-        held = {*NUMBERS, *NULLABLE, *WORDS, "cards"}
-        return all(name in held for name in columns)
+        return all(name in HELD for name in columns)
 
     def _page(self, query: offer_query.OfferQuery, limit: int, offset: int) -> np.ndarray:
         """The rows of the search's page, in its order, as of every change committed before
@@ -409,18 +310,11 @@ class OfferIndex:
         datetimes, cards as their lists."""
         values = []
         for name in columns:
-            found = self.columns[name][rows].tolist() if name != "cards" else None
             if name == "cards":
                 pks = self.columns["id"][rows].tolist()
-                found = [list(self.cards.get(pk, ())) for pk in pks]
-            elif name in WORDS:
-                words = self.words[name]
-                found = [words[code] for code in found]
-            elif name == "end_date":
-                found = [None if v == NULL else EPOCH + timedelta(microseconds=v) for v in found]
-            elif name in NULLABLE:
-                found = [None if v == NULL else v for v in found]
-            values.append(found)
+                values.append([list(self.cards.get(pk, ())) for pk in pks])
+            else:
+                values.append(as_read(name, self.columns[name][rows].tolist(), self.words))
         return [dict(zip(columns, row, strict=True)) for row in zip(*values, strict=True)]
 
     def _mask(self, query: offer_query.OfferQuery) -> np.ndarray:
@@ -643,13 +537,6 @@ def _compare(column: np.ndarray, op: str, value) -> np.ndarray:
 def _micros(moment: datetime) -> int:
     delta = moment - EPOCH
     return (delta.days * 86400 + delta.seconds) * 1_000_000 + delta.microseconds
-
-
-def _literal(word: str) -> str:
-    """A word as an SQL string literal (standard_conforming_strings: quotes doubled)."""
-    if "\x00" in word:
-        raise ValueError("a word with a NUL")
-    return "'" + word.replace("'", "''") + "'"
 
 
 INDEX = OfferIndex()
