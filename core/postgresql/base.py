@@ -2,10 +2,11 @@
 
 Why it exists: with psycopg's pool, Django's ``CONN_HEALTH_CHECKS`` makes the pool send an
 empty query before handing out each connection, and under ASGI every request takes one from
-the pool: a round trip per request, to learn what is nearly always "alive". A connection PostgreSQL ended (a restart, ``pg_terminate_backend``, a crash)
-has something to read on its socket: the server's last message or the end of the stream. So
-a connection with nothing to read is handed out as it is, and only one with something waiting
-gets the pool's check, which drops it if it is dead. What this cannot see (a network that
+the pool: a round trip per request, to learn what is nearly always "alive". A connection
+PostgreSQL ended (a restart, ``pg_terminate_backend``, a crash) has something to read on its
+socket: the server's last message or the end of the stream. So a connection with nothing to
+read is handed out as it is, and only one with something waiting gets the pool's check, which
+drops it if it is dead. What this cannot see (a network that
 went silent) fails that request's first query, as it would without any check.
 
 ``DB_POOL_QUIET_CHECK=0`` (settings) goes back to Django's check on every checkout.
