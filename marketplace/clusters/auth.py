@@ -9,16 +9,18 @@ another team's, so a caller cannot learn which clusters exist.
 Every request through the gateway makes this sub-request, so it must be fast: the answer is
 remembered per (cluster, credential digest) in this process for
 ``GATEWAY_AUTH_CACHE_SECONDS`` (a revoked key or removed member stops working within that
-time). Under ASGI (production, ``make run``) ``GatewayAuthFastPath`` gives a remembered answer
-in front of Django's request handling altogether; a first look goes through Django, where
-``GatewayAuthMiddleware`` answers before the rest of the middleware chain (the console's
-active team, request logging: not wanted for a sub-request).
+time). Under ASGI (production, ``make run``) ``GatewayAuthFastPath`` answers in front of
+Django's request handling altogether: a remembered answer on the event loop, a first look in
+the one thread the looks share. Elsewhere (WSGI, the test client) ``GatewayAuthMiddleware``
+answers before the rest of the middleware chain (the console's active team, request logging:
+not wanted for a sub-request).
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import re
 import threading
 import time
@@ -27,6 +29,7 @@ from collections.abc import Mapping
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
 from django.conf import settings
 from django.contrib.auth import get_user
+from django.db import DatabaseError, connection
 from django.http import HttpRequest, HttpResponse
 from django.http.cookie import parse_cookie
 from django.utils.module_loading import import_string
@@ -35,6 +38,8 @@ from marketplace.clusters import traffic
 from marketplace.clusters.remembered import key_passed
 from marketplace.models import ApiKey, Cluster, Membership
 from marketplace.services.accounts import api_key_authenticate
+
+logger = logging.getLogger(__name__)
 
 PATH = re.compile(r"^/gateway/auth/(\d{1,18})/$")
 MAX_REMEMBERED = 50_000
@@ -63,7 +68,7 @@ def _cluster_team(cluster_id: int) -> int | None:
 
 
 def _key_allows(token: str, team_id: int) -> bool:
-    api_key = api_key_authenticate(token)
+    api_key = api_key_authenticate(token, related=False)
     if api_key is None or api_key.team_id != team_id:
         return False
     if not api_key.allows_audience(ApiKey.Audience.RENTER):
@@ -157,14 +162,34 @@ def due_for_a_look(found: tuple[bytes, str] | None, cluster_id: int) -> bool:
     return hit is not None and hit[0] - _now() < left and memo not in _looking
 
 
-def _look_again(authorization: str, cookie: str, cluster_id: int) -> None:
+def _bare_request(authorization: str, cookie: str) -> HttpRequest:
+    """What ``check`` reads of a sub-request (its credential), without Django's handling."""
     request = HttpRequest()
     request.META["HTTP_AUTHORIZATION"] = authorization
     request.COOKIES = parse_cookie(cookie)
-    found = _credential(request)
+    return request
+
+
+def first_look(authorization: str, cookie: str, cluster_id: int) -> bool:
+    """``check`` outside Django's request handling. The looks share one thread and keep its
+    database connection between them (taking one from the pool and giving it back cost as
+    much as the look's query). A kept connection may have died meanwhile (the database
+    restarted): a look that fails closes it and tries once more on a new one."""
+    for attempt in (1, 2):
+        try:
+            return check(_bare_request(authorization, cookie), cluster_id)
+        except DatabaseError:
+            connection.close()
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _look_again(authorization: str, cookie: str, cluster_id: int) -> None:
+    found = credential_of(authorization, parse_cookie(cookie))
     memo = _memo(cluster_id, found[0])
     try:
-        check(request, cluster_id)
+        first_look(authorization, cookie, cluster_id)
     finally:
         _looking.discard(memo)
 
@@ -208,6 +233,16 @@ class GatewayAuthFastPath:
                 task = asyncio.ensure_future(look)
                 _background.add(task)  # kept until done (the loop holds tasks weakly)
                 task.add_done_callback(_background.discard)
+            if answer is None and found is not None:
+                # A first look (the database) in the one thread these looks share, without
+                # Django's request handling: a request object, signals, the middleware chain
+                # and a thread made for the request cost more than the look itself.
+                try:
+                    answer = await sync_to_async(first_look)(authorization, cookie, cluster_id)
+                except DatabaseError:
+                    logger.warning("gateway auth: the database did not answer", exc_info=True)
+                    await _send(send, 503, [], b"")  # as Django's handler would answer
+                    return
             if answer is not None:
                 if answer:
                     traffic.request_passed(cluster_id)
@@ -215,11 +250,15 @@ class GatewayAuthFastPath:
                 else:
                     status, body = 401, REFUSED_BODY
                     headers = [(k.lower().encode(), v.encode()) for k, v in REFUSED_HEADERS.items()]
-                headers.append((b"content-length", str(len(body)).encode()))
-                await send({"type": "http.response.start", "status": status, "headers": headers})
-                await send({"type": "http.response.body", "body": body})
+                await _send(send, status, headers, body)
                 return
         await self.app(scope, receive, send)
+
+
+async def _send(send, status: int, headers: list, body: bytes) -> None:
+    headers.append((b"content-length", str(len(body)).encode()))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
 
 def gateway_auth(request: HttpRequest, cluster_id: int) -> HttpResponse:

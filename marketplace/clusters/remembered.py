@@ -44,6 +44,8 @@ COALESCE_SECONDS = 0.5
 
 _pending: dict[int, set[str]] = {}
 _pushed: set[tuple[int, bytes]] = set()  # (cluster, digest) the gateway remembers already
+_noted: dict[bytes, float] = {}  # digest: when this process last noted the key in Redis
+MAX_NOTED = 50_000
 _lock = threading.Lock()
 _wake = threading.Event()
 _pusher: threading.Thread | None = None
@@ -63,12 +65,28 @@ def key_passed(cluster_id: int, key: str) -> None:
     remember the key if it does not yet."""
     if not settings.GATEWAY_ADMIN or not key.startswith(f"{API_KEY_PREFIX}_"):
         return
-    seen_now(key)
+    if _noted_long_ago(_digest(key)):
+        seen_now(key)
     if (cluster_id, _digest(key)) in _pushed:
         return
     with _lock:
         _pending.setdefault(cluster_id, set()).add(key)
     _pusher_wake()
+
+
+def _noted_long_ago(digest: bytes) -> bool:
+    """Whether this process last noted the key in Redis a tenth of the remembered time ago or
+    more (or never): noting it on every request would be a Redis write per request for a
+    figure that only needs to be right to within minutes."""
+    now = time.monotonic()
+    last = _noted.get(digest)
+    if last is not None and now - last < settings.GATEWAY_REMEMBER_SECONDS / 10:
+        return False
+    with _lock:
+        if len(_noted) > MAX_NOTED:  # keys anyone may send: kept bounded
+            _noted.clear()
+        _noted[digest] = now
+    return True
 
 
 def seen_now(key: str) -> None:
@@ -199,4 +217,5 @@ def forget() -> None:
     global _pushed
     with _lock:
         _pending.clear()
+        _noted.clear()
         _pushed = set()

@@ -235,23 +235,30 @@ def api_keys_with_creator_role(keys: QuerySet[ApiKey]) -> QuerySet[ApiKey]:
 
 
 @functools.cache
-def _key_lookup_sql() -> str:
+def _key_lookup_sql(related: bool) -> str:
     """``api_keys_with_creator_role`` for one prefix, written out once: composing and compiling
-    that queryset took most of an API request's authentication, every request."""
+    that queryset took most of an API request's authentication, every request. Without
+    ``related``, the key's own columns only (no team, no creator)."""
     quote = connection.ops.quote_name
 
     def columns(model, alias: str) -> str:
         return ", ".join(f"{alias}.{quote(f.column)}" for f in model._meta.concrete_fields)
 
     membership, user = Membership._meta.db_table, User._meta.db_table
+    related_columns = f"{columns(Team, 't')}, {columns(User, 'u')}," if related else ""
+    related_joins = (
+        f"""JOIN {quote(Team._meta.db_table)} t ON t.id = k.team_id
+        LEFT JOIN {quote(user)} u ON u.id = k.created_by_id"""
+        if related
+        else ""
+    )
     return f"""
-        SELECT {columns(ApiKey, "k")}, {columns(Team, "t")}, {columns(User, "u")},
+        SELECT {columns(ApiKey, "k")}, {related_columns}
                (SELECT m.role FROM {quote(membership)} m JOIN {quote(user)} mu ON mu.id = m.user_id
                 WHERE m.team_id = k.team_id AND m.user_id = k.created_by_id AND mu.is_active
                 LIMIT 1)
         FROM {quote(ApiKey._meta.db_table)} k
-        JOIN {quote(Team._meta.db_table)} t ON t.id = k.team_id
-        LEFT JOIN {quote(user)} u ON u.id = k.created_by_id
+        {related_joins}
         WHERE k.prefix = %s
     """  # noqa: S608  (table and column names from the models; the prefix is a parameter)
 
@@ -268,35 +275,39 @@ def _from_row(model, values: list):
     return model.from_db(connection.alias, None, converted)
 
 
-def _api_key_by_prefix(prefix: str) -> ApiKey | None:
-    """The key with this prefix, its team and creator loaded, annotated with ``creator_role``
-    as ``api_keys_with_creator_role`` does."""
+def _api_key_by_prefix(prefix: str, related: bool = True) -> ApiKey | None:
+    """The key with this prefix, its team and creator loaded (with ``related``), annotated
+    with ``creator_role`` as ``api_keys_with_creator_role`` does."""
     with connection.cursor() as cursor:
-        cursor.execute(_key_lookup_sql(), [prefix])
+        cursor.execute(_key_lookup_sql(related), [prefix])
         row = cursor.fetchone()
     if row is None:
         return None
     keys, teams = len(ApiKey._meta.concrete_fields), len(Team._meta.concrete_fields)
     api_key = _from_row(ApiKey, row[:keys])
+    api_key.creator_role = row[-1]
+    if not related:
+        return api_key
     ApiKey.team.field.set_cached_value(api_key, _from_row(Team, row[keys : keys + teams]))
     creator = row[keys + teams : -1]
     ApiKey.created_by.field.set_cached_value(
         api_key, None if creator[0] is None else _from_row(User, creator)
     )
-    api_key.creator_role = row[-1]
     return api_key
 
 
-def api_key_authenticate(full_key: str) -> ApiKey | None:
+def api_key_authenticate(full_key: str, *, related: bool = True) -> ApiKey | None:
     """The key for ``gpk_<prefix>_<secret>``, if it exists, matches and is active.
 
     The key comes with ``creator_role``: its creator's role in the key's team right now (None
-    when they left it or their account is gone or disabled); see ``ApiKey.acting_role``.
+    when they left it or their account is gone or disabled); see ``ApiKey.acting_role``. With
+    ``related``, its team and creator come loaded (an API request acts as them); the gateway,
+    which only asks whether the key passes, reads the key alone.
     """
     parts = full_key.split("_", 2)
     if len(parts) != 3 or parts[0] != API_KEY_PREFIX:
         return None
-    api_key = _api_key_by_prefix(parts[1])
+    api_key = _api_key_by_prefix(parts[1], related)
     if api_key is None:
         return None
     if not hmac.compare_digest(api_key.key_hash, ApiKey.hash_secret(full_key)):

@@ -9,7 +9,7 @@ import asyncio
 import pytest
 from asgiref.sync import sync_to_async
 from channels.testing import HttpCommunicator
-from django.db import connections
+from django.db import connection, connections
 
 from marketplace.clusters import auth
 from marketplace.clusters.services import ClusterSpec, cluster_create
@@ -45,7 +45,7 @@ async def test_a_revoked_key_is_refused_within_seconds_through_the_fast_path(fun
     cluster_id, secret, membership = await sync_to_async(make)(funded_team)
     other_id, _, _ = await sync_to_async(make)(funded_team)
 
-    assert await ask(application, cluster_id, secret) == 200  # first look: through Django
+    assert await ask(application, cluster_id, secret) == 200  # first look: the database
     assert await ask(application, cluster_id, secret) == 200  # remembered: in front of it
     assert await ask(application, other_id + 1000, secret) == 401  # no such cluster
 
@@ -60,4 +60,35 @@ async def test_a_revoked_key_is_refused_within_seconds_through_the_fast_path(fun
     assert answers[0] == 200 and answers[-1] == 401
     assert answers.index(401) <= 15 and set(answers[answers.index(401) :]) == {401}
     # The database connection the looks used (Django's sync thread) goes with the test.
+    await sync_to_async(connections.close_all)()
+
+
+def backend_pid() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        return cursor.fetchone()[0]
+
+
+def terminate(pid: int) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
+    connection.close()  # this helper thread's own connection
+
+
+async def test_a_first_look_survives_its_kept_connection_dying(funded_team, settings):
+    """The first looks keep their thread's database connection between requests; the database
+    ending it (a restart, an idle timeout) costs the next look a new connection, not an
+    error for the caller."""
+    from marketplace.asgi import application
+
+    auth.forget()
+    cluster_id, secret, _ = await sync_to_async(make)(funded_team)
+    assert await ask(application, cluster_id, secret) == 200
+    kept = await sync_to_async(backend_pid)()  # the looks' thread: the same connection
+    await sync_to_async(terminate, thread_sensitive=False)(kept)
+    auth.forget()  # so the next answer is a first look again
+
+    assert await ask(application, cluster_id, secret) == 200
+    assert await sync_to_async(backend_pid)() != kept
+    assert await ask(application, cluster_id + 1000, secret) == 401
     await sync_to_async(connections.close_all)()
