@@ -158,28 +158,38 @@ class Planner:
         # (gpu_name, free_count) -> sorted list of (price, -reliability, machine_id)
         self._buckets: dict[tuple[str, int], list[tuple[int, float, int]]] = defaultdict(list)
         self._names: set[str] = set()
+        self._names_wanted: dict[tuple, list[str]] = {}  # a request's models: the names that match
         self._most_free = 0  # no bucket holds machines with more free GPUs than this
-        # Sharing machines: their cards (the planner's own copies) and, per (gpu_name, most
-        # compute percent free on one card), the machines sorted as the whole buckets are.
+        # Sharing machines: their cards and, per (gpu_name, most compute percent free on one
+        # card), the machines sorted as the whole buckets are. A machine's cards are the
+        # snapshot's own until a slice changes one: then the planner's copies (``_owned``), so
+        # a planner costs no copy of the cards it never touches.
         self._cards: dict[int, list[Card]] = {}
-        # Every shareable card's memory by (machine, card), for ``release``.
-        self._card_memory: dict[tuple[int, int], int] = {}
+        self._owned: set[int] = set()
         self._best_core: dict[int, int] = {}
         self._slice_buckets: dict[tuple[str, int], list[tuple[int, float, int]]] = defaultdict(list)
-        for machine in machines:
-            self._info[machine.machine_id] = machine
-            self._free[machine.machine_id] = sorted(machine.free_gpu_ids)
+        # Which "most compute free" values have machines, per model (a slice's search walks
+        # these, not every percent from its size to 100).
+        self._slice_cores: dict[str, set[int]] = defaultdict(set)
+        for machine in machines:  # filled unsorted, sorted once below
+            machine_id = machine.machine_id
+            self._info[machine_id] = machine
+            free = sorted(machine.free_gpu_ids)
+            self._free[machine_id] = free
             self._names.add(machine.gpu_name)
-            self._insert(machine)
+            key = self._key(machine)
+            if free:
+                self._most_free = max(self._most_free, len(free))
+                self._buckets[(machine.gpu_name, len(free))].append(key)
             if machine.cards:
-                self._cards[machine.machine_id] = [
-                    Card(c.gpu_id, c.free_core, c.free_memory_mb, c.memory_mb)
-                    for c in machine.cards
-                ]
-                self._card_memory.update(
-                    ((machine.machine_id, c.gpu_id), c.memory_mb) for c in machine.cards
-                )
-                self._slice_insert(machine)
+                self._cards[machine_id] = list(machine.cards)
+                best = max(c.free_core for c in machine.cards)
+                self._best_core[machine_id] = best
+                if best:
+                    self._slice_buckets[(machine.gpu_name, best)].append(key)
+                    self._slice_cores[machine.gpu_name].add(best)
+        for bucket in (*self._buckets.values(), *self._slice_buckets.values()):
+            bucket.sort()
 
     def _key(self, machine: MachineSnapshot) -> tuple[int, float, int]:
         return (machine.price_per_gpu_hour, -machine.reliability, machine.machine_id)
@@ -200,13 +210,26 @@ class Planner:
         self._best_core[machine.machine_id] = best
         if best:
             bisect.insort(self._slice_buckets[(machine.gpu_name, best)], self._key(machine))
+            self._slice_cores[machine.gpu_name].add(best)
 
     def _slice_remove(self, machine: MachineSnapshot) -> None:
         best = self._best_core.get(machine.machine_id, 0)
         if best:
             bucket = self._slice_buckets[(machine.gpu_name, best)]
             del bucket[bisect.bisect_left(bucket, self._key(machine))]
+            if not bucket:
+                self._slice_cores[machine.gpu_name].discard(best)
         self._best_core[machine.machine_id] = 0
+
+    def _own_cards(self, machine_id: int) -> list[Card]:
+        """The machine's cards as the planner's own copies, made on the first change."""
+        if machine_id not in self._owned:
+            self._cards[machine_id] = [
+                Card(c.gpu_id, c.free_core, c.free_memory_mb, c.memory_mb)
+                for c in self._cards[machine_id]
+            ]
+            self._owned.add(machine_id)
+        return self._cards[machine_id]
 
     def place(self, request: PlacementRequest) -> Placement | None:
         if request.policy not in POLICIES:
@@ -242,7 +265,9 @@ class Planner:
         if best is None:
             return None
         machine = self._info[best]
-        card = pick_card(self._cards[best], size.core_percent, size.memory_mb, request.card_policy)
+        card = pick_card(
+            self._own_cards(best), size.core_percent, size.memory_mb, request.card_policy
+        )
         self._slice_remove(machine)
         if card.whole_free:  # a slice takes the card from whole renting
             self._remove(machine, len(self._free[best]))
@@ -257,22 +282,25 @@ class Planner:
         the most compute free on one card, fullest first for binpack, emptiest first for
         spread, all of them for cheapest (then the cheapest)."""
         size = request.gpu_slice
+        terms = self._terms(request)
         names = self._names_for(request)
-        cores = range(size.core_percent, 101)
-        if request.policy == SPREAD:
-            cores = reversed(cores)
+        present = set().union(*(self._slice_cores.get(name, ()) for name in names))
+        cores = sorted(
+            (c for c in present if c >= size.core_percent), reverse=request.policy == SPREAD
+        )
         best, best_rank = None, None
         for core in cores:
             for name in names:
                 bucket = self._slice_buckets.get((name, core))
-                if not bucket:
+                if not bucket or bucket[0][0] > terms[0]:  # none at or under the price
                     continue
-                candidate = self._first_fit(bucket, request, avoid)
+                candidate = self._first_fit(bucket, terms, avoid)
                 if candidate is None:
                     continue
                 rank = candidate if request.policy == CHEAPEST else (core, *candidate)
                 if best_rank is None or rank < best_rank:
                     best, best_rank = candidate[2], rank
+                    terms = (candidate[0], *terms[1:])  # a dearer one cannot rank before it
             if best is not None and request.policy != CHEAPEST:
                 return best  # no later bucket ranks before this one
         return best
@@ -280,7 +308,7 @@ class Planner:
     def release_slice(self, machine_id: int, gpu_id: int, size: SliceSize) -> None:
         """Give back a slice placed here whose rental was refused after all."""
         machine = self._info[machine_id]
-        card = next(c for c in self._cards[machine_id] if c.gpu_id == gpu_id)
+        card = next(c for c in self._own_cards(machine_id) if c.gpu_id == gpu_id)
         self._slice_remove(machine)
         card.give_back(size.core_percent, size.memory_mb)
         self._slice_insert(machine)
@@ -290,13 +318,14 @@ class Planner:
     def _best(self, request: PlacementRequest, avoid: frozenset[int]):
         """(sort key, free count) of the machine the policy prefers, or None."""
         best, best_rank = None, None
+        terms = self._terms(request)
         names = self._names_for(request)
         for free in range(request.gpu_count, self._most_free + 1):
             for name in names:
                 bucket = self._buckets.get((name, free))
-                if not bucket:
+                if not bucket or bucket[0][0] > terms[0]:  # none at or under the price
                     continue
-                candidate = self._first_fit(bucket, request, avoid)
+                candidate = self._first_fit(bucket, terms, avoid)
                 if candidate is None:
                     continue
                 price, negative_reliability, machine_id = candidate
@@ -306,6 +335,7 @@ class Planner:
                     rank = (price, negative_reliability, free, machine_id)
                 if best_rank is None or rank < best_rank:
                     best, best_rank = (candidate, free), rank
+                    terms = (price, *terms[1:])  # a dearer one cannot rank before it
             if best is not None and request.policy == BINPACK:
                 return best  # no bucket with more free GPUs ranks before this one
         return best
@@ -313,41 +343,58 @@ class Planner:
     def _names_for(self, request: PlacementRequest):
         if not (request.gpu_name or request.gpu_names):
             return self._names
-        wanted = {*(request.gpu_names or ()), *([request.gpu_name] if request.gpu_name else [])}
-        return sorted(n for n in self._names if any(gpu_family_matches(w, n) for w in wanted))
+        asked = (request.gpu_name, request.gpu_names)
+        names = self._names_wanted.get(asked)
+        if names is None:  # the machines' models never change in a planner: worked out once
+            wanted = {*(request.gpu_names or ()), *([request.gpu_name] if request.gpu_name else [])}
+            names = sorted(n for n in self._names if any(gpu_family_matches(w, n) for w in wanted))
+            self._names_wanted[asked] = names
+        return names
 
-    def _first_fit(self, bucket, request: PlacementRequest, avoid: frozenset[int]):
+    @staticmethod
+    def _terms(request: PlacementRequest) -> tuple:
+        """What ``_first_fit`` compares, in the order it unpacks it."""
+        size = request.gpu_slice
+        return (
+            float("inf")
+            if request.max_price_per_gpu_hour is None
+            else request.max_price_per_gpu_hour,
+            -request.min_reliability,  # bucket entries hold reliability negated
+            request.regions or None,
+            size,
+            request.gpu_count,
+            request.min_disk_per_gpu_gb,
+            size.core_percent if size is not None else 0,
+            size.memory_mb if size is not None else 0,
+        )
+
+    def _first_fit(self, bucket, terms: tuple, avoid: frozenset[int]):
         """The first machine of a price-sorted bucket that meets the request's conditions and
-        has room for it (whole GPUs or a slice), or None."""
-        for price, negative_reliability, machine_id in bucket:
-            if (
-                request.max_price_per_gpu_hour is not None
-                and price > request.max_price_per_gpu_hour
-            ):
+        the machine's own terms for its size, or None: for whole GPUs its smallest rental and
+        disk per GPU; for a slice its smallest slice and a card with room for it.
+
+        The loop that most decisions spend their time in: what it compares comes read out of
+        the request once per decision (``_terms``), not for each bucket or machine."""
+        max_price, worst, regions, size, count, disk, core, memory = terms
+        info_of = self._info
+        for entry in bucket:
+            price, negative_reliability, machine_id = entry
+            if price > max_price:
                 return None  # sorted by price: nothing further is cheaper
-            info = self._info[machine_id]
-            if (
-                -negative_reliability < request.min_reliability
-                or (request.regions and info.region not in request.regions)
-                or machine_id in avoid
-                or not self._has_room(info, request)
+            if negative_reliability > worst or (avoid and machine_id in avoid):
+                continue
+            info = info_of[machine_id]
+            if regions is not None and info.region not in regions:
+                continue
+            if size is None:
+                if info.min_gpus > count or info.disk_per_gpu_gb < disk:
+                    continue
+            elif info.min_slice_core_percent > core or not any(
+                c.free_core >= core and c.free_memory_mb >= memory for c in self._cards[machine_id]
             ):
                 continue
-            return (price, negative_reliability, machine_id)
+            return entry
         return None
-
-    def _has_room(self, info: MachineSnapshot, request: PlacementRequest) -> bool:
-        """The machine's own terms for the request's size: its smallest rental and disk per
-        GPU for whole GPUs; its smallest slice and a card with room for a slice."""
-        size = request.gpu_slice
-        if size is None:
-            return (
-                info.min_gpus <= request.gpu_count
-                and info.disk_per_gpu_gb >= request.min_disk_per_gpu_gb
-            )
-        return info.min_slice_core_percent <= size.core_percent and any(
-            card.fits(size.core_percent, size.memory_mb) for card in self._cards[info.machine_id]
-        )
 
     def forget(self, machine_id: int) -> None:
         """Place nothing more on the machine (it refused a rental: taken, gone offline)."""
@@ -371,12 +418,13 @@ class Planner:
         self._insert(machine)
         if machine_id in self._cards:
             known = {c.gpu_id for c in self._cards[machine_id]}
-            back = [g for g in gpu_ids if g not in known and (machine_id, g) in self._card_memory]
+            shared = {c.gpu_id: c.memory_mb for c in machine.cards}  # the snapshot's
+            back = [g for g in gpu_ids if g not in known and g in shared]
             if back:
                 self._slice_remove(machine)
+                cards = self._own_cards(machine_id)
                 for gpu_id in back:
-                    memory = self._card_memory[(machine_id, gpu_id)]
-                    self._cards[machine_id].append(Card(gpu_id, 100, memory, memory))
+                    cards.append(Card(gpu_id, 100, shared[gpu_id], shared[gpu_id]))
                 self._slice_insert(machine)
 
 

@@ -232,3 +232,17 @@ def test_no_card_ever_goes_over_100_percent_or_is_both(asks, policy, card_policy
                 whole.update(placed.gpu_ids)
     assert all(v <= 100 for v in core.values()) and all(v <= CARD for v in memory.values())
     assert whole.isdisjoint(core)
+
+
+def test_a_planner_never_changes_the_snapshot_it_was_given():
+    """A planner's slices change its own copies of the cards: a second planner over the same
+    snapshot sees every card as the snapshot says, and decides as the first did."""
+    snapshot = [sharing_machine(1, 2), sharing_machine(2, 2, sliced=[(0, 30, 1024)])]
+    before = [(c.gpu_id, c.free_core, c.free_memory_mb) for m in snapshot for c in m.cards]
+    asks = [slice_ask(40), slice_ask(70), PlacementRequest(gpu_count=1), slice_ask(30)]
+    planner = Planner(snapshot)
+    decided = [planner.place(a) for a in asks]
+    assert all(decided)
+    planner.release_slice(decided[0].machine_id, decided[0].gpu_ids[0], SliceSize(40, 1024))
+    assert [(c.gpu_id, c.free_core, c.free_memory_mb) for m in snapshot for c in m.cards] == before
+    assert place_all(snapshot, asks) == decided
