@@ -71,3 +71,22 @@ def test_a_connection_the_server_ended_is_dropped_not_handed_out(pool_of_one):
         # Waits until the backend has exited: its socket has the server's last words.
         assert other.execute("SELECT pg_terminate_backend(%s, 10000)", [pid]).fetchone()[0]
     assert backend_pid() != pid  # the next query works, on another connection
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_api_key_lookup_is_planned_once_per_pooled_connection(team, owner):
+    """Every API request looks its key up; on a pooled connection the lookup is a prepared
+    statement after a few runs (planned once, not at each request), and answers as before."""
+    from marketplace.models import Membership
+    from marketplace.services.accounts import api_key_authenticate, api_key_create
+
+    owner_membership = Membership.objects.get(team=team, user=owner)
+    issued = api_key_create(membership=owner_membership, name="ci")
+    answers = [api_key_authenticate(issued.secret) for _ in range(8)]
+    assert {a.pk for a in answers} == {issued.api_key.pk}
+    assert answers[-1].team.pk == owner_membership.team_id
+    assert api_key_authenticate(issued.secret + "x") is None
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement FROM pg_prepared_statements")
+        prepared = [row[0] for row in cursor.fetchall()]
+    assert any("marketplace_apikey" in statement for statement in prepared)
