@@ -65,7 +65,7 @@ def insert_models(model: type[_M], objects: list[_M]) -> None:
     ``bulk_create``. No signals are sent, as with ``bulk_create``."""
     fields = [f for f in model._meta.concrete_fields if not f.primary_key]
     types = [t for t in (_copy_type(f) for f in fields) if t is not None]
-    if connection.vendor != "postgresql" or len(objects) < 2 or len(types) < len(fields):
+    if connection.vendor != "postgresql" or len(objects) < SMALL_UPSERT or len(types) < len(fields):
         model._base_manager.bulk_create(objects)
         return
     for obj in objects:
@@ -102,6 +102,12 @@ def _copy_values(obj: models.Model, names: list[str], json_at: list[int]) -> lis
     return values
 
 
+# Fewer rows than this go by ``bulk_create``: making, filling and dropping a temporary table
+# costs several statements, more than preparing a few rows' values (a rent refreshes its one
+# machine's handful of offers).
+SMALL_UPSERT = 8
+
+
 def upsert_models(
     model: type[_M], objects: list[_M], *, unique_fields: list[str], update_fields: list[str]
 ) -> list[_M]:
@@ -113,7 +119,7 @@ def upsert_models(
     elsewhere, or for a model with a field COPY is not taught here, ``bulk_create``."""
     fields = [f for f in model._meta.concrete_fields if not f.primary_key]
     types = [t for t in (_copy_type(f) for f in fields) if t is not None]
-    if connection.vendor != "postgresql" or len(objects) < 2 or len(types) < len(fields):
+    if connection.vendor != "postgresql" or len(objects) < SMALL_UPSERT or len(types) < len(fields):
         return model._base_manager.bulk_create(
             objects, update_conflicts=True, unique_fields=unique_fields, update_fields=update_fields
         )
