@@ -225,12 +225,17 @@ def sim_container_label() -> str:
 
 @pytest.fixture(scope="session")
 def docker_engine():
-    from hosts.devtools.sim_docker import ensure_dockerd, ensure_image
+    from hosts.devtools.sim_docker import ensure_dockerd, ensure_gpu_bench_image, ensure_image
 
     if shutil.which("dockerd") is None or os.geteuid() != 0:
         pytest.fail("system tests need root and docker.io (make test installs it)")
     ensure_dockerd()
-    return ensure_image()
+    image = ensure_image()
+    # A simulated host's verification runs the stand-in GPU benchmark image (as `make run`'s
+    # simhosts makes it): made here, so a test's hosts never depend on another test having
+    # made it first (on a fresh machine they would try to pull it from a registry).
+    ensure_gpu_bench_image()
+    return image
 
 
 # Each simulated host publishes containers' ports on a range of its own, held for as long as
