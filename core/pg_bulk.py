@@ -65,7 +65,7 @@ def insert_models(model: type[_M], objects: list[_M]) -> None:
     ``bulk_create``. No signals are sent, as with ``bulk_create``."""
     fields = [f for f in model._meta.concrete_fields if not f.primary_key]
     types = [t for t in (_copy_type(f) for f in fields) if t is not None]
-    if connection.vendor != "postgresql" or len(objects) < SMALL_UPSERT or len(types) < len(fields):
+    if connection.vendor != "postgresql" or len(objects) < 2 or len(types) < len(fields):
         model._base_manager.bulk_create(objects)
         return
     for obj in objects:

@@ -175,14 +175,11 @@ def first_look(authorization: str, cookie: str, cluster_id: int) -> bool:
     database connection between them (taking one from the pool and giving it back cost as
     much as the look's query). A kept connection may have died meanwhile (the database
     restarted): a look that fails closes it and tries once more on a new one."""
-    for attempt in (1, 2):
-        try:
-            return check(_bare_request(authorization, cookie), cluster_id)
-        except DatabaseError:
-            connection.close()
-            if attempt == 2:
-                raise
-    raise AssertionError("unreachable")
+    try:
+        return check(_bare_request(authorization, cookie), cluster_id)
+    except DatabaseError:
+        connection.close()
+    return check(_bare_request(authorization, cookie), cluster_id)
 
 
 def _look_again(authorization: str, cookie: str, cluster_id: int) -> None:
