@@ -34,7 +34,7 @@ from tests.conftest import key_client
 from tests.factories import TeamFactory, UserFactory, add_member
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-from offer_queries import Bounds, generate, parsed  # noqa: E402
+from offer_queries import Bounds, Search, generate, parsed  # noqa: E402
 
 GPU_MODELS = [
     "NVIDIA GeForce RTX 4090", "NVIDIA GeForce RTX 3090", "NVIDIA A100-SXM4-80GB",
@@ -181,6 +181,37 @@ def test_searches_agree_after_the_market_changes(provider, small_index):
             )
         edges = bounds(provider)
         assert agree(generate(100 + round_, 60, edges), Offer.objects.count()) > 10
+
+
+def test_searches_agree_while_a_few_changed_offers_wait_outside_the_orders(provider, small_index):
+    """A changed machine's offers are appended to the index and join each field's order only
+    once ``MERGE_AT`` rows wait; until then a search finds them beside the orders: a term read
+    from an order's stretches, the rows tied on a flag, a sort."""
+    rng = random.Random(5)
+    machines = machines_listed(provider, rng, 160)
+    edges = bounds(provider)
+    agree(generate(2, 20, edges), Offer.objects.count())  # loaded, every order made
+    changed = next(m for m in machines if Offer.objects.filter(machine=m).count() >= 2)
+    changed.price_per_gpu_hour = 1  # now the cheapest: first in a price order
+    changed.save()
+    offers_refresh([changed.pk])
+    other = next(m for m in machines if m != changed and Offer.objects.filter(machine=m).exists())
+    targeted = [
+        f"machine_id={changed.pk} rentable=any",
+        f"machine_id in [{changed.pk},{other.pk}] rentable=any -o dph_total",
+        "rentable=any -o dph_total",
+        "rentable=any -o verified,dph_total",
+        f"machine_id>={changed.pk} rentable=any -o datacenter-,dph_total",
+    ]
+    agree([Search(q=q, limit=limit, offset=0) for q in targeted for limit in (1, 3, 40)], 0)
+    # The waiting offers are found: by their machine, and first by price.
+    theirs = sorted(Offer.objects.filter(machine=changed).values_list("id", flat=True))
+    assert sorted(offer_index.page_ids(parsed(Search(targeted[0], 40, 0)), 40, 0)) == theirs
+    cheapest = offer_index.page_ids(parsed(Search(targeted[2], 40, 0)), 1, 0)
+    assert cheapest is not None and cheapest[0] in theirs
+    waiting = offer_index.INDEX.n - offer_index.INDEX.perms["dph_total"][1]
+    assert 0 < waiting < offer_index.MERGE_AT  # the state this test is about
+    assert agree(generate(3, 60, edges), Offer.objects.count()) > 10
 
 
 def test_a_search_sees_a_change_committed_before_it(provider):
