@@ -17,3 +17,23 @@ def release_database_connection() -> None:
     at the next query. Inside a transaction it is kept (closing would end the transaction)."""
     if not connection.in_atomic_block:
         connection.close()
+
+
+def prepared_cursor():
+    """A cursor for a statement run on every request (the API key lookup, the offer index's
+    freshness check). On PostgreSQL one that binds its parameters on the server, so psycopg
+    prepares the statement after a few runs (``prepare_threshold``, set while ``DB_POOL`` is
+    on) and each pooled connection plans it once: these statements took longer to plan than
+    to run. Wrapped as Django wraps its own cursors (errors, query logging, execute
+    wrappers); Django's own cursors bind on the client and are never prepared."""
+    if connection.vendor != "postgresql":
+        return connection.cursor()
+    import psycopg
+
+    connection.ensure_connection()
+    raw = psycopg.Cursor(connection.connection)
+    return (
+        connection.make_debug_cursor(raw)
+        if connection.queries_logged
+        else connection.make_cursor(raw)
+    )

@@ -237,6 +237,23 @@ def test_a_search_sees_a_change_committed_before_it(provider):
     assert new.pk in offered("rentable=any")
 
 
+def test_the_check_before_each_search_is_planned_once_per_pooled_connection(provider):
+    """Before each search the index asks what changed; on a pooled connection that question
+    is a prepared statement after a few searches, and a search still sees a change committed
+    before it."""
+    machine = machines_listed(provider, random.Random(8), 1)[0]
+    query = offer_query.parse(f"machine_id={machine.pk} rentable=any")
+    offered = sorted(Offer.objects.filter(machine=machine).values_list("id", flat=True))
+    for _ in range(8):
+        assert sorted(offer_index.page_ids(query, 10, 0)) == offered
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement FROM pg_prepared_statements")
+        prepared = [row[0] for row in cursor.fetchall()]
+    assert any("marketplace_offer_change" in statement for statement in prepared)
+    Machine.objects.filter(pk=machine.pk).delete()  # its offers cascade
+    assert offer_index.page_ids(query, 10, 0) == []
+
+
 def test_inside_a_transaction_sql_answers(provider):
     machines_listed(provider, random.Random(5), 5)
     query = offer_query.parse("")
