@@ -150,10 +150,11 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql" and env_boo
             "max_size": int(os.environ.get("DB_POOL_MAX", "20")),
             "timeout": 20,
         },
-        # Statements run often through a server-binding cursor (the API key lookup) are
-        # prepared on each pooled connection after 5 runs. Django's own cursors bind on the
-        # client and never prepare. Not behind an external pooler (DB_POOL=0): it may hand a
-        # statement to a connection that never prepared it.
+        # Statements run often through a server-binding cursor (core.db.prepared_cursor: the
+        # API key lookup, the offer index's check before each search) are prepared on each
+        # pooled connection after 5 runs. Django's own cursors bind on the client and never
+        # prepare. Not behind an external pooler (DB_POOL=0): it may hand a statement to a
+        # connection that never prepared it.
         "prepare_threshold": 5,
     }
 elif DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
