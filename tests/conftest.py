@@ -244,10 +244,13 @@ def docker_engine():
 # (every namespace, every run beside this one), so no two live hosts ever share a port. A
 # counter per namespace that wrapped after 120 hosts did: a full run makes ~170, all alive
 # until its end, and a host's containers then failed on "port is already allocated".
-# Below Linux's ephemeral range (32768+), where outgoing connections take their local ports
-# and would collide with docker's binds.
+# Below the simulated hosts' own SSH ports (``SIM_SSH_PORTS`` + 1000 × namespace and up):
+# docker publishes on 0.0.0.0, which a host's sshd on 127.x.y.z:23000 blocks, and a range
+# taken there failed its launches with "bind: address already in use". And below Linux's
+# ephemeral range (32768+), where outgoing connections take their local ports.
+SIM_SSH_PORTS = 23000
 SIM_PORTS_PER_HOST = 20
-SIM_PORTS = (10000, 32760)
+SIM_PORTS = (10000, SIM_SSH_PORTS)
 _held_port_ranges: list = []  # this process's locked range files, kept open
 
 
@@ -309,7 +312,7 @@ def sim_host_factory(docker_engine, sim_root):
         spec = SimHostSpec(
             name=f"ns{namespace}-w{worker}-h{n}",
             address=f"127.{1 + namespace}.{20 + worker}.{10 + n}",
-            port=23000 + namespace * 1000 + worker * 100 + n,
+            port=SIM_SSH_PORTS + namespace * 1000 + worker * 100 + n,
             gpus=default_gpus(gpus, name=gpu_name, memory_mib=memory_mib),
             port_range=(ports, ports + SIM_PORTS_PER_HOST - 1),
             mps=mps,
