@@ -57,10 +57,12 @@ class Scenario:
         threads = [threading.Thread(target=self.call, args=(first,))]
         threads[0].start()
         until(lambda: self.batches == [[first]])
-        for order in others:
+        for queued, order in enumerate(others, start=1):
             threads.append(threading.Thread(target=self.call, args=(order,)))
             threads[-1].start()
-        until(lambda: self.group.waiting == len(others))
+            # Each queues before the next starts: the batch's order is theirs, not the
+            # scheduler's (under load a later thread can otherwise overtake an earlier one).
+            until(lambda queued=queued: self.group.waiting == queued)
         self.gate.set()
         for thread in threads:
             thread.join(timeout=30)
