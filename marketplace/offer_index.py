@@ -325,12 +325,14 @@ class OfferIndex:
         few rows, the rest are checked on those rows only."""
         terms = sorted(query.effective_filters().items(), key=_narrowing)
         now = timezone.now()
-        rows = self._fewest(terms, now)  # every row, while None
+        rows, read = self._fewest(terms, now)  # rows: every row, while None
         if rows is None:
             mask = self.live[: self.n].copy()
         else:
             rows = rows[self.live[rows]]
         for name, (op, value) in terms:
+            if name == read:  # its rows are these already
+                continue
             if rows is None:
                 mask &= self._term(name, op, value, now, self._column(name))
                 if np.count_nonzero(mask) <= self.n // 16:
@@ -342,21 +344,22 @@ class OfferIndex:
             mask[rows] = True
         return mask
 
-    def _fewest(self, terms: list, now: datetime) -> np.ndarray | None:
-        """The rows (live or not) taken by the term that takes fewest, where it takes few
-        (at most a sixteenth): read from its field's order by binary searches instead of
-        compared over every row, which a selective search would otherwise pay per term."""
+    def _fewest(self, terms: list, now: datetime) -> tuple[np.ndarray | None, str | None]:
+        """The rows (live or not) taken by the term that takes fewest, and its field, where it
+        takes few (at most a sixteenth): read from its field's order by binary searches
+        instead of compared over every row, which a selective search would otherwise pay per
+        term. (None, None) where every term takes many."""
         best = None
         for name, (op, value) in terms:
             found = self._stretches(name, op, value, now)
             if found is not None and (best is None or found[0] < best[0][0]):
                 best = (found, name, op, value)
         if best is None or best[0][0] > self.n // 16:
-            return None
+            return None, None
         (_, perm, covered, stretches), name, op, value = best
         added = np.arange(covered, self.n)
         added = added[self._term(name, op, value, now, self._column(name)[covered:])]
-        return np.concatenate([*(perm[low:high] for low, high in stretches), added])
+        return np.concatenate([*(perm[low:high] for low, high in stretches), added]), name
 
     def _stretches(
         self, name: str, op: str, value, now: datetime
