@@ -41,6 +41,7 @@ from django.utils import timezone
 
 from core.db import prepared_cursor
 from marketplace import offer_columns, offer_query
+from marketplace.offer_arrays import any_of, compare, first_place, walk
 from marketplace.offer_columns import DERIVED, EPOCH, HELD, NULL, NULLABLE, WORDS, as_read
 
 LOAD_CHUNK = 200_000  # ids per COPY while loading: bounds the memory a load takes at once
@@ -377,17 +378,17 @@ class OfferIndex:
                 value = _micros(now + timedelta(days=value))
             low, high = 0, len(perm)
             if op in ("<", "<="):
-                high = _first(key, perm, value, after=op == "<=")
+                high = first_place(key, perm, value, after=op == "<=")
             else:
-                low = _first(key, perm, value, after=op == ">")
+                low = first_place(key, perm, value, after=op == ">")
             if spec.column in NULLABLE and not (spec.kind == "days" and op in (">", ">=")):
-                high = min(high, _first(key, perm, NULL, after=False))  # nulls sort last
+                high = min(high, first_place(key, perm, NULL, after=False))  # nulls sort last
             stretches = [(low, high)] if low < high else []
         else:
             values = value if isinstance(value, list) else [value]
             if spec.kind in ("str", "gpu"):
                 values = self._codes(name, spec.kind, values).tolist()
-            edges = sorted({(_first(key, perm, v, after=False), _first(key, perm, v, after=True))
+            edges = sorted({(first_place(key, perm, v, after=False), first_place(key, perm, v, after=True))
                             for v in values})  # fmt: skip
             stretches = [(low, high) for low, high in edges if low < high]
         return sum(high - low for low, high in stretches), perm, covered, stretches
@@ -403,17 +404,17 @@ class OfferIndex:
         if spec.kind == "days":  # no end date: forever
             moment = _micros(now + timedelta(days=value))
             if op in (">", ">="):
-                return (column == NULL) | _compare(column, op, moment)
-            return (column != NULL) & _compare(column, op, moment)
+                return (column == NULL) | compare(column, op, moment)
+            return (column != NULL) & compare(column, op, moment)
         values = value if isinstance(value, list) else [value]
         if spec.kind in ("str", "gpu"):
-            equal = _any_of(column, self._codes(name, spec.kind, values))
+            equal = any_of(column, self._codes(name, spec.kind, values))
         elif op in ("in", "notin", "=", "==", "!="):
             equal = np.zeros(len(column), dtype=bool)
             for item in values:
                 equal |= column == item
         else:  # a range; a null (min_bid) is in none, as in SQL
-            found = _compare(column, op, value)
+            found = compare(column, op, value)
             return found & (column != NULL) if spec.column in NULLABLE else found
         # ``!=`` and ``notin`` take nulls, as the ORM's negation does (NOT (x = v AND x IS
         # NOT NULL)).
@@ -477,7 +478,7 @@ class OfferIndex:
         perm, covered = self._perm(name)
         # Where the matches lie far along the order, sorting them outright costs less than
         # walking there: the walk stops at a few times the number of matches.
-        found = _walk(perm[::-1] if descending else perm, mask, k, len(perm) * k // count,
+        found = walk(perm[::-1] if descending else perm, mask, k, len(perm) * k // count,
                       limit=max(4 * count, 65_536))  # fmt: skip
         if found is None:
             return self._first_of(np.flatnonzero(mask), order, k)
@@ -488,7 +489,10 @@ class OfferIndex:
             # The rows tied on this field are one stretch of its order; a long one (a flag,
             # a field of few values) is found by comparing every row, which costs less than
             # gathering it from the order and scattering it back into a mask.
-            low, high = _first(key, perm, edge, after=False), _first(key, perm, edge, after=True)
+            low, high = (
+                first_place(key, perm, edge, after=False),
+                first_place(key, perm, edge, after=True),
+            )
             if high - low > self.n // 16:
                 tied_mask = mask & (key == edge)
                 tied_mask[covered:] = False  # those join below, with the rest appended
@@ -542,60 +546,6 @@ def _narrowing(term) -> int:
     if op in ("=", "==", "in"):
         return 0
     return 1 if op in ("<", "<=", ">", ">=") else 2
-
-
-def _first(key: np.ndarray, perm: np.ndarray, value, *, after: bool) -> int:
-    """The first place in ``perm`` (rows in ``key``'s ascending order) whose key is at least
-    ``value`` (above it, with ``after``): a binary search that reads only the keys it needs."""
-    low, high = 0, len(perm)
-    while low < high:
-        middle = (low + high) // 2
-        found = key[perm[middle]]
-        if found < value or (after and found == value):
-            low = middle + 1
-        else:
-            high = middle
-    return low
-
-
-def _any_of(column: np.ndarray, codes: np.ndarray) -> np.ndarray:
-    """Which of the word codes in ``column`` are among ``codes``."""
-    if len(codes) <= 4:
-        found = np.zeros(len(column), dtype=bool)
-        for code in codes.tolist():
-            found |= column == code
-        return found
-    table = np.zeros(int(column.max(initial=0)) + 1, dtype=bool)
-    table[codes[codes < len(table)]] = True
-    return table[column]
-
-
-def _walk(
-    order: np.ndarray, mask: np.ndarray, k: int, expected: int, *, limit: int
-) -> np.ndarray | None:
-    """The matching rows met first in ``order``, at least ``k`` of them where there are;
-    None when they are not all found within ``limit`` places."""
-    found, got, start, step = [], 0, 0, max(8192, expected + expected // 4)
-    while start < len(order) and got < k:
-        if start >= limit:
-            return None
-        rows = order[start : start + step]
-        hit = rows[mask[rows]]
-        found.append(hit)
-        got += len(hit)
-        start += step
-        step *= 2
-    return np.concatenate(found).astype(np.int64) if found else np.empty(0, dtype=np.int64)
-
-
-def _compare(column: np.ndarray, op: str, value) -> np.ndarray:
-    if op == "<":
-        return column < value
-    if op == "<=":
-        return column <= value
-    if op == ">":
-        return column > value
-    return column >= value
 
 
 def _micros(moment: datetime) -> int:
