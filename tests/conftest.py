@@ -246,11 +246,13 @@ def docker_engine():
 # until its end, and a host's containers then failed on "port is already allocated".
 # Below the simulated hosts' own SSH ports (``SIM_SSH_PORTS`` + 1000 × namespace and up):
 # docker publishes on 0.0.0.0, which a host's sshd on 127.x.y.z:23000 blocks, and a range
-# taken there failed its launches with "bind: address already in use". And below Linux's
-# ephemeral range (32768+), where outgoing connections take their local ports.
+# taken there failed its launches with "bind: address already in use". Below the ranges the
+# benches' simulated host (19000-19099, bench_common) and `make run`'s (20000 and up,
+# simhosts) publish on too, so a suite beside them never meets theirs. (All of it is below
+# Linux's ephemeral range, 32768+, where outgoing connections take their local ports.)
 SIM_SSH_PORTS = 23000
 SIM_PORTS_PER_HOST = 20
-SIM_PORTS = (10000, SIM_SSH_PORTS)
+SIM_PORTS = (10000, 19000)
 _held_port_ranges: list = []  # this process's locked range files, kept open
 
 
