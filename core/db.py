@@ -1,14 +1,17 @@
-"""Database connections around slow I/O.
+"""Database connections around slow I/O, and the cursor for statements every request runs.
 
 Why it exists: a request that waits on a host (SSH, a container's logs) would hold its
 pooled database connection for the whole wait, and a handful of such requests would starve
 every other request of connections. Giving it back first is a rule of the connection, not of
-any app, so it lives here.
+any app, so it lives here; so does preparing a statement on each pooled connection.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.db import connection
+from django.db.backends.utils import CursorWrapper
 
 
 def release_database_connection() -> None:
@@ -19,7 +22,7 @@ def release_database_connection() -> None:
         connection.close()
 
 
-def prepared_cursor():
+def prepared_cursor() -> CursorWrapper:
     """A cursor for a statement run on every request (the API key lookup, the offer index's
     freshness check). On PostgreSQL one that binds its parameters on the server, so psycopg
     prepares the statement after a few runs (``prepare_threshold``, set while ``DB_POOL`` is
@@ -31,7 +34,8 @@ def prepared_cursor():
     import psycopg
 
     connection.ensure_connection()
-    raw = psycopg.Cursor(connection.connection)
+    # django-stubs type the raw cursor these wrap as a wrapper; it is the driver's cursor.
+    raw: Any = psycopg.Cursor(connection.connection)
     return (
         connection.make_debug_cursor(raw)
         if connection.queries_logged
