@@ -85,18 +85,28 @@ def page_ids(query: offer_query.OfferQuery, limit: int, offset: int) -> list[int
         return None
 
 
-def page_rows(
+def page_columns(
     query: offer_query.OfferQuery, limit: int, offset: int, columns: tuple[str, ...]
-) -> list[dict] | None:
-    """The search's page as rows of ``columns`` (as the ORM's ``values()`` gives them), in its
-    order, read from the index as of the search; None where the index does not serve or
-    does not hold every column."""
+) -> dict[str, list] | None:
+    """The search's page as a list of values per column of ``columns`` (as the ORM's
+    ``values()`` gives them), in its order, read from the index as of the search; None where
+    the index does not serve or does not hold every column."""
     if not serves() or not INDEX.holds(columns):
         return None
     try:
-        return INDEX.search_rows(query, limit, offset, columns)
+        return INDEX.search_columns(query, limit, offset, columns)
     except Declined:
         return None
+
+
+def page_rows(
+    query: offer_query.OfferQuery, limit: int, offset: int, columns: tuple[str, ...]
+) -> list[dict] | None:
+    """``page_columns`` as rows (a dict of ``columns`` per offer)."""
+    found = page_columns(query, limit, offset, columns)
+    if found is None:
+        return None
+    return [dict(zip(columns, row, strict=True)) for row in zip(*found.values(), strict=True)]
 
 
 class OfferIndex:
@@ -290,14 +300,14 @@ class OfferIndex:
             rows = self._page(query, limit, offset)  # loads the index on a first search
             return self.columns["id"][rows].tolist()
 
-    def search_rows(
+    def search_columns(
         self, query: offer_query.OfferQuery, limit: int, offset: int, columns: tuple[str, ...]
-    ) -> list[dict]:
+    ) -> dict[str, list]:
         with self.lock:
-            return self._rows(self._page(query, limit, offset), columns)
+            return self._values(self._page(query, limit, offset), columns)
 
     def holds(self, columns: tuple[str, ...]) -> bool:
-        """Whether the index holds every one of ``columns`` (``_rows``)."""
+        """Whether the index holds every one of ``columns`` (``_values``)."""
         return all(name in HELD for name in columns)
 
     def _page(self, query: offer_query.OfferQuery, limit: int, offset: int) -> np.ndarray:
@@ -308,17 +318,17 @@ class OfferIndex:
         order = [*(query.order or offer_query.DEFAULT_ORDER), ("id", False)]
         return self._top(mask, order, offset + limit)[offset : offset + limit]
 
-    def _rows(self, rows: np.ndarray, columns: tuple[str, ...]) -> list[dict]:
-        """The rows as the database gives them: words as text, nulls as None, end dates as
-        datetimes, cards as their lists."""
-        values = []
+    def _values(self, rows: np.ndarray, columns: tuple[str, ...]) -> dict[str, list]:
+        """The rows' values of each column, as the database gives them: words as text, nulls
+        as None, end dates as datetimes, cards as their lists."""
+        values = {}
         for name in columns:
             if name == "cards":
                 pks = self.columns["id"][rows].tolist()
-                values.append([list(self.cards.get(pk, ())) for pk in pks])
+                values[name] = [list(self.cards.get(pk, ())) for pk in pks]
             else:
-                values.append(as_read(name, self.columns[name][rows].tolist(), self.words))
-        return [dict(zip(columns, row, strict=True)) for row in zip(*values, strict=True)]
+                values[name] = as_read(name, self.columns[name][rows].tolist(), self.words)
+        return values
 
     def _mask(self, query: offer_query.OfferQuery) -> np.ndarray:
         """The rows the search's filters (defaults included) match. The term that leaves

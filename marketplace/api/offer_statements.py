@@ -46,12 +46,31 @@ class Statement:
     params: tuple
 
 
-def search_rows(query: offer_query.OfferQuery, columns: tuple[str, ...], limit: int, offset: int):
+def search_columns(
+    query: offer_query.OfferQuery, columns: tuple[str, ...], limit: int, offset: int
+) -> dict[str, list]:
+    """A page of the search's offers, in its order, as a list of values per column: the
+    index's arrays give a page that way, and the page's JSON is built a field at a time."""
+    found = offer_index.page_columns(query, limit, offset, columns)
+    if found is not None:
+        return found
+    rows = _sql_rows(query, columns, limit, offset)
+    return {name: [row[name] for row in rows] for name in columns}
+
+
+def search_rows(
+    query: offer_query.OfferQuery, columns: tuple[str, ...], limit: int, offset: int
+) -> list[dict]:
     """A page of the search's offers as rows (dicts of ``columns``), in its order."""
-    connection = connections[Offer.objects.db]
     rows = offer_index.page_rows(query, limit, offset, columns)
-    if rows is not None:
-        return rows
+    return rows if rows is not None else _sql_rows(query, columns, limit, offset)
+
+
+def _sql_rows(
+    query: offer_query.OfferQuery, columns: tuple[str, ...], limit: int, offset: int
+) -> list[dict]:
+    """``search_rows`` answered by PostgreSQL (or SQLite)."""
+    connection = connections[Offer.objects.db]
     query = offer_query.resolve_families(query)
     shape = _shape(query)
     # On other databases than PostgreSQL (SQLite embedded) a lookup may rewrite its value

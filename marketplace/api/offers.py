@@ -116,48 +116,66 @@ OFFER_COLUMNS = (
 def offer_json(offer: Mapping, now) -> dict:
     """An offer's API representation from its columns (``OFFER_COLUMNS``); figures are for its
     bundle of ``num_gpus`` GPUs. ``now`` is the moment its ``duration`` counts from."""
-    units = offer["num_gpus"]
-    end_date = offer["end_date"]
-    return {
-        "id": offer["id"],
-        "machine_id": offer["machine_id"],
-        "host_id": offer["provider_team_id"],
-        "gpu_name": offer["gpu_name"],
+    return offers_json({name: [offer[name]] for name in OFFER_COLUMNS}, now)[0]
+
+
+def offers_json(columns: Mapping[str, list], now) -> list[dict]:
+    """A page of offers' API representations (``offer_json``) from a list of values per
+    column: built a field at a time over the page, not an offer at a time, which read each
+    of 40 columns out of a dict 64 or 256 times."""
+    units = columns["num_gpus"]
+    end_dates = columns["end_date"]
+    fields = {
+        "id": columns["id"],
+        "machine_id": columns["machine_id"],
+        "host_id": columns["provider_team_id"],
+        "gpu_name": columns["gpu_name"],
         "num_gpus": units,
-        "total_gpus": offer["total_gpus"],
-        "min_gpus": offer["min_gpus"],
-        "gpu_ram": float(offer["gpu_ram"]),
-        "gpu_total_ram": round(offer["gpu_ram"] * units, 2),
-        "cpu_cores": offer["cpu_cores"],
-        "cpu_cores_effective": round(offer["cpu_cores_per_unit"] * units, 2),
-        "cpu_ram": round(offer["cpu_ram_per_unit"] * units, 2),
-        "disk_space": round(offer["disk_per_unit"] * units, 1),
-        "disk_enforced": offer["disk_enforced"],
-        "dph_total": _dollars(offer["dph_total"]),
-        "dph_per_gpu": _dollars(offer["price_per_gpu_hour"]),
-        "storage_cost": _dollars(offer["storage_cost"]),
-        "reliability": float(offer["reliability"]),
-        "duration": days_until(end_date, now),
-        "end_date": _iso(end_date) if end_date else None,
-        "geolocation": offer["geolocation"],
-        "driver_version": offer["driver_version"],
-        "cuda_max_good": float(offer["cuda_max_good"]),
-        "verified": offer["verified"],
-        "rentable": offer["rentable"],
-        "rented": offer["rented"],
-        "datacenter": offer["datacenter"],
-        "static_ip": offer["static_ip"],
-        "direct_port_count": offer["direct_port_count"],
-        "score": float(offer["score"]),
-        "sharing": offer["sharing"],
-        "gpu_frac": float(offer["gpu_frac"]),
-        "slice_core_percent": offer["slice_core_percent"],
-        "slice_memory_mb": offer["slice_memory_mb"],
-        "min_slice_core_percent": offer["min_slice_core_percent"],
-        "cards": offer["cards"],
-        "min_bid": _dollars(offer["min_bid"]),
-        **{name: offer[name] for name in BENCHMARK_FIELDS},
+        "total_gpus": columns["total_gpus"],
+        "min_gpus": columns["min_gpus"],
+        "gpu_ram": _floats(columns["gpu_ram"]),
+        "gpu_total_ram": _per_bundle(columns["gpu_ram"], units, 2),
+        "cpu_cores": columns["cpu_cores"],
+        "cpu_cores_effective": _per_bundle(columns["cpu_cores_per_unit"], units, 2),
+        "cpu_ram": _per_bundle(columns["cpu_ram_per_unit"], units, 2),
+        "disk_space": _per_bundle(columns["disk_per_unit"], units, 1),
+        "disk_enforced": columns["disk_enforced"],
+        "dph_total": [_dollars(micro) for micro in columns["dph_total"]],
+        "dph_per_gpu": [_dollars(micro) for micro in columns["price_per_gpu_hour"]],
+        "storage_cost": [_dollars(micro) for micro in columns["storage_cost"]],
+        "reliability": _floats(columns["reliability"]),
+        "duration": [days_until(end, now) for end in end_dates],
+        "end_date": [_iso(end) if end else None for end in end_dates],
+        "geolocation": columns["geolocation"],
+        "driver_version": columns["driver_version"],
+        "cuda_max_good": _floats(columns["cuda_max_good"]),
+        "verified": columns["verified"],
+        "rentable": columns["rentable"],
+        "rented": columns["rented"],
+        "datacenter": columns["datacenter"],
+        "static_ip": columns["static_ip"],
+        "direct_port_count": columns["direct_port_count"],
+        "score": _floats(columns["score"]),
+        "sharing": columns["sharing"],
+        "gpu_frac": _floats(columns["gpu_frac"]),
+        "slice_core_percent": columns["slice_core_percent"],
+        "slice_memory_mb": columns["slice_memory_mb"],
+        "min_slice_core_percent": columns["min_slice_core_percent"],
+        "cards": columns["cards"],
+        "min_bid": [_dollars(micro) for micro in columns["min_bid"]],
+        **{name: columns[name] for name in BENCHMARK_FIELDS},
     }
+    names = tuple(fields)
+    return [dict(zip(names, offer, strict=True)) for offer in zip(*fields.values(), strict=True)]
+
+
+def _floats(values: list) -> list[float]:
+    return [float(value) for value in values]
+
+
+def _per_bundle(per_unit: list, units: list[int], digits: int) -> list[float]:
+    """A per-GPU figure times each offer's GPUs, rounded as the API writes it."""
+    return [round(value * count, digits) for value, count in zip(per_unit, units, strict=True)]
 
 
 def _iso(moment) -> str:
@@ -191,6 +209,11 @@ def search_offers(query: offer_query.OfferQuery, limit: int, offset: int) -> lis
         return list(offer_query.apply(Offer.objects.all(), query)[offset : offset + limit])
     found = Offer.objects.in_bulk(ids)
     return [found[pk] for pk in ids if pk in found]  # one gone since is left out
+
+
+def search_offer_columns(query: offer_query.OfferQuery, limit: int, offset: int) -> dict[str, list]:
+    """``search_offer_rows`` as a list of values per column, for ``offers_json``."""
+    return offer_statements.search_columns(query, OFFER_COLUMNS, limit, offset)
 
 
 def search_offer_rows(query: offer_query.OfferQuery, limit: int, offset: int) -> list[dict]:
@@ -307,14 +330,16 @@ def offers(request):
     field = "q" if request.method == "GET" or "q" in data else "filters"
     try:
         query, field = _offer_query(request)
-        found = search_offer_rows(query, limit + 1, offset)
+        found = search_offer_columns(query, limit + 1, offset)
     except offer_query.QueryError as error:
         raise serializers.ValidationError({field: str(error)}) from error
-    now = timezone.now()
+    more = len(found["id"]) > limit
+    if more:
+        found = {name: values[:limit] for name, values in found.items()}
     return Response(
         {
-            "offers": [offer_json(offer, now) for offer in found[:limit]],
-            "next_offset": offset + limit if len(found) > limit else None,
+            "offers": offers_json(found, timezone.now()),
+            "next_offset": offset + limit if more else None,
         }
     )
 
