@@ -1,6 +1,8 @@
 """An API request as the web processes serve it (ASGI, marketplace.asgi), where Django's
-middleware and the view run in one thread hop: the answer, the security headers, the
-request's metrics and its log line are those the test client sees through WSGI-style calls."""
+middleware and the view run in one call to a thread the process keeps: the answer, the
+security headers, the request's metrics and its log line are those the test client sees
+through WSGI-style calls; a streamed answer arrives whole; and what one request sets in its
+thread never reaches the next one served there."""
 
 from __future__ import annotations
 
@@ -9,7 +11,9 @@ import json
 import pytest
 from asgiref.sync import sync_to_async
 from channels.testing import HttpCommunicator
+from django.conf import settings
 from django.db import connections
+from django.test import Client
 
 from marketplace.services.accounts import api_key_create
 from tests.observability.test_logs import ConsoleCapture
@@ -19,12 +23,16 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 RESPONSES = "django_http_responses_total_by_status_view_method_total"
 
 
-async def call(path: str, *, key: str = "", method: str = "GET", body: bytes = b"") -> dict:
+async def call(
+    path: str, *, key: str = "", method: str = "GET", body: bytes = b"", cookie: str = ""
+) -> dict:
     from marketplace.asgi import application
 
     headers = [(b"host", b"localhost")]
     if key:
         headers.append((b"authorization", f"Bearer {key}".encode()))
+    if cookie:
+        headers.append((b"cookie", cookie.encode()))
     if body:
         headers.append((b"content-type", b"application/json"))
         headers.append((b"content-length", str(len(body)).encode()))
@@ -86,4 +94,74 @@ async def test_a_refused_rent_through_asgi_names_the_field(funded_team):
     assert json.loads(response["body"])["error"]["fields"] == {
         "num_gpus": ["This field is required (or ask for a slice with gpu_share)."]
     }
+    await sync_to_async(connections.close_all)()
+
+
+def signed_in(user, team) -> tuple[Client, str]:
+    """A browser signed in as ``user``, acting for ``team``: its test client and its session
+    cookie."""
+    from marketplace.tenancy import ACTIVE_TEAM_SESSION_KEY
+
+    client = Client()
+    client.force_login(user)
+    session = client.session
+    session[ACTIVE_TEAM_SESSION_KEY] = team.pk
+    session.save()
+    name = settings.SESSION_COOKIE_NAME
+    return client, f"{name}={client.cookies[name].value}"
+
+
+async def test_a_streamed_answer_through_asgi_arrives_whole(funded_team, owner):
+    """The ledger's CSV is a stream read from the database as it goes: read in the request's
+    thread, where its connection is, and written out whole, byte for byte what the test
+    client's handler gives."""
+    from asgiref.testing import ApplicationCommunicator
+
+    from marketplace.asgi import application
+
+    client, cookie = await sync_to_async(signed_in)(owner, funded_team)
+    scope = {
+        "type": "http", "http_version": "1.1", "method": "GET", "path": "/billing/ledger.csv",
+        "raw_path": b"/billing/ledger.csv", "query_string": b"", "root_path": "",
+        "scheme": "http", "headers": [(b"host", b"localhost"), (b"cookie", cookie.encode())],
+        "client": ("127.0.0.1", 40000), "server": ("localhost", 80),
+    }  # fmt: skip
+    communicator = ApplicationCommunicator(application, scope)
+    await communicator.send_input({"type": "http.request", "body": b""})
+    start = await communicator.receive_output(timeout=10)
+    assert start["status"] == 200
+    headers = {name.decode().lower(): value.decode() for name, value in start["headers"]}
+    assert headers["content-type"] == "text/csv; charset=utf-8"
+    response = {"body": b""}
+    while True:  # a stream's parts, then an empty closing message
+        message = await communicator.receive_output(timeout=10)
+        response["body"] += message.get("body", b"")
+        if not message.get("more_body"):
+            break
+    await communicator.wait(timeout=10)
+    expected = await sync_to_async(
+        lambda: b"".join(client.get("/billing/ledger.csv").streaming_content)
+    )()
+    lines = response["body"].decode().splitlines()
+    assert lines[0].startswith("time_utc,transfer_id,kind")
+    assert len(lines) >= 2 and "test credit" in response["body"].decode()  # the funding
+    assert response["body"] == expected
+    await sync_to_async(connections.close_all)()
+
+
+async def test_one_request_leaves_nothing_for_the_next_on_its_thread(funded_team):
+    """Requests share a few kept threads: the log context a request binds (its request id,
+    its team) ends with it, as it did in a thread of its own."""
+    import structlog
+
+    key = await sync_to_async(issue_key)(funded_team)
+    with ConsoleCapture() as capture:
+        for _ in range(3):
+            assert (await call("/api/v1/me/", key=key))["status"] == 200
+        assert (await call("/healthz"))["status"] == 200
+    finished = [line for line in capture.lines() if line["event"] == "request_finished"]
+    assert len(finished) == 4, capture.lines()
+    assert len({line["request_id"] for line in finished}) == 4
+    assert [line.get("team_id") for line in finished] == [funded_team.pk] * 3 + [None]
+    assert structlog.contextvars.get_contextvars() == {}  # the loop's own context untouched
     await sync_to_async(connections.close_all)()
