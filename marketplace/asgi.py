@@ -12,7 +12,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "marketplace.settings")
 
 from core.asgi_handler import one_hop_asgi_application  # noqa: E402
 
-# Django's handler, with each request's middleware and view run in one thread hop.
+# Django's handler, with each request served in one call to a thread the process keeps.
 django_asgi_app = one_hop_asgi_application()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
