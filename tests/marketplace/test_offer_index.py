@@ -18,6 +18,7 @@ import sys
 from datetime import timedelta
 from pathlib import Path
 
+import numpy as np
 import pytest
 from django.db import connection, transaction
 from django.db.models import Max, Min
@@ -212,6 +213,31 @@ def test_searches_agree_while_a_few_changed_offers_wait_outside_the_orders(provi
     waiting = offer_index.INDEX.n - offer_index.INDEX.perms["dph_total"][1]
     assert 0 < waiting < offer_index.MERGE_AT  # the state this test is about
     assert agree(generate(3, 60, edges), Offer.objects.count()) > 10
+
+
+def test_a_price_past_32_bits_arriving_later_is_searched_and_sorted_exactly(provider):
+    """Whole-number columns are held in 32 bits while their values fit. A machine re-priced
+    past that ($5,000 a GPU-hour is 5e9 micro-dollars) widens the column: it is found by
+    price and sorts first by price, as SQL has it, never wrapped round to a small number."""
+    machines = machines_listed(provider, random.Random(9), 40)
+    agree(generate(4, 10, bounds(provider)), Offer.objects.count())  # loaded
+    assert offer_index.INDEX.columns["dph_total"].dtype == np.int32  # the state this test is about
+    dear = next(m for m in machines if Offer.objects.filter(machine=m).exists())
+    dear.price_per_gpu_hour = 5_000 * 1_000_000
+    dear.save()
+    offers_refresh([dear.pk])
+    theirs = sorted(Offer.objects.filter(machine=dear).values_list("id", flat=True))
+    assert Offer.objects.filter(pk__in=theirs, dph_total__gt=2**31).exists()
+    targeted = [
+        "rentable=any dph_total>4000 -o dph_total",
+        "rentable=any -o dph_total-",
+        "rentable=any dph_per_gpu>=5000",
+        "rentable=any dph_total<1 -o dph_total-",
+    ]
+    agree([Search(q=q, limit=limit, offset=0) for q in targeted for limit in (1, 5, 40)], 0)
+    found = offer_index.page_ids(parsed(Search(targeted[0], 40, 0)), 40, 0)
+    assert found is not None and sorted(found) == theirs
+    assert offer_index.INDEX.columns["dph_total"].dtype == np.int64
 
 
 def test_a_search_sees_a_change_committed_before_it(provider):
