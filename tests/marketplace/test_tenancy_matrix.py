@@ -1412,8 +1412,15 @@ def _rows(body) -> list[dict]:
 
 
 def _has(text: str, marker: str) -> bool:
-    """``marker`` in the text, not as the start of a longer number (rental:1 vs rental:12)."""
-    return any(re.search(re.escape(form) + r"(?!\d)", text) for form in {marker, escape(marker)})
+    """``marker`` in the text, not as the start of a longer number (rental:1 vs rental:12).
+    A space may stand between two of its characters: a PDF's text, as pypdf extracts it,
+    splits a word where the layout leaves a wider gap between two glyphs ("rental: 1" on one
+    day's invoice, "rental:1" on another's, the same to a reader)."""
+
+    def spaced(form: str) -> str:
+        return r"\s?".join(re.escape(character) for character in form) + r"(?!\s?\d)"
+
+    return any(re.search(spaced(form), text) for form in {marker, escape(marker)})
 
 
 def _session_only(url: str) -> bool:
