@@ -122,7 +122,7 @@ def offer_json(offer: Mapping, now) -> dict:
 def offers_json(columns: Mapping[str, list], now) -> list[dict]:
     """A page of offers' API representations (``offer_json``) from a list of values per
     column: built a field at a time over the page, not an offer at a time, which read each
-    of 40 columns out of a dict 64 or 256 times."""
+    of some 40 columns out of a dict 64 or 256 times."""
     units = columns["num_gpus"]
     end_dates = columns["end_date"]
     fields = {
