@@ -154,6 +154,8 @@ async def test_one_request_leaves_nothing_for_the_next_on_its_thread(funded_team
     its team) ends with it, as it did in a thread of its own."""
     import structlog
 
+    import marketplace.asgi  # noqa: F401  (set up before the capture: it configures logging)
+
     key = await sync_to_async(issue_key)(funded_team)
     with ConsoleCapture() as capture:
         for _ in range(3):
