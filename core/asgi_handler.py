@@ -27,7 +27,7 @@ import asyncio
 import contextvars
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, cast
 
 import django
 from django.core import signals
@@ -86,8 +86,7 @@ class OneHopASGIHandler(ASGIHandler):
                 response.streaming_content = _replay(list(response))
         finally:
             response.close()  # the request ends: ``request_finished``, its connection back
-        answer: HttpResponseBase = response
-        return answer
+        return cast(HttpResponseBase, response)
 
 
 async def _replay(parts: list[bytes]) -> AsyncIterator[bytes]:

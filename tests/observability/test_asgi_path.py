@@ -132,20 +132,20 @@ async def test_a_streamed_answer_through_asgi_arrives_whole(funded_team, owner):
     assert start["status"] == 200
     headers = {name.decode().lower(): value.decode() for name, value in start["headers"]}
     assert headers["content-type"] == "text/csv; charset=utf-8"
-    response = {"body": b""}
+    body = b""
     while True:  # a stream's parts, then an empty closing message
         message = await communicator.receive_output(timeout=10)
-        response["body"] += message.get("body", b"")
+        body += message.get("body", b"")
         if not message.get("more_body"):
             break
     await communicator.wait(timeout=10)
     expected = await sync_to_async(
         lambda: b"".join(client.get("/billing/ledger.csv").streaming_content)
     )()
-    lines = response["body"].decode().splitlines()
+    lines = body.decode().splitlines()
     assert lines[0].startswith("time_utc,transfer_id,kind")
-    assert len(lines) >= 2 and "test credit" in response["body"].decode()  # the funding
-    assert response["body"] == expected
+    assert len(lines) >= 2 and "test credit" in body.decode()  # the funding
+    assert body == expected
     await sync_to_async(connections.close_all)()
 
 
