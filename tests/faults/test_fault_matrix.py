@@ -230,7 +230,13 @@ def _sshd_stopped(inst: Installation, renter: dict, cluster: dict) -> None:
             assert shown[kept["id"]]["unreachable_since"] is not None
             instance = shown_instance(inst, renter, kept["instance_id"])
             assert instance["state"] == "unknown", instance
-            assert "heartbeats missed" in instance["status_message"], instance
+            # Why its host cannot say: heartbeats missed, or, when the first look after sshd
+            # stopped went over a session still open and Docker's answer came past its bound
+            # (a loaded CI machine), Docker not answering. Either takes the machine out of
+            # service, which is what the renter is told.
+            message = instance["status_message"]
+            assert message.startswith("Its host cannot say whether the container runs"), instance
+            assert "heartbeats missed" in message or "Docker Engine does not answer" in message
             seen = assert_truthful(inst)
             assert seen["instances"][str(kept["instance_id"])]["charged_since"] == ""
             assert seen["instances"][str(other["instance_id"])]["charged_since"] != ""
