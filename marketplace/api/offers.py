@@ -145,7 +145,7 @@ def offers_json(columns: Mapping[str, list], now) -> list[dict]:
         "storage_cost": [_dollars(micro) for micro in columns["storage_cost"]],
         "reliability": _floats(columns["reliability"]),
         "duration": [days_until(end, now) for end in end_dates],
-        "end_date": [_iso(end) if end else None for end in end_dates],
+        "end_date": _isos(end_dates),
         "geolocation": columns["geolocation"],
         "driver_version": columns["driver_version"],
         "cuda_max_good": _floats(columns["cuda_max_good"]),
@@ -178,11 +178,16 @@ def _per_bundle(per_unit: list, units: list[int], digits: int) -> list[float]:
     return [round(value * count, digits) for value, count in zip(per_unit, units, strict=True)]
 
 
-def _iso(moment) -> str:
-    """A date as DRF's ``DateTimeField`` writes every other date of the API (in the current
-    time zone, UTC as ``Z``), without a field's checks for each of a page's offers."""
-    text = timezone.localtime(moment).isoformat()
-    return text[:-6] + "Z" if text.endswith("+00:00") else text
+def _isos(moments: list) -> list[str | None]:
+    """Dates as DRF's ``DateTimeField`` writes every other date of the API (in the current
+    time zone, UTC as ``Z``; None stays None), without a field's checks for each of a page's
+    offers. The zone is looked up once a page: each look-up reads the request's context."""
+    zone = timezone.get_current_timezone()
+    texts: list[str | None] = []
+    for moment in moments:
+        text = moment.astimezone(zone).isoformat() if moment else None
+        texts.append(text[:-6] + "Z" if text and text.endswith("+00:00") else text)
+    return texts
 
 
 def _dollars(micro: int | None) -> str | None:
