@@ -396,14 +396,6 @@ def _rentals_write(
         return []
     instances = [_instance_for(a, credentials[a.index], now) for a in accepted]
     insert_models(Instance, instances)
-    # One message for the batch's launches, each task in the log context of its own order.
-    # Queued first of what waits for the commit, so the workers start before the balances
-    # and consoles are told: a renter waits for the container, not for those.
-    work_enqueue_many_on_commit(
-        [instance.pk for instance in instances],
-        InstanceState.LAUNCHING,
-        [contexts[a.index] for a in accepted] if contexts else None,
-    )
     for a, instance in zip(accepted, instances, strict=True):
         if a.mounts:
             mounts_write(instance, a.mounts)
@@ -465,6 +457,12 @@ def _rentals_write(
     _tell_consoles(instances)
     rented = {a.machine.pk: a.machine for a in accepted}
     offers_refresh(rented, machines=list(rented.values()))
+    # One message for the batch's launches, each task in the log context of its own order.
+    work_enqueue_many_on_commit(
+        [instance.pk for instance in instances],
+        InstanceState.LAUNCHING,
+        [contexts[a.index] for a in accepted] if contexts else None,
+    )
     return [
         Rented(
             rental=rental,
