@@ -25,8 +25,12 @@ its outcome, and the error is logged.
 
 Each caller's context variables (its request's log context) travel with its order
 (``contexts``), so what the batch function does on an order's behalf can run in that order's
-context. A caller already inside a transaction is served alone, in it: its order cannot share
-a transaction its caller may still roll back.
+context. A caller already inside a transaction is served alone, in it (under a savepoint): its
+order cannot share a transaction its caller may still roll back.
+
+The batch function always runs inside a transaction opened for it (the batch's own, or that
+savepoint), so it opens none of its own: a nested ``atomic`` would cost a savepoint and its
+release, two round trips a batch.
 
 Off switch. ``enabled`` (read per order, a setting) turned off serves each order alone in a
 transaction of its own, as if no other caller were there: the plain path, for telling whether
@@ -108,7 +112,11 @@ class GroupCommit(Generic[Order]):
         """Serve ``order`` (in a batch with those that arrive meanwhile): its result, or raise
         what refused it."""
         if connection.in_atomic_block:
-            return _raised(self._batch([order], [contextvars.copy_context()])[0])
+            # Under a savepoint: a batch that fails rolls back to it, and the caller's
+            # transaction may go on.
+            with transaction.atomic():
+                outcomes = self._batch([order], [contextvars.copy_context()])
+            return _raised(outcomes[0])
         waiting = _Waiting(order, contextvars.copy_context())
         if not self._enabled():
             self._run([waiting])

@@ -102,9 +102,9 @@ def _copy_values(obj: models.Model, names: list[str], json_at: list[int]) -> lis
     return values
 
 
-# Fewer rows than this go by ``bulk_create``: making, filling and dropping a temporary table
-# costs several statements, more than preparing a few rows' values (a rent refreshes its one
-# machine's handful of offers).
+# Fewer rows than this go in one INSERT … VALUES … ON CONFLICT: making, filling and dropping a
+# temporary table costs several statements, more than a few rows' values written inline (a
+# rent refreshes its one machine's handful of offers).
 SMALL_UPSERT = 8
 
 
@@ -115,11 +115,13 @@ def upsert_models(
     same ``unique_fields``, giving each instance its row's ``pk``: ``bulk_create`` with
     ``update_conflicts``, which on PostgreSQL spends most of its time preparing each value
     (a batch of placements refreshes thousands of offers of ~50 columns). On PostgreSQL the
-    rows go by binary COPY into a temporary table, then one INSERT … SELECT … ON CONFLICT;
-    elsewhere, or for a model with a field COPY is not taught here, ``bulk_create``."""
+    rows go by binary COPY into a temporary table, then one INSERT … SELECT … ON CONFLICT (a
+    few rows: one INSERT … VALUES … ON CONFLICT); elsewhere, or for a model with a field COPY is not taught here, ``bulk_create``."""
+    if not objects:
+        return objects
     fields = [f for f in model._meta.concrete_fields if not f.primary_key]
     types = [t for t in (_copy_type(f) for f in fields) if t is not None]
-    if connection.vendor != "postgresql" or len(objects) < SMALL_UPSERT or len(types) < len(fields):
+    if connection.vendor != "postgresql" or len(types) < len(fields):
         return model._base_manager.bulk_create(
             objects, update_conflicts=True, unique_fields=unique_fields, update_fields=update_fields
         )
@@ -143,6 +145,21 @@ def upsert_models(
     def row(obj: _M) -> tuple[Any, ...]:
         return tuple(_copy_values(obj, names, json_at))
 
+    conflict = (
+        f" ON CONFLICT ({', '.join(unique)}) DO UPDATE SET {sets} RETURNING id, {', '.join(unique)}"
+    )
+    if len(objects) < SMALL_UPSERT:
+        # The values inline, each as psycopg writes a parameter: the ORM's bulk_create
+        # prepared each of ~50 columns a row through its fields, several times the statement.
+        one = "(" + ", ".join(["%s"] * len(columns)) + ")"
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"INSERT INTO {quote(table)} ({', '.join(columns)})"  # noqa: S608
+                f" VALUES {', '.join([one] * len(objects))}{conflict}",
+                [value for obj in objects for value in row(obj)],
+            )
+            ids = {tuple(key): pk for pk, *key in cursor.fetchall()}
+        return _with_ids(objects, ids, [by_name[name].attname for name in unique_fields])
     with transaction.atomic(), connection.cursor() as cursor:
         # Dropped at the end of the transaction at the latest; made anew each time, so two
         # upserts in one transaction never see each other's rows.
@@ -154,13 +171,15 @@ def upsert_models(
         copy_rows(staged, list(zip(columns, types, strict=True)), (row(obj) for obj in objects))
         cursor.execute(
             f"INSERT INTO {quote(table)} ({', '.join(columns)})"  # noqa: S608
-            f" SELECT {', '.join(columns)} FROM {staged}"
-            f" ON CONFLICT ({', '.join(unique)}) DO UPDATE SET {sets}"
-            f" RETURNING id, {', '.join(unique)}"
+            f" SELECT {', '.join(columns)} FROM {staged}{conflict}"
         )
         ids = {tuple(key): pk for pk, *key in cursor.fetchall()}
         cursor.execute(f"DROP TABLE {staged}")
-    unique_attnames = [by_name[name].attname for name in unique_fields]
+    return _with_ids(objects, ids, [by_name[name].attname for name in unique_fields])
+
+
+def _with_ids(objects: list[_M], ids: dict[tuple, int], unique_attnames: list[str]) -> list[_M]:
+    """The upserted instances, each given its row's ``pk`` (``ids`` by their unique values)."""
     for obj in objects:
         obj.pk = ids[tuple(getattr(obj, name) for name in unique_attnames)]
         obj._state.adding = False

@@ -114,59 +114,77 @@ def rentals_create(
     ``contexts``, one for each order: the context its launch is queued in (the request that
     placed it, whose log context the launch task carries).
     """
-    outcomes: list[Rented | Exception | None] = [None] * len(orders)
-    credentials = _check_orders(orders, outcomes)  # before any lock: a name lookup may be slow
-    mounts = _check_mounts(orders, outcomes)
+    checked = _Checked(orders)  # before any lock: a name lookup may be slow
     with transaction.atomic():
-        pending = [i for i, outcome in enumerate(outcomes) if outcome is None]
-        machine_ids = sorted({orders[i][1].machine_id for i in pending})
-        machines = {
-            machine.pk: machine
-            for machine in Machine.objects.select_for_update()
-            .filter(pk__in=machine_ids)
-            .order_by("pk")
-        }
-        pending = _mounts_still_ready(pending, mounts, outcomes)
-        capacity = FreeCapacity(list(machines.values()))
-        now = timezone.now()
-        windows = _maintenance_windows(machine_ids, now)
-        hold_accounts = holds.hold_accounts_lock({orders[i][0].pk for i in pending})
-        credit = hold_accounts.credit_available()
-        bidders = _Bidders(machine_ids)
-        accepted: list[_Accepted] = []
-        for i in pending:
-            team, request = orders[i]
-            try:
-                # A refusal anywhere in here drops the trial: nothing of the order was taken.
-                with capacity.trial(request.machine_id) as trial:
-                    terms = _accept(
-                        request, machines.get(request.machine_id), trial, bidders, windows, now
-                    )
-                    if credit[team.pk] < terms.quote.total:
-                        raise InsufficientCredit(
-                            needed=terms.quote.total, available=credit[team.pk]
-                        )
-                    trial.commit()
-            except (OfferUnavailable, ValidationError, NoCapacity, InsufficientCredit) as error:
-                outcomes[i] = error
-                continue
-            bidders.interrupted(request.machine_id, terms.interrupts)
-            credit[team.pk] -= terms.quote.total
-            accepted.append(
-                _Accepted(i, team, request, machines[request.machine_id], terms, mounts.get(i, []))
-            )
-        # The GPUs change hands before the new allocations are written (one live allocation
-        # per GPU): the interrupted rentals stop and wait, the new ones launch once their
-        # containers have stopped (``gpus_vacate``).
-        for a in accepted:
-            if a.terms.interrupts:
-                reason = ON_DEMAND_REASON if a.request.bid is None else outbid_reason(a.request.bid)
-                rentals_interrupt(
-                    [b.instance_id for b in a.terms.interrupts], reason=reason, now=now
+        return _rentals_place(orders, contexts, checked)
+
+
+def _rentals_together(
+    orders: list[RentalOrder], contexts: list[contextvars.Context]
+) -> list[Rented | Exception]:
+    """``rentals_create`` for group commit, in the transaction it opened for the batch (a
+    nested ``atomic`` would cost a savepoint and its release)."""
+    return _rentals_place(orders, contexts, _Checked(orders))
+
+
+class _Checked:
+    """What is checked of each order before any row is locked: its outcome so far (the error
+    that refused it, or None), the registry credential its image needs, the volumes it mounts."""
+
+    def __init__(self, orders: list[RentalOrder]) -> None:
+        self.outcomes: list[Rented | Exception | None] = [None] * len(orders)
+        self.credentials = _check_orders(orders, self.outcomes)
+        self.mounts = _check_mounts(orders, self.outcomes)
+
+
+def _rentals_place(
+    orders: list[RentalOrder], contexts: list[contextvars.Context] | None, checked: _Checked
+) -> list[Rented | Exception]:
+    """The orders ``checked`` passed, placed in the caller's transaction."""
+    outcomes, credentials, mounts = checked.outcomes, checked.credentials, checked.mounts
+    pending = [i for i, outcome in enumerate(outcomes) if outcome is None]
+    machine_ids = sorted({orders[i][1].machine_id for i in pending})
+    machines = {
+        machine.pk: machine
+        for machine in Machine.objects.select_for_update().filter(pk__in=machine_ids).order_by("pk")
+    }
+    pending = _mounts_still_ready(pending, mounts, outcomes)
+    capacity = FreeCapacity(list(machines.values()))
+    now = timezone.now()
+    windows = _maintenance_windows(machine_ids, now)
+    hold_accounts = holds.hold_accounts_lock({orders[i][0].pk for i in pending})
+    credit = hold_accounts.credit_available()
+    bidders = _Bidders(machine_ids)
+    accepted: list[_Accepted] = []
+    for i in pending:
+        team, request = orders[i]
+        try:
+            # A refusal anywhere in here drops the trial: nothing of the order was taken.
+            with capacity.trial(request.machine_id) as trial:
+                terms = _accept(
+                    request, machines.get(request.machine_id), trial, bidders, windows, now
                 )
-        written = _rentals_write(accepted, credentials, hold_accounts, now, contexts)
-        for i, rented in zip([a.index for a in accepted], written, strict=True):
-            outcomes[i] = rented
+                if credit[team.pk] < terms.quote.total:
+                    raise InsufficientCredit(needed=terms.quote.total, available=credit[team.pk])
+                trial.commit()
+        except (OfferUnavailable, ValidationError, NoCapacity, InsufficientCredit) as error:
+            outcomes[i] = error
+            continue
+        bidders.interrupted(request.machine_id, terms.interrupts)
+        credit[team.pk] -= terms.quote.total
+        accepted.append(
+            _Accepted(i, team, request, machines[request.machine_id], terms, mounts.get(i, []))
+        )
+    # The GPUs change hands before the new allocations are written (one live allocation
+    # per GPU): the interrupted rentals stop and wait, the new ones launch once their
+    # containers have stopped (``gpus_vacate``).
+    for a in accepted:
+        if a.terms.interrupts:
+            reason = ON_DEMAND_REASON if a.request.bid is None else outbid_reason(a.request.bid)
+            rentals_interrupt([b.instance_id for b in a.terms.interrupts], reason=reason, now=now)
+    written = _rentals_write(accepted, credentials, hold_accounts, now, contexts)
+    for i, rented in zip([a.index for a in accepted], written, strict=True):
+        outcomes[i] = rented
     return outcomes  # type: ignore[return-value]  (every order has its outcome now)
 
 
@@ -396,6 +414,17 @@ def _rentals_write(
         return []
     instances = [_instance_for(a, credentials[a.index], now) for a in accepted]
     insert_models(Instance, instances)
+    # What waits for the commit runs in the order it is queued here: the consoles hear of
+    # the new instances first (before any progress of their launches), then the launches go,
+    # in one message for the batch, each task in the log context of its own order; the
+    # balances (queued by the holds below) are told after, so a worker starts without
+    # waiting for them.
+    _tell_consoles(instances)
+    work_enqueue_many_on_commit(
+        [instance.pk for instance in instances],
+        InstanceState.LAUNCHING,
+        [contexts[a.index] for a in accepted] if contexts else None,
+    )
     for a, instance in zip(accepted, instances, strict=True):
         if a.mounts:
             mounts_write(instance, a.mounts)
@@ -454,15 +483,8 @@ def _rentals_write(
             for instance in instances
         ],
     )
-    _tell_consoles(instances)
     rented = {a.machine.pk: a.machine for a in accepted}
     offers_refresh(rented, machines=list(rented.values()))
-    # One message for the batch's launches, each task in the log context of its own order.
-    work_enqueue_many_on_commit(
-        [instance.pk for instance in instances],
-        InstanceState.LAUNCHING,
-        [contexts[a.index] for a in accepted] if contexts else None,
-    )
     return [
         Rented(
             rental=rental,
@@ -575,7 +597,7 @@ def rental_extend(*, rental: Rental, hours: float) -> Rental:
 
 # Rents arriving together at this process (concurrent requests) are placed in one transaction.
 _renting_together = GroupCommit(
-    rentals_create,
+    _rentals_together,
     gather=lambda: settings.RENT_GATHER_MS / 1000,
     enabled=lambda: settings.RENT_GROUP_COMMIT,
     sizes=Histogram(
