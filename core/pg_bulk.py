@@ -178,7 +178,9 @@ def upsert_models(
     return _with_ids(objects, ids, [by_name[name].attname for name in unique_fields])
 
 
-def _with_ids(objects: list[_M], ids: dict[tuple, int], unique_attnames: list[str]) -> list[_M]:
+def _with_ids(
+    objects: list[_M], ids: dict[tuple[Any, ...], int], unique_attnames: list[str]
+) -> list[_M]:
     """The upserted instances, each given its row's ``pk`` (``ids`` by their unique values)."""
     for obj in objects:
         obj.pk = ids[tuple(getattr(obj, name) for name in unique_attnames)]
