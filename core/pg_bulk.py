@@ -58,14 +58,25 @@ COPY_TYPES = {
 }  # fmt: skip
 
 
+# Fewer rows than this are written in one INSERT … VALUES statement, their values inline as
+# psycopg writes parameters: a COPY costs a round trip more (its start and its end) and the
+# ids a statement before it, more than a few rows' values written inline; the ORM's
+# bulk_create prepared each value through its field, several times the statement (a rent,
+# or a handful of them together, writes a row or a few of each model).
+FEW_ROWS = 8
+
+
 def insert_models(model: type[_M], objects: list[_M]) -> None:
     """INSERT new model instances, giving each its ``pk``: on PostgreSQL, ids from the
     sequence and one binary COPY (the ORM's bulk_create spends most of its time preparing
-    each value); elsewhere, or for a model with a field COPY is not taught here,
-    ``bulk_create``. No signals are sent, as with ``bulk_create``."""
+    each value), or for a few, one INSERT … VALUES … RETURNING; elsewhere, or for a model
+    with a field COPY is not taught here, ``bulk_create``. No signals are sent, as with
+    ``bulk_create``."""
+    if not objects:
+        return
     fields = [f for f in model._meta.concrete_fields if not f.primary_key]
     types = [t for t in (_copy_type(f) for f in fields) if t is not None]
-    if connection.vendor != "postgresql" or len(objects) < 2 or len(types) < len(fields):
+    if connection.vendor != "postgresql" or len(types) < len(fields):
         model._base_manager.bulk_create(objects)
         return
     for obj in objects:
@@ -73,24 +84,42 @@ def insert_models(model: type[_M], objects: list[_M]) -> None:
             if getattr(f, "auto_now", False) or getattr(f, "auto_now_add", False):
                 f.pre_save(obj, add=True)
     table = model._meta.db_table
+    json_at = [n for n, t in enumerate(types) if t == "jsonb"]
+    names = [f.attname for f in fields]
+    if len(objects) < FEW_ROWS:
+        quote = connection.ops.quote_name
+        one = "(" + ", ".join(["%s"] * len(fields)) + ")"
+        with connection.cursor() as cursor:
+            # RETURNING gives the ids in the order of VALUES (what bulk_create relies on too).
+            cursor.execute(
+                f"INSERT INTO {quote(table)} ({', '.join(quote(f.column) for f in fields)})"  # noqa: S608
+                f" VALUES {', '.join([one] * len(objects))} RETURNING id",
+                [value for obj in objects for value in _copy_values(obj, names, json_at)],
+            )
+            ids = [row[0] for row in cursor.fetchall()]
+        _stored(objects, ids)
+        return
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT nextval(pg_get_serial_sequence(%s, 'id')) FROM generate_series(1, %s)",
             [table, len(objects)],
         )
         ids = [row[0] for row in cursor.fetchall()]
-    for pk, obj in zip(ids, objects, strict=True):
-        obj.pk = pk
-        obj._state.adding = False
-        obj._state.db = "default"
-    json_at = [n for n, t in enumerate(types) if t == "jsonb"]
-    names = [f.attname for f in fields]
+    _stored(objects, ids)
 
     def row(obj: _M) -> tuple[Any, ...]:
         return (obj.pk, *_copy_values(obj, names, json_at))
 
     columns = [("id", "int8"), *((f.column, t) for f, t in zip(fields, types, strict=True))]
     copy_rows(table, columns, (row(obj) for obj in objects))
+
+
+def _stored(objects: list[_M], ids: list[int]) -> None:
+    """The instances are rows now: each has its id, and saving one again updates it."""
+    for pk, obj in zip(ids, objects, strict=True):
+        obj.pk = pk
+        obj._state.adding = False
+        obj._state.db = "default"
 
 
 def _copy_values(obj: models.Model, names: list[str], json_at: list[int]) -> list[Any]:
@@ -100,12 +129,6 @@ def _copy_values(obj: models.Model, names: list[str], json_at: list[int]) -> lis
         if values[n] is not None:
             values[n] = Jsonb(values[n])
     return values
-
-
-# Fewer rows than this go in one INSERT … VALUES … ON CONFLICT: making, filling and dropping a
-# temporary table costs several statements, more than a few rows' values written inline (a
-# rent refreshes its one machine's handful of offers).
-SMALL_UPSERT = 8
 
 
 def upsert_models(
@@ -148,9 +171,9 @@ def upsert_models(
     conflict = (
         f" ON CONFLICT ({', '.join(unique)}) DO UPDATE SET {sets} RETURNING id, {', '.join(unique)}"
     )
-    if len(objects) < SMALL_UPSERT:
-        # The values inline, each as psycopg writes a parameter: the ORM's bulk_create
-        # prepared each of ~50 columns a row through its fields, several times the statement.
+    if len(objects) < FEW_ROWS:
+        # One statement, no temporary table (``FEW_ROWS``): a rent refreshes its machine's
+        # handful of offers.
         one = "(" + ", ".join(["%s"] * len(columns)) + ")"
         with connection.cursor() as cursor:
             cursor.execute(

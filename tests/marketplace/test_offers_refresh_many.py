@@ -1,8 +1,8 @@
 """A refresh of many machines' offers at once (a batch of placements touches hundreds) writes
 what a refresh of each alone would: new bundles inserted, changed ones updated in place (their
 ids kept), bundles no longer offered deleted; twice in one transaction too. On PostgreSQL
-many rows go through a temporary table and one upsert, a few through ``bulk_create``
-(core/pg_bulk.upsert_models): both ways are tested."""
+many rows go through a temporary table and one upsert, a few through one INSERT … VALUES …
+ON CONFLICT (core/pg_bulk.upsert_models): both ways are tested."""
 
 from __future__ import annotations
 
@@ -27,11 +27,11 @@ def rows(machine_ids) -> dict[tuple[int, int], tuple[int, int]]:
     }
 
 
-@pytest.mark.parametrize("small_upsert", [2, 1000], ids=["temporary table", "bulk_create"])
+@pytest.mark.parametrize("small_upsert", [2, 1000], ids=["temporary table", "one statement"])
 def test_many_machines_refreshed_together_insert_update_and_delete_their_bundles(
     small_upsert, monkeypatch
 ):
-    monkeypatch.setattr(pg_bulk, "SMALL_UPSERT", small_upsert)
+    monkeypatch.setattr(pg_bulk, "FEW_ROWS", small_upsert)
     provider = TeamFactory(name="Provider")
     add_member(provider, UserFactory(username="provider"), Role.OWNER)
     eight = offer_on(provider, "eight", gpus=8, price=0.5).machine_id
