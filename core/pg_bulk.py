@@ -58,18 +58,17 @@ COPY_TYPES = {
 }  # fmt: skip
 
 
-# Fewer rows than this are written in one INSERT … VALUES statement, their values inline as
-# psycopg writes parameters: a COPY costs a round trip more (its start and its end) and the
-# ids a statement before it, more than a few rows' values written inline; the ORM's
-# bulk_create prepared each value through its field, several times the statement (a rent,
-# or a handful of them together, writes a row or a few of each model).
+# Fewer rows than this are upserted in one INSERT … VALUES … ON CONFLICT, their values inline
+# as psycopg writes parameters (``upsert_models``): making, filling and dropping a temporary
+# table costs several statements, and the ORM's bulk_create prepared each value through its
+# field, several times the statement (a rent refreshes its machine's handful of offers).
 FEW_ROWS = 8
 
 
 def insert_models(model: type[_M], objects: list[_M]) -> None:
     """INSERT new model instances, giving each its ``pk``: on PostgreSQL, ids from the
     sequence and one binary COPY (the ORM's bulk_create spends most of its time preparing
-    each value), or for a few, one INSERT … VALUES … RETURNING; elsewhere, or for a model
+    each value), or for one row, one INSERT … VALUES … RETURNING; elsewhere, or for a model
     with a field COPY is not taught here, ``bulk_create``. No signals are sent, as with
     ``bulk_create``."""
     if not objects:
@@ -86,15 +85,16 @@ def insert_models(model: type[_M], objects: list[_M]) -> None:
     table = model._meta.db_table
     json_at = [n for n, t in enumerate(types) if t == "jsonb"]
     names = [f.attname for f in fields]
-    if len(objects) < FEW_ROWS:
+    if len(objects) == 1:
+        # One statement where a COPY takes three round trips (the ids, its start, its end).
+        # Two rows or more by COPY: written inline, their values cost psycopg more than the
+        # round trips saved (past 50 parameters it parses the statement anew each time).
         quote = connection.ops.quote_name
-        one = "(" + ", ".join(["%s"] * len(fields)) + ")"
         with connection.cursor() as cursor:
-            # RETURNING gives the ids in the order of VALUES (what bulk_create relies on too).
             cursor.execute(
                 f"INSERT INTO {quote(table)} ({', '.join(quote(f.column) for f in fields)})"  # noqa: S608
-                f" VALUES {', '.join([one] * len(objects))} RETURNING id",
-                [value for obj in objects for value in _copy_values(obj, names, json_at)],
+                f" VALUES ({', '.join(['%s'] * len(fields))}) RETURNING id",
+                _copy_values(objects[0], names, json_at),
             )
             ids = [row[0] for row in cursor.fetchall()]
         _stored(objects, ids)

@@ -1,5 +1,5 @@
-"""``insert_models`` writes the same rows whichever way it takes on PostgreSQL: a few in one
-INSERT … VALUES … RETURNING, many by binary COPY with ids taken first (core/pg_bulk.py). Each
+"""``insert_models`` writes the same rows whichever way it takes on PostgreSQL: one in an
+INSERT … VALUES … RETURNING, more by binary COPY with ids taken first (core/pg_bulk.py). Each
 instance gets the id of its own row, and every kind of value (a UUID, JSON, a choice, a date,
 a null) is stored as the ORM would store it."""
 
@@ -47,9 +47,8 @@ def instances(count: int) -> list[Instance]:
     ]  # fmt: skip
 
 
-@pytest.mark.parametrize("count", [1, 3, 20], ids=["one", "a few: VALUES", "many: COPY"])
+@pytest.mark.parametrize("count", [1, 2, 20], ids=["one: VALUES", "two: COPY", "many: COPY"])
 def test_inserted_rows_hold_each_instances_values_under_its_own_id(count):
-    assert 3 < pg_bulk.FEW_ROWS <= 20  # both ways are taken by the cases above
     written = instances(count)
 
     pg_bulk.insert_models(Instance, written)
