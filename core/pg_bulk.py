@@ -4,10 +4,10 @@ Why it exists: where many rows are written at once (the metering sweep's thousan
 a batch of rents, a deployment's placed replicas) the generic ORM statements (an IN list of a
 parameter per id, ``bulk_create`` building SQL text, a CASE per row in ``bulk_update``) cost
 more than the work itself. So on PostgreSQL ids go as one ``bigint[]`` parameter, new rows take
-their ids from ``nextval`` and load with binary COPY, and columns are updated from ``unnest``.
-``make run``'s embedded database is SQLite, which has none of these; there each function takes
-the ORM's portable path. Both paths write the same rows; the SQLite job of ``scripts/test.sh``
-runs the money tests on the twins.
+their ids from ``nextval`` and load with binary COPY (a single row: one INSERT), and columns
+are updated from ``unnest``. ``make run``'s embedded database is SQLite, which has none of
+these; there each function takes the ORM's portable path. Both paths write the same rows; the
+SQLite job of ``scripts/test.sh`` runs the money tests on the twins.
 
 Identifiers in the SQL here come from the model's metadata or the caller's constants, never
 from input; every value is a parameter or streamed through COPY.
@@ -139,7 +139,8 @@ def upsert_models(
     ``update_conflicts``, which on PostgreSQL spends most of its time preparing each value
     (a batch of placements refreshes thousands of offers of ~50 columns). On PostgreSQL the
     rows go by binary COPY into a temporary table, then one INSERT … SELECT … ON CONFLICT (a
-    few rows: one INSERT … VALUES … ON CONFLICT); elsewhere, or for a model with a field COPY is not taught here, ``bulk_create``."""
+    few rows: one INSERT … VALUES … ON CONFLICT); elsewhere, or for a model with a field COPY
+    is not taught here, ``bulk_create``."""
     if not objects:
         return objects
     fields = [f for f in model._meta.concrete_fields if not f.primary_key]
@@ -205,10 +206,9 @@ def _with_ids(
     objects: list[_M], ids: dict[tuple[Any, ...], int], unique_attnames: list[str]
 ) -> list[_M]:
     """The upserted instances, each given its row's ``pk`` (``ids`` by their unique values)."""
-    for obj in objects:
-        obj.pk = ids[tuple(getattr(obj, name) for name in unique_attnames)]
-        obj._state.adding = False
-        obj._state.db = "default"
+    _stored(
+        objects, [ids[tuple(getattr(obj, name) for name in unique_attnames)] for obj in objects]
+    )
     return objects
 
 
