@@ -41,11 +41,8 @@ from marketplace.rentals.actions import (
 )
 from marketplace.rentals.bids import rental_bid_change
 from marketplace.rentals.clocks import ENDED_STATES
-from marketplace.rentals.renting import (
-    Rented,
-    rental_create,
-    rental_extend,
-)
+from marketplace.rentals.extending import rental_extend
+from marketplace.rentals.renting import Rented, rental_create
 from marketplace.rentals.versions import (
     rental_commit,
     rental_new_version,

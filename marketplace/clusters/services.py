@@ -30,7 +30,8 @@ from marketplace.deployments.services import (
 from marketplace.models import Cluster, Deployment, Team
 from marketplace.models.clusters import ClusterState
 from marketplace.models.deployments import PLACED_REPLICA_STATES
-from marketplace.rentals.renting import MAX_RENTAL_HOURS, MIN_RENTAL_HOURS, rental_extend
+from marketplace.rentals.extending import rental_extend
+from marketplace.rentals.renting import MAX_RENTAL_HOURS, MIN_RENTAL_HOURS
 
 MIN_CLUSTER_REPLICAS = 2
 MAX_TARGET_RPS = 1_000_000.0

@@ -1,4 +1,5 @@
-"""Renting and extending: the rental's terms, checked and held for in one transaction.
+"""Renting: the rental's terms, checked and held for in one transaction (extending one:
+``marketplace.rentals.extending``).
 
 Renting locks the machine rows, checks the terms, allocates GPUs and host ports, places the
 holds, creates the rentals and their instances. A failure (409 GPU taken, 402 short credit, 400
@@ -13,7 +14,7 @@ import contextvars
 import secrets
 from collections import defaultdict
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -27,7 +28,6 @@ from core.group_commit import GroupCommit
 from core.pg_bulk import insert_models
 from hosts.models import Machine, MachineStatus, MaintenanceWindow
 from hosts.runtime.registries import registry_of
-from hosts.selectors import maintenance_overlapping
 from marketplace.events import publish_team_events
 from marketplace.fleet import machine_reference
 from marketplace.models import Rental, Team
@@ -40,7 +40,6 @@ from marketplace.rentals.bids import (
     rentals_interrupt,
     running_bids,
 )
-from marketplace.rentals.clocks import ENDED_STATES
 from marketplace.rentals.terms import MAX_RENTAL_HOURS as MAX_RENTAL_HOURS
 from marketplace.rentals.terms import MIN_RENTAL_HOURS as MIN_RENTAL_HOURS
 from marketplace.rentals.terms import RentalRequest as RentalRequest
@@ -50,7 +49,6 @@ from marketplace.rentals.volume_mounts import mounts_check, mounts_lock_ready, m
 from marketplace.services.offers import offers_refresh
 from marketplace.services.pricing import (
     Quote,
-    extension_quote,
     quote_at,
     slice_rate,
 )
@@ -549,50 +547,6 @@ def _instance_for(accepted: _Accepted, credential: dict[str, str], now: datetime
         work_due_at=now,
         label=request.label,
     )
-
-
-def rental_extend(*, rental: Rental, hours: float) -> Rental:
-    """Add ``hours`` to the rental and as much to its hold (402 if credit is short)."""
-    if not (MIN_RENTAL_HOURS <= hours <= MAX_RENTAL_HOURS):  # (NaN fails both)
-        raise ValidationError(
-            {
-                "hours": f"Extend by at least {MIN_RENTAL_HOURS} and at most {MAX_RENTAL_HOURS} hours."
-            }
-        )
-    with transaction.atomic():
-        # The machine first, as renting and changing the terms lock it: its end date and
-        # maintenance windows cannot move while this checks them. Then the rental alone
-        # (``of``: a join would lock the instance too, in no order we choose).
-        machine = Machine.objects.select_for_update().get(pk=rental.machine_id)
-        rental = (
-            Rental.objects.select_for_update(of=("self",))
-            .select_related("instance")
-            .get(pk=rental.pk)
-        )
-        if rental.settled_at is not None or rental.instance.state in ENDED_STATES:
-            raise ValidationError({"hours": "This rental has ended; rent again instead."})
-        new_end = rental.ends_at + timedelta(hours=hours)
-        if machine.end_date and new_end > machine.end_date:
-            raise ValidationError(
-                {"hours": f"The machine is offered until {machine.end_date:%Y-%m-%d %H:%M} UTC."}
-            )
-        window = maintenance_overlapping(machine.pk, rental.ends_at, new_end)
-        if window is not None:
-            raise ValidationError(
-                {
-                    "hours": f"The machine has maintenance from {window.starts_at:%Y-%m-%d %H:%M}"
-                    " UTC; extend to before it."
-                }
-            )
-        quote = extension_quote(rental, round(hours * 3600))
-        holds.hold_extend(
-            hold_id=rental.hold_id,
-            amount=quote.total,
-            idempotency_key=f"rental:{rental.instance.uuid}:extend:{new_end.isoformat()}",
-        )
-        rental.ends_at = new_end
-        rental.save(update_fields=["ends_at"])
-    return rental
 
 
 # Rents arriving together at this process (concurrent requests) are placed in one transaction.

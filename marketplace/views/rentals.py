@@ -41,8 +41,9 @@ from marketplace.rentals.actions import (
 )
 from marketplace.rentals.bids import rental_bid_change
 from marketplace.rentals.clocks import ENDED_STATES
+from marketplace.rentals.extending import rental_extend
 from marketplace.rentals.metering import rental_owed
-from marketplace.rentals.renting import rental_create, rental_extend
+from marketplace.rentals.renting import rental_create
 from marketplace.rentals.versions import (
     rental_commit,
     rental_new_version,

@@ -61,7 +61,7 @@ def test_several_short_rentals_are_counted_and_the_dearest_named(rent, renter_te
 
 def test_the_notice_agrees_with_extending_a_stopped_rental(rent, renter_team):
     """No notice means an hour's extension goes through; a notice means it would be refused."""
-    from marketplace.rentals.renting import rental_extend
+    from marketplace.rentals.extending import rental_extend
 
     stopped = rent(gpus=8, state="stopped", hold=10 * USD)
     give(renter_team, STORAGE_HOUR, "storage")  # its storage alone does not extend it

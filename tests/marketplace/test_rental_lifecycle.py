@@ -19,7 +19,7 @@ from billing.selectors import team_balance
 from hosts import services as host_services
 from hosts.models import Machine, MaintenanceWindow
 from marketplace.models import Offer, Rental, Role
-from marketplace.rentals.renting import rental_extend
+from marketplace.rentals.extending import rental_extend
 from marketplace.services.pricing import rental_quote
 from marketplace.tasks import expiry_sweep
 from scheduler import services as scheduler
