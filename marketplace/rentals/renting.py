@@ -412,17 +412,6 @@ def _rentals_write(
         return []
     instances = [_instance_for(a, credentials[a.index], now) for a in accepted]
     insert_models(Instance, instances)
-    # What waits for the commit runs in the order it is queued here: the consoles hear of
-    # the new instances first (before any progress of their launches), then the launches go,
-    # in one message for the batch, each task in the log context of its own order; the
-    # balances (queued by the holds below) are told after, so a worker starts without
-    # waiting for them.
-    _tell_consoles(instances)
-    work_enqueue_many_on_commit(
-        [instance.pk for instance in instances],
-        InstanceState.LAUNCHING,
-        [contexts[a.index] for a in accepted] if contexts else None,
-    )
     for a, instance in zip(accepted, instances, strict=True):
         if a.mounts:
             mounts_write(instance, a.mounts)
@@ -481,8 +470,15 @@ def _rentals_write(
             for instance in instances
         ],
     )
+    _tell_consoles(instances)
     rented = {a.machine.pk: a.machine for a in accepted}
     offers_refresh(rented, machines=list(rented.values()))
+    # One message for the batch's launches, each task in the log context of its own order.
+    work_enqueue_many_on_commit(
+        [instance.pk for instance in instances],
+        InstanceState.LAUNCHING,
+        [contexts[a.index] for a in accepted] if contexts else None,
+    )
     return [
         Rented(
             rental=rental,
