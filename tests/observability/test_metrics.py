@@ -60,8 +60,11 @@ def test_requests_are_counted_by_route_name_and_status_never_by_path(funded_team
         method="GET",
     )
     assert latency is not None and latency >= 2
-    # No series per id: the raw path appears in no label.
-    assert "987654" not in scraped.text and "/api/v1/instances/" not in scraped.text
+    # No series per id: the raw path appears in no label (only labels: a latency's digits
+    # may well contain 987654).
+    label_values = {value for sample in scraped.samples for value in sample.labels.values()}
+    assert not [v for v in label_values if "987654" in v or "/api/v1/instances/" in v]
+    assert "api-instance-detail" in label_values
 
 
 def test_domain_gauges_match_the_rows(provider_team, funded_team, scrape):
