@@ -96,7 +96,7 @@ MIDDLEWARE = [
     # A request id (and the user and team) on every log line of the request, and on the
     # tasks it queues (marketplace/observability/logs.py).
     "django_structlog.middlewares.RequestMiddleware",
-    "marketplace.observability.logs.TeamContextMiddleware",
+    "marketplace.observability.logs.LogContextMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     # Last but one, as django-axes asks: it turns a locked-out log-in into the lockout page.
@@ -450,6 +450,9 @@ DJANGO_STRUCTLOG_STATUS_START_LOG_LEVEL = logging.DEBUG
 # An id the proxy in front already gave the request (X-Request-ID) is kept only behind our
 # own proxy; otherwise a client could choose the id of its lines.
 DJANGO_STRUCTLOG_TRUST_UPSTREAM_REQUEST_ID = env_bool("BEHIND_PROXY", False)
+# A line's ``ip`` is the peer uvicorn gives (``LogContextMiddleware``): django-structlog's
+# own lookup believes any client's X-Forwarded-For.
+DJANGO_STRUCTLOG_IP_LOGGING_ENABLED = False
 
 # /metrics answers a scraper that sends ``Authorization: Bearer <METRICS_TOKEN>``, or a staff
 # user's session; anyone else gets 404. Empty: staff sessions only.

@@ -267,13 +267,26 @@ def _key_lookup_sql(related: bool) -> str:
 def _from_row(model, values: list):
     """A model instance from its concrete fields' raw column values, converted as the ORM
     converts them (SQLite's dates and booleans, for one)."""
-    converted = []
-    for field, value in zip(model._meta.concrete_fields, values, strict=True):
-        col = field.get_col(model._meta.db_table)
-        for convert in connection.ops.get_db_converters(col) + field.get_db_converters(connection):
-            value = convert(value, col, connection)
-        converted.append(value)
+    converted = list(values)
+    for place, col, converters in _converters(model, connection.vendor):
+        for convert in converters:
+            converted[place] = convert(converted[place], col, connection)
     return model.from_db(connection.alias, None, converted)
+
+
+@functools.cache
+def _converters(model, vendor: str) -> tuple:
+    """(place, column, converters) for each of the model's concrete fields that the database
+    ``vendor``'s values need converted (on PostgreSQL, none of an API key's, team's or user's):
+    worked out once, where asking each field on every API request cost a tenth of its
+    authentication."""
+    found = []
+    for place, field in enumerate(model._meta.concrete_fields):
+        col = field.get_col(model._meta.db_table)
+        converters = connection.ops.get_db_converters(col) + field.get_db_converters(connection)
+        if converters:
+            found.append((place, col, tuple(converters)))
+    return tuple(found)
 
 
 def _api_key_by_prefix(prefix: str, related: bool = True) -> ApiKey | None:

@@ -78,3 +78,19 @@ def test_a_rental_launch_is_logged_as_json_with_request_team_and_instance_ids(fu
     assert launched and launched[0]["request_id"] == request_id
     # The rental's context ends with its task: nothing after it names the instance wrongly.
     assert "instance_id" not in finished[0]
+
+
+def test_a_request_line_names_the_peer_not_an_address_the_client_wrote(funded_team):
+    """Without a proxy in front, X-Forwarded-For is whatever the client says: the line keeps
+    the address the request came from (uvicorn puts a trusted proxy's client there)."""
+    client = key_client(funded_team)
+    with ConsoleCapture() as capture:
+        response = client.get(
+            "/api/v1/me/", HTTP_X_FORWARDED_FOR="203.0.113.9", REMOTE_ADDR="198.51.100.7"
+        )
+    assert response.status_code == 200, response.content
+    finished = [line for line in capture.lines() if line["event"] == "request_finished"]
+    assert len(finished) == 1
+    assert finished[0]["ip"] == "198.51.100.7"
+    assert finished[0]["team_id"] == funded_team.pk
+    assert "203.0.113.9" not in json.dumps(capture.lines())
