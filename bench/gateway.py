@@ -55,6 +55,9 @@ os.environ["GATEWAY_AUTH_UPSTREAM"] = f"127.0.0.1:{WEB}"
 
 from bench_common import budget_row, scratch_database, simulated_machine  # noqa: E402
 
+# Caddy's and the web process's output of the last run (a failed request is read there).
+LOGS = Path(__file__).resolve().parents[1] / "var" / "bench"
+
 IMAGE = "gpumkt/busybox:latest"
 ROLLED = "gpumkt/busybox:bench-rolled"
 SERVE = [
@@ -90,8 +93,10 @@ def one(port: int, path: str, headers: dict) -> tuple[object, float]:
         response = conn.getresponse()
         body = response.read()
         status: object = response.status
-        if status != 200:  # what answered: ours, Caddy's own, or a replica
-            status = f"{status} {body[:60].decode(errors='replace')}".strip()
+        if status != 200:  # what answered: ours (uvicorn), Caddy's own, or a replica
+            said = body[:60].decode(errors="replace").strip()
+            server = f"(server: {response.getheader('Server', '-')})"
+            status = " ".join(part for part in (str(status), said, server) if part)
     except OSError as error:
         status = type(error).__name__
     finally:
@@ -226,10 +231,13 @@ def rolled(cluster, image: str, timeout: float = 90) -> None:
 def main() -> int:
     if shutil.which("caddy") is None:
         sys.exit("needs Caddy 2: apt-get install caddy")
+    LOGS.mkdir(parents=True, exist_ok=True)
     with (
         scratch_database(),
         simulated_machine(gpus=4),
         tempfile.TemporaryDirectory() as tmp,
+        open(LOGS / "gateway-caddy.log", "wb") as caddy_log,
+        open(LOGS / "gateway-web.log", "wb") as web_log,
     ):
         from billing.credits import credit_grant
         from marketplace.clusters.services import ClusterSpec, cluster_create, cluster_update
@@ -247,10 +255,10 @@ def main() -> int:
         boot.write_text(json.dumps({"admin": {"listen": f"127.0.0.1:{ADMIN}"}}))
         processes = [
             subprocess.Popen(["caddy", "run", "--config", str(boot)], env=env,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL),
+                             stdout=caddy_log, stderr=subprocess.STDOUT),
             subprocess.Popen([sys.executable, "-m", "uvicorn", "marketplace.asgi:application",
                               "--port", str(WEB), "--log-level", "warning", "--no-access-log"],
-                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL),
+                             env=env, stdout=web_log, stderr=subprocess.STDOUT),
         ]  # fmt: skip
         try:
             wait_for(ADMIN)
@@ -333,6 +341,8 @@ def main() -> int:
         f"   (a roll took {min(roll_seconds):.1f}–{max(roll_seconds):.1f} s)"
         + (f"; {dict(Counter(map(str, failed)))}" if failed else "")
     )
+    if failed:
+        print(f"  Caddy's and the web process's logs of this run: {LOGS}/gateway-*.log")
     ok = p99 <= P99_BUDGET_MS and len(failed) <= FAILED_BUDGET and not bad_pairs
     budget_row(
         "gateway.py", budget=f"added latency p99 ≤ {P99_BUDGET_MS:g} ms at {RATE} requests/s, {KEYS:,} keys",
