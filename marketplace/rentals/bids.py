@@ -34,6 +34,7 @@ from core.task_queue import task_queue
 from hosts.models import Machine, MachineStatus
 from hosts.runtime import CommandFailed, HostUnreachable
 from marketplace.models import Rental
+from marketplace.rentals.locking import machine_and_rental_locked
 from marketplace.rentals.metering import BANK_GPU_FIELDS, rental_bank_gpu_owed
 from marketplace.services.pricing import rental_hold_grow
 from scheduler.models import GpuAllocation, Instance, InstanceState
@@ -378,12 +379,7 @@ def rental_bid_change(*, rental: Rental, bid: int) -> Rental:
     credit is short), and the machine's bids are settled again (a higher bid may win its GPUs
     back or take others'; a lower one may lose them to a waiting bid)."""
     with transaction.atomic():
-        machine = Machine.objects.select_for_update().get(pk=rental.machine_id)
-        rental = (
-            Rental.objects.select_for_update(of=("self",))
-            .select_related("instance")
-            .get(pk=rental.pk)
-        )
+        machine, rental = machine_and_rental_locked(rental)
         if not rental.interruptible:
             raise ValidationError(
                 {"bid_price": "This rental is on demand: it has no bid to change."}

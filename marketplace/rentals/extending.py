@@ -9,10 +9,10 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 
 from billing import holds
-from hosts.models import Machine
 from hosts.selectors import maintenance_overlapping
 from marketplace.models import Rental
 from marketplace.rentals.clocks import ENDED_STATES
+from marketplace.rentals.locking import machine_and_rental_locked
 from marketplace.rentals.terms import MAX_RENTAL_HOURS, MIN_RENTAL_HOURS
 from marketplace.services.pricing import extension_quote
 
@@ -26,15 +26,8 @@ def rental_extend(*, rental: Rental, hours: float) -> Rental:
             }
         )
     with transaction.atomic():
-        # The machine first, as renting and changing the terms lock it: its end date and
-        # maintenance windows cannot move while this checks them. Then the rental alone
-        # (``of``: a join would lock the instance too, in no order we choose).
-        machine = Machine.objects.select_for_update().get(pk=rental.machine_id)
-        rental = (
-            Rental.objects.select_for_update(of=("self",))
-            .select_related("instance")
-            .get(pk=rental.pk)
-        )
+        # Its end date and maintenance windows cannot move while this checks them.
+        machine, rental = machine_and_rental_locked(rental)
         if rental.settled_at is not None or rental.instance.state in ENDED_STATES:
             raise ValidationError({"hours": "This rental has ended; rent again instead."})
         new_end = rental.ends_at + timedelta(hours=hours)
