@@ -38,22 +38,45 @@ pids=()
 # a Redis elsewhere (or already running here) is used as it is and never shut down.
 read -r _ redis_port <<<"$(redis_url_address "$REDIS_URL")"
 
+# The Docker Engines this marketplace's containers run on: the system's, and the one the
+# simulated hosts that enforce disk sizes use (hosts/devtools/sim_docker.py), when it runs.
+engines() {
+  command -v docker >/dev/null || return 0
+  local system=${DOCKER_HOST:-unix:///var/run/docker.sock}
+  DOCKER_HOST=$system docker info >/dev/null 2>&1 && echo "$system"
+  local quota=unix:///run/gpumkt-quota-docker.sock
+  DOCKER_HOST=$quota docker info >/dev/null 2>&1 && echo "$quota"
+}
+
 cleanup() {
   echo; echo "==> stopping"
+  local engine instances="" ours
+  # The containers removed below are renters' rentals in this marketplace's records: end them
+  # first, through the platform (charged to now), or the next start finds them gone and blames
+  # their hosts (a container killed counts against a machine's reliability).
+  for engine in $(engines); do
+    instances+=" $(DOCKER_HOST=$engine docker ps -a --filter "label=$RUN_LABEL" \
+      --format '{{.Label "gpumkt.instance"}}')"
+  done
+  if [ -n "${instances// /}" ]; then
+    # shellcheck disable=SC2086  # one uuid a word
+    $py manage.py demo_stop $instances || echo "!! could not end the rentals (see above)"
+  fi
   for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null; done
   wait 2>/dev/null
   if [ "$REDIS_STARTED" = 1 ]; then
     redis-cli -p "$redis_port" shutdown nosave >/dev/null 2>&1 || true
   fi
-  # The Docker Engine is a system service other programs' containers may run on: it stays up,
-  # and only the containers this checkout's marketplace made (its label) are removed.
-  if command -v docker >/dev/null && docker info >/dev/null 2>&1; then
-    ours=$(docker ps -aq --filter "label=$RUN_LABEL")
+  # The Docker Engines are system services other programs' containers may run on: they stay
+  # up, and only the containers this checkout's marketplace made (its label) are removed.
+  for engine in $(engines); do
+    ours=$(DOCKER_HOST=$engine docker ps -aq --filter "label=$RUN_LABEL")
     if [ -n "$ours" ]; then
-      echo "==> removing the containers this marketplace made"
-      docker rm -f $ours >/dev/null 2>&1 || true
+      echo "==> removing the containers this marketplace made ($engine)"
+      # shellcheck disable=SC2086
+      DOCKER_HOST=$engine docker rm -f $ours >/dev/null 2>&1 || true
     fi
-  fi
+  done
 }
 trap cleanup EXIT
 trap 'exit 0' INT TERM
