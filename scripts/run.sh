@@ -38,23 +38,25 @@ pids=()
 # a Redis elsewhere (or already running here) is used as it is and never shut down.
 read -r _ redis_port <<<"$(redis_url_address "$REDIS_URL")"
 
-# The Docker Engines this marketplace's containers run on: the system's, and the one the
-# simulated hosts that enforce disk sizes use (hosts/devtools/sim_docker.py), when it runs.
+# The Docker Engines this marketplace's containers run on, those answering: the system's, and
+# the one the simulated hosts that enforce disk sizes use (its socket named where it is made).
 engines() {
   command -v docker >/dev/null || return 0
-  local system=${DOCKER_HOST:-unix:///var/run/docker.sock}
-  DOCKER_HOST=$system docker info >/dev/null 2>&1 && echo "$system"
-  local quota=unix:///run/gpumkt-quota-docker.sock
-  DOCKER_HOST=$quota docker info >/dev/null 2>&1 && echo "$quota"
+  local engine quota
+  quota=$($py -c "from hosts.devtools.sim_docker import QUOTA_DOCKER_SOCKET as s; print(s)")
+  for engine in "${DOCKER_HOST:-unix:///var/run/docker.sock}" $quota; do
+    DOCKER_HOST=$engine docker info >/dev/null 2>&1 && echo "$engine"
+  done
 }
 
 cleanup() {
   echo; echo "==> stopping"
-  local engine instances="" ours
+  local engine engines_up instances="" ours
+  engines_up=$(engines)
   # The containers removed below are renters' rentals in this marketplace's records: end them
   # first, through the platform (charged to now), or the next start finds them gone and blames
   # their hosts (a container killed counts against a machine's reliability).
-  for engine in $(engines); do
+  for engine in $engines_up; do
     instances+=" $(DOCKER_HOST=$engine docker ps -a --filter "label=$RUN_LABEL" \
       --format '{{.Label "gpumkt.instance"}}')"
   done
@@ -69,7 +71,7 @@ cleanup() {
   fi
   # The Docker Engines are system services other programs' containers may run on: they stay
   # up, and only the containers this checkout's marketplace made (its label) are removed.
-  for engine in $(engines); do
+  for engine in $engines_up; do
     ours=$(DOCKER_HOST=$engine docker ps -aq --filter "label=$RUN_LABEL")
     if [ -n "$ours" ]; then
       echo "==> removing the containers this marketplace made ($engine)"
