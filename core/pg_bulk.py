@@ -138,8 +138,7 @@ def upsert_models(
     same ``unique_fields``, giving each instance its row's ``pk``: ``bulk_create`` with
     ``update_conflicts``, which on PostgreSQL spends most of its time preparing each value
     (a batch of placements refreshes thousands of offers of ~50 columns). On PostgreSQL the
-    rows go by binary COPY into a temporary table, then one INSERT … SELECT … ON CONFLICT (a
-    few rows: one INSERT … VALUES … ON CONFLICT); elsewhere, or for a model with a field COPY
+    rows go by binary COPY into a temporary table, then one INSERT … SELECT … ON CONFLICT (a few rows: one INSERT … VALUES … ON CONFLICT); elsewhere, or for a model with a field COPY
     is not taught here, ``bulk_create``."""
     if not objects:
         return objects
@@ -184,13 +183,17 @@ def upsert_models(
             )
             ids = {tuple(key): pk for pk, *key in cursor.fetchall()}
         return _with_ids(objects, ids, [by_name[name].attname for name in unique_fields])
-    with transaction.atomic(), connection.cursor() as cursor:
-        # Dropped at the end of the transaction at the latest; made anew each time, so two
-        # upserts in one transaction never see each other's rows.
-        cursor.execute(f"DROP TABLE IF EXISTS {staged}")
+    # The staging table is the connection's, made at its first upsert of the model and kept:
+    # making and dropping it each time wrote and deleted a catalog row per column (~50 for an
+    # offer), 1.9 ms of PostgreSQL for a batch of four rents against 1.0 ms kept (2026-12-07).
+    # ``ON COMMIT DELETE ROWS`` cuts its file to nothing at each commit, so no dead rows pile
+    # up in a table autovacuum never visits; hence a transaction around the upsert (the
+    # caller's, without a savepoint). Emptied first: two upserts in one transaction never see
+    # each other's rows.
+    with transaction.atomic(savepoint=False), connection.cursor() as cursor:
         cursor.execute(
-            f"CREATE TEMPORARY TABLE {staged} ON COMMIT DROP AS"  # noqa: S608
-            f" SELECT {', '.join(columns)} FROM {quote(table)} WITH NO DATA"
+            f"CREATE TEMPORARY TABLE IF NOT EXISTS {staged} ON COMMIT DELETE ROWS AS"  # noqa: S608
+            f" SELECT {', '.join(columns)} FROM {quote(table)} WITH NO DATA; DELETE FROM {staged}"
         )
         copy_rows(staged, list(zip(columns, types, strict=True)), (row(obj) for obj in objects))
         cursor.execute(
@@ -198,7 +201,6 @@ def upsert_models(
             f" SELECT {', '.join(columns)} FROM {staged}{conflict}"
         )
         ids = {tuple(key): pk for pk, *key in cursor.fetchall()}
-        cursor.execute(f"DROP TABLE {staged}")
     return _with_ids(objects, ids, [by_name[name].attname for name in unique_fields])
 
 
