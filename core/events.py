@@ -142,11 +142,20 @@ FLUSH_AT_EXIT_SECONDS = 2.0
 
 async def _send_all(layer: BaseChannelLayer, messages: list[Message], what: str) -> None:
     """Every message in one trip to the event loop (a batch of placements sends thousands),
-    groups side by side so their round trips to Redis overlap; each group's messages in
-    order."""
+    to the groups someone listens to where the layer can tell, groups side by side so their
+    round trips to Redis overlap; each group's messages in order."""
     by_group: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for group, message in messages:
         by_group[group].append(message)
+    listened = getattr(layer, "groups_listened", None)
+    if listened is not None:
+        # Only groups someone is in (core.channel_layer): one round trip for all of them.
+        try:
+            members = await listened(by_group)
+        except Exception:  # a push is best-effort, as below
+            logger.exception("could not publish %s", what)
+            return
+        by_group = {group: queue for group, queue in by_group.items() if group in members}
     lanes = asyncio.Semaphore(SEND_LANES)
 
     async def send_group(group: str, group_messages: list[dict[str, Any]]) -> None:

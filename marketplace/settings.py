@@ -227,7 +227,8 @@ CACHES = {
 
 CHANNEL_LAYERS = {
     "default": {
-        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        # channels_redis's, telling at once which groups have listeners (core/channel_layer.py).
+        "BACKEND": "core.channel_layer.RedisChannelLayer",
         "CONFIG": {
             "hosts": [REDIS_URL],
             "prefix": os.environ.get("CHANNEL_PREFIX", "gpumkt"),

@@ -1,6 +1,7 @@
 """Events leave through one publisher per process (core/events.py; the groups and messages are
 marketplace/events.py's), in the order they were handed over; a forked child (a Celery pool
-process) publishes through its own."""
+process) publishes through its own. The publisher sends only to groups someone is in, as the
+channel layer tells in one look (core/channel_layer.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,13 @@ from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.db import transaction
 
-from marketplace.events import publish_access_lost, publish_team_event, team_group, user_group
+from marketplace.events import (
+    publish_access_lost,
+    publish_team_event,
+    publish_team_events,
+    team_group,
+    user_group,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -73,3 +80,26 @@ def test_a_forked_process_publishes_through_its_own_publisher():
 
     [childs] = received(channel, 1)
     assert childs == {"type": "access.lost", "team_id": TEAM_ID}
+
+
+def test_only_groups_with_a_live_member_are_sent_to_and_theirs_arrive():
+    layer = get_channel_layer()
+    listened, expired, empty = (team_group(TEAM_ID + n) for n in (10, 11, 12))
+    channel, gone = async_to_sync(layer.new_channel)(), async_to_sync(layer.new_channel)()
+    async_to_sync(layer.group_add)(listened, channel)
+    async_to_sync(layer.group_add)(expired, gone)
+
+    async def age_out() -> None:  # joined longer ago than the layer keeps a member
+        too_old = time.time() - layer.group_expiry - 60
+        await layer.connection(layer.consistent_hash(expired)).zadd(
+            layer._group_key(expired), {gone: too_old}
+        )
+
+    async_to_sync(age_out)()
+
+    assert async_to_sync(layer.groups_listened)([listened, expired, empty]) == {listened}
+    publish_team_events(
+        "probe", [(TEAM_ID + 12, {"n": 0}), (TEAM_ID + 11, {"n": 1}), (TEAM_ID + 10, {"n": 2})]
+    )
+    [message] = received(channel, 1)
+    assert message["data"] == {"n": 2}
