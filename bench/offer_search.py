@@ -3,8 +3,12 @@
 An offer is a GPU-count bundle of a machine (1, 2, 4, 8 and its free count, issue 32), so a
 million offers are some 300,000 machines; the bench prints how many.
 
-Budget (DESIGN.md): over the generated searches, p50 ≤ 5 ms, p99 ≤ 15 ms, and our part of a
-search (the HTTP answer less its SQL) ≤ 2× the SQL. The searches go as a user's do: over
+Budget (DESIGN.md): over the generated searches, p50 ≤ 5 ms, p99 ≤ 15 ms server-side, and our
+part of a search (the HTTP answer less its SQL) ≤ 2× the SQL. Server-side is what each web
+process says it took (its ``Server-Timing: app;dur=`` header, core/server_timing.py: from
+uvicorn handing it the request to the answer's head going out); the client's own time, which
+adds the HTTP round trip and this process's parsing, is printed beside it, and the our-part
+ratio is taken on it (the stricter). The searches go as a user's do: over
 HTTP, on keep-alive connections, to two web processes started from the production recipe's
 unit (deploy/, uvicorn, its environment file's log level), each with one of ``--keys`` read
 API keys in turn (the production throttles stay on). Three lines are timed:
@@ -305,8 +309,9 @@ class Client:
         self.keys = keys
         self.sent = 0
 
-    def search(self, search) -> tuple[float, dict]:
-        """(milliseconds, the answer) of one search; a search the API refuses stops the bench."""
+    def search(self, search) -> tuple[float, float, dict]:
+        """(milliseconds at the client, milliseconds at the server, the answer) of one search;
+        a search the API refuses stops the bench."""
         connection = self.connections[self.sent % len(self.connections)]
         headers = {"Authorization": f"Bearer {self.keys[self.sent % len(self.keys)]}",
                    "Host": "localhost"}  # fmt: skip
@@ -333,7 +338,17 @@ class Client:
         elapsed = (time.perf_counter() - started) * 1000
         if response.status != 200:
             sys.exit(f"{search.label()}: {response.status} {answer[:300]!r}")
-        return elapsed, json.loads(answer)
+        return elapsed, server_side(response), json.loads(answer)
+
+
+def server_side(response: http.client.HTTPResponse) -> float:
+    """The milliseconds the web process says it took (its ``Server-Timing: app;dur=``)."""
+    timing = response.getheader("Server-Timing") or ""
+    for metric in timing.split(","):
+        name, _, parameters = metric.strip().partition(";")
+        if name == "app" and parameters.startswith("dur="):
+            return float(parameters[len("dur=") :])
+    sys.exit(f"the web process sent no Server-Timing app duration: {timing!r}")
 
 
 class RawSql:
@@ -384,6 +399,7 @@ class Line:
 
     name: str
     http: list[float] = field(default_factory=list)
+    server: list[float] = field(default_factory=list)
     sql: list[float] = field(default_factory=list)
     searches: list = field(default_factory=list)
 
@@ -393,14 +409,15 @@ class Line:
             # other's pages already in the cache.
             if len(self.http) % 2:
                 sql, rows = raw.time(search)
-                elapsed, answer = client.search(search)
+                elapsed, server, answer = client.search(search)
             else:
-                elapsed, answer = client.search(search)
+                elapsed, server, answer = client.search(search)
                 sql, rows = raw.time(search)
             page = len(answer["offers"]) + (answer["next_offset"] is not None)
             if page != rows:
                 sys.exit(f"{search.label()}: the API answered {page} rows, its SQL {rows}")
             self.http.append(elapsed)
+            self.server.append(server)
             self.sql.append(sql)
             self.searches.append(search)
 
@@ -420,20 +437,21 @@ def report(line: Line, stack: Line | None = None) -> bool:
     """Print the line's figures beside its floors; True when within every budget it is judged
     on. With ``stack`` (the fixed line), the our-part ratio is printed, not judged, and the
     stack's floor beside it (the module's docstring says why)."""
-    p50, p99 = percentile(line.http, 0.5), percentile(line.http, 0.99)
+    p50, p99 = percentile(line.server, 0.5), percentile(line.server, 0.99)
+    c50, c99 = percentile(line.http, 0.5), percentile(line.http, 0.99)
     s50, s99 = percentile(line.sql, 0.5), percentile(line.sql, 0.99)
     ours = line.our_part()
     judged_ours = stack is None
-    print(f"  {line.name}, {len(line.http)} searches:")
-    print(f"    p50 {p50:7.2f} ms   SQL {s50:6.2f} ms   budget {P50_BUDGET_MS} ms   ratio {p50 / P50_BUDGET_MS:.2f}")  # fmt: skip
-    print(f"    p99 {p99:7.2f} ms   SQL {s99:6.2f} ms   budget {P99_BUDGET_MS} ms   ratio {p99 / P99_BUDGET_MS:.2f}")  # fmt: skip
+    print(f"  {line.name}, {len(line.http)} searches (server-side, judged; at the client; raw SQL):")  # fmt: skip
+    print(f"    p50 {p50:7.2f} ms   client {c50:6.2f} ms   SQL {s50:6.2f} ms   budget {P50_BUDGET_MS} ms   ratio {p50 / P50_BUDGET_MS:.2f}")  # fmt: skip
+    print(f"    p99 {p99:7.2f} ms   client {c99:6.2f} ms   SQL {s99:6.2f} ms   budget {P99_BUDGET_MS} ms   ratio {p99 / P99_BUDGET_MS:.2f}")  # fmt: skip
     floor = f"SQL p50 {s50:.1f} ms, p99 {s99:.1f} ms"
     if judged_ours:
         print(f"    our part (HTTP − SQL) / SQL, median {ours:.2f}×   budget ≤ {OURS_BUDGET}×   ratio {ours / OURS_BUDGET:.2f}")  # fmt: skip
     else:
-        f50, f99 = percentile(stack.http, 0.5), percentile(stack.http, 0.99)
+        f50, f99 = percentile(stack.server, 0.5), percentile(stack.server, 0.99)
         print(f"    our part (HTTP − SQL) / SQL, median {ours:.2f}× (not judged: below the stack's floor)")  # fmt: skip
-        print(f"    the stack's floor, a search that reads nothing ({len(stack.http)}): p50 {f50:.2f} ms, p99 {f99:.2f} ms; this line's search beyond it: p50 {p50 - f50:.2f} ms")  # fmt: skip
+        print(f"    the stack's floor, a search that reads nothing ({len(stack.http)}), server-side: p50 {f50:.2f} ms, p99 {f99:.2f} ms (at the client p50 {percentile(stack.http, 0.5):.2f} ms); this line's search beyond it: p50 {p50 - f50:.2f} ms")  # fmt: skip
         floor += f"; a search that reads nothing p50 {f50:.1f} ms"
     within = (
         p50 <= P50_BUDGET_MS and p99 <= P99_BUDGET_MS and (ours <= OURS_BUDGET or not judged_ours)
@@ -445,7 +463,7 @@ def report(line: Line, stack: Line | None = None) -> bool:
         "offer_search.py",
         budget=f"{line.name}: p50 ≤ {P50_BUDGET_MS} ms, p99 ≤ {P99_BUDGET_MS} ms"
         + (f", ours ≤ {OURS_BUDGET}× SQL" if judged_ours else ""),
-        figure=f"p50 {p50:.1f} ms, p99 {p99:.1f} ms, ours {ours:.2f}×",
+        figure=f"p50 {p50:.1f} ms, p99 {p99:.1f} ms (at the client {c50:.1f}, {c99:.1f}), ours {ours:.2f}×",
         floor=floor,
         ratio=round(max(ratios), 2),
         within=within,
