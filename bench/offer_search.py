@@ -15,12 +15,14 @@ API keys in turn (the production throttles stay on). Three lines are timed:
 
 - *generated*: ``--queries`` searches drawn by a seeded random generator over every field
   and operator of the query language, with varied values, sorts and pages (a fifth as JSON
-  filter bodies): bench/offer_queries.py. Judged on all three budgets.
+  filter bodies): bench/offer_queries.py. The budget's workload (DESIGN.md), judged on all
+  three.
 - *fixed*: the bench's earlier fixed searches (``QUERIES``), ``--fixed-rounds`` times over,
-  kept to compare with earlier rounds. Judged on p50 and p99; its our-part ratio is printed
-  but not judged: its SQL (about 1 ms, on indexes made for these shapes) is below what the
-  stack itself costs a search that reads nothing (the next line), so no search could be
-  within 2× of it, and DESIGN.md sets that ratio on the generated searches.
+  kept to compare with earlier rounds: printed with their ratios, not judged. The project
+  guide rules out "a fixed handful of queries" as the workload a budget is met on, and
+  DESIGN.md names the generated searches; their SQL (about 1 ms, on indexes made for these
+  shapes) is also below what the stack itself costs a search that reads nothing (the next
+  line), so no search could be within 2× of it.
 - *stack*: a search that reads nothing (``id=0``, a page of one), timed the same way: the
   floor of any search on this stack (authentication, throttle, the index's freshness check,
   Django and HTTP), printed beside the fixed line, not judged.
@@ -433,39 +435,40 @@ def percentile(figures: list[float], fraction: float) -> float:
     return ordered[min(len(ordered) - 1, int(len(ordered) * fraction))]
 
 
-def report(line: Line, stack: Line | None = None) -> bool:
-    """Print the line's figures beside its floors; True when within every budget it is judged
-    on. With ``stack`` (the fixed line), the our-part ratio is printed, not judged, and the
-    stack's floor beside it (the module's docstring says why)."""
+def report(line: Line) -> tuple[float, float]:
+    """Print the line's figures beside its floors: (p50, p99), server-side."""
     p50, p99 = percentile(line.server, 0.5), percentile(line.server, 0.99)
     c50, c99 = percentile(line.http, 0.5), percentile(line.http, 0.99)
     s50, s99 = percentile(line.sql, 0.5), percentile(line.sql, 0.99)
-    ours = line.our_part()
-    judged_ours = stack is None
-    print(f"  {line.name}, {len(line.http)} searches (server-side, judged; at the client; raw SQL):")  # fmt: skip
+    print(f"  {line.name}, {len(line.http)} searches (server-side; at the client; raw SQL):")
     print(f"    p50 {p50:7.2f} ms   client {c50:6.2f} ms   SQL {s50:6.2f} ms   budget {P50_BUDGET_MS} ms   ratio {p50 / P50_BUDGET_MS:.2f}")  # fmt: skip
     print(f"    p99 {p99:7.2f} ms   client {c99:6.2f} ms   SQL {s99:6.2f} ms   budget {P99_BUDGET_MS} ms   ratio {p99 / P99_BUDGET_MS:.2f}")  # fmt: skip
-    floor = f"SQL p50 {s50:.1f} ms, p99 {s99:.1f} ms"
-    if judged_ours:
-        print(f"    our part (HTTP − SQL) / SQL, median {ours:.2f}×   budget ≤ {OURS_BUDGET}×   ratio {ours / OURS_BUDGET:.2f}")  # fmt: skip
-    else:
-        f50, f99 = percentile(stack.server, 0.5), percentile(stack.server, 0.99)
-        print(f"    our part (HTTP − SQL) / SQL, median {ours:.2f}× (not judged: below the stack's floor)")  # fmt: skip
-        print(f"    the stack's floor, a search that reads nothing ({len(stack.http)}), server-side: p50 {f50:.2f} ms, p99 {f99:.2f} ms (at the client p50 {percentile(stack.http, 0.5):.2f} ms); this line's search beyond it: p50 {p50 - f50:.2f} ms")  # fmt: skip
-        floor += f"; a search that reads nothing p50 {f50:.1f} ms"
-    within = (
-        p50 <= P50_BUDGET_MS and p99 <= P99_BUDGET_MS and (ours <= OURS_BUDGET or not judged_ours)
-    )
-    ratios = [p50 / P50_BUDGET_MS, p99 / P99_BUDGET_MS] + (
-        [ours / OURS_BUDGET] if judged_ours else []
-    )
+    return p50, p99
+
+
+def judged(generated: Line, fixed: Line, stack: Line) -> bool:
+    """The budget, judged on the generated searches; the fixed line and the stack's floor
+    printed beside it (the module's docstring says why they are not judged). True when
+    within."""
+    p50, p99 = report(generated)
+    ours = generated.our_part()
+    print(f"    our part (HTTP − SQL) / SQL, median {ours:.2f}×   budget ≤ {OURS_BUDGET}×   ratio {ours / OURS_BUDGET:.2f}")  # fmt: skip
+    print("    judged: the budget's workload (DESIGN.md)")
+    f50, f99 = report(fixed)
+    n50 = percentile(stack.server, 0.5)
+    print(f"    our part (HTTP − SQL) / SQL, median {fixed.our_part():.2f}×")
+    print(f"    the stack's floor, a search that reads nothing ({len(stack.http)}), server-side: p50 {n50:.2f} ms, p99 {percentile(stack.server, 0.99):.2f} ms (at the client p50 {percentile(stack.http, 0.5):.2f} ms); the fixed searches beyond it: p50 {f50 - n50:.2f} ms")  # fmt: skip
+    print("    printed, not judged: a fixed handful of searches, kept to compare rounds")
+    within = p50 <= P50_BUDGET_MS and p99 <= P99_BUDGET_MS and ours <= OURS_BUDGET
+    c50, c99 = percentile(generated.http, 0.5), percentile(generated.http, 0.99)
     budget_row(
         "offer_search.py",
-        budget=f"{line.name}: p50 ≤ {P50_BUDGET_MS} ms, p99 ≤ {P99_BUDGET_MS} ms"
-        + (f", ours ≤ {OURS_BUDGET}× SQL" if judged_ours else ""),
-        figure=f"p50 {p50:.1f} ms, p99 {p99:.1f} ms (at the client {c50:.1f}, {c99:.1f}), ours {ours:.2f}×",
-        floor=floor,
-        ratio=round(max(ratios), 2),
+        budget=f"generated searches, server-side: p50 ≤ {P50_BUDGET_MS} ms, p99 ≤ {P99_BUDGET_MS} ms, ours ≤ {OURS_BUDGET}× SQL",  # fmt: skip
+        figure=f"p50 {p50:.1f} ms, p99 {p99:.1f} ms (at the client {c50:.1f}, {c99:.1f} ms), ours {ours:.2f}×",  # fmt: skip
+        floor=f"SQL p50 {percentile(generated.sql, 0.5):.1f} ms, p99 {percentile(generated.sql, 0.99):.1f} ms;"
+        f" not judged: the fixed searches p50 {f50:.1f} ms, p99 {f99:.1f} ms (their SQL p50 {percentile(fixed.sql, 0.5):.1f} ms),"
+        f" a search that reads nothing p50 {n50:.1f} ms",
+        ratio=round(max(p50 / P50_BUDGET_MS, p99 / P99_BUDGET_MS, ours / OURS_BUDGET), 2),
         within=within,
     )
     return within
@@ -537,11 +540,11 @@ def main() -> None:
         else f"  not drawn ({len(missing)} field/operator pairs; more --queries draws them): "
         + ", ".join(f"{n}{op}" for n, op in sorted(missing))
     )
-    within = [report(lines[0]), report(lines[1], stack=lines[2])]
+    within = judged(*lines)
     slowest(lines[0])
     print(f"  load average {os.getloadavg()[0]:.2f}")
-    print("  within budget" if all(within) else "  OVER BUDGET")
-    if not all(within):
+    print("  within budget" if within else "  OVER BUDGET")
+    if not within:
         sys.exit(1)
 
 
