@@ -273,7 +273,7 @@ def arrivals(rate: float, seconds: float, seed: int) -> list[float]:
 
 
 def sender(
-    port: int, key: str, machines: list[int], todo: queue.Queue, done: list, seed: int,
+    port: int, key: str, machines: list[int], todo: queue.Queue, done: list, seed: str,
     ready: threading.Barrier,
 ):  # fmt: skip
     """Send the rents ``todo`` hands out, as they come, on one keep-alive connection; record
@@ -320,8 +320,11 @@ def run_open(rate: int, args, machines: list[int], keys: list[str]) -> bool:
         threads = [
             threading.Thread(
                 target=sender,
-                args=(cluster.web_ports[n % 2], keys[n], machines, todo, done, args.seed + n,
-                      ready),
+                # Each rate's senders draw other machines than the rates before (one seed
+                # a sender and rate): the same draws again filled the same machines, and a
+                # growing share of each higher rate's arrivals were refused (409), cheaply.
+                args=(cluster.web_ports[n % 2], keys[n], machines, todo, done,
+                      f"{args.seed}-{rate}-{n}", ready),
                 daemon=True,
             )
             for n in range(len(keys))
