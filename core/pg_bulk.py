@@ -138,7 +138,8 @@ def upsert_models(
     same ``unique_fields``, giving each instance its row's ``pk``: ``bulk_create`` with
     ``update_conflicts``, which on PostgreSQL spends most of its time preparing each value
     (a batch of placements refreshes thousands of offers of ~50 columns). On PostgreSQL the
-    rows go by binary COPY into a temporary table, then one INSERT … SELECT … ON CONFLICT (a few rows: one INSERT … VALUES … ON CONFLICT); elsewhere, or for a model with a field COPY
+    rows go by binary COPY into a temporary table, then one INSERT … SELECT … ON CONFLICT (a
+    few rows: one INSERT … VALUES … ON CONFLICT); elsewhere, or for a model with a field COPY
     is not taught here, ``bulk_create``."""
     if not objects:
         return objects
