@@ -435,40 +435,57 @@ def percentile(figures: list[float], fraction: float) -> float:
     return ordered[min(len(ordered) - 1, int(len(ordered) * fraction))]
 
 
-def report(line: Line) -> tuple[float, float]:
-    """Print the line's figures beside its floors: (p50, p99), server-side."""
-    p50, p99 = percentile(line.server, 0.5), percentile(line.server, 0.99)
-    c50, c99 = percentile(line.http, 0.5), percentile(line.http, 0.99)
-    s50, s99 = percentile(line.sql, 0.5), percentile(line.sql, 0.99)
+@dataclass(frozen=True)
+class Figures:
+    """A line's percentiles, milliseconds: server-side, at the client, its raw SQL."""
+
+    p50: float
+    p99: float
+    client50: float
+    client99: float
+    sql50: float
+    sql99: float
+
+    @classmethod
+    def of(cls, line: Line) -> Figures:
+        return cls(
+            *(percentile(line.server, f) for f in (0.5, 0.99)),
+            *(percentile(line.http, f) for f in (0.5, 0.99)),
+            *(percentile(line.sql, f) for f in (0.5, 0.99)),
+        )
+
+
+def report(line: Line) -> Figures:
+    """Print the line's figures beside its floors."""
+    f = Figures.of(line)
     print(f"  {line.name}, {len(line.http)} searches (server-side; at the client; raw SQL):")
-    print(f"    p50 {p50:7.2f} ms   client {c50:6.2f} ms   SQL {s50:6.2f} ms   budget {P50_BUDGET_MS} ms   ratio {p50 / P50_BUDGET_MS:.2f}")  # fmt: skip
-    print(f"    p99 {p99:7.2f} ms   client {c99:6.2f} ms   SQL {s99:6.2f} ms   budget {P99_BUDGET_MS} ms   ratio {p99 / P99_BUDGET_MS:.2f}")  # fmt: skip
-    return p50, p99
+    print(f"    p50 {f.p50:7.2f} ms   client {f.client50:6.2f} ms   SQL {f.sql50:6.2f} ms   budget {P50_BUDGET_MS} ms   ratio {f.p50 / P50_BUDGET_MS:.2f}")  # fmt: skip
+    print(f"    p99 {f.p99:7.2f} ms   client {f.client99:6.2f} ms   SQL {f.sql99:6.2f} ms   budget {P99_BUDGET_MS} ms   ratio {f.p99 / P99_BUDGET_MS:.2f}")  # fmt: skip
+    return f
 
 
 def judged(generated: Line, fixed: Line, stack: Line) -> bool:
     """The budget, judged on the generated searches; the fixed line and the stack's floor
     printed beside it (the module's docstring says why they are not judged). True when
     within."""
-    p50, p99 = report(generated)
+    g = report(generated)
     ours = generated.our_part()
     print(f"    our part (HTTP − SQL) / SQL, median {ours:.2f}×   budget ≤ {OURS_BUDGET}×   ratio {ours / OURS_BUDGET:.2f}")  # fmt: skip
     print("    judged: the budget's workload (DESIGN.md)")
-    f50, f99 = report(fixed)
-    n50 = percentile(stack.server, 0.5)
+    f = report(fixed)
+    n = Figures.of(stack)
     print(f"    our part (HTTP − SQL) / SQL, median {fixed.our_part():.2f}×")
-    print(f"    the stack's floor, a search that reads nothing ({len(stack.http)}), server-side: p50 {n50:.2f} ms, p99 {percentile(stack.server, 0.99):.2f} ms (at the client p50 {percentile(stack.http, 0.5):.2f} ms); the fixed searches beyond it: p50 {f50 - n50:.2f} ms")  # fmt: skip
+    print(f"    the stack's floor, a search that reads nothing ({len(stack.http)}), server-side: p50 {n.p50:.2f} ms, p99 {n.p99:.2f} ms (at the client p50 {n.client50:.2f} ms); the fixed searches beyond it: p50 {f.p50 - n.p50:.2f} ms")  # fmt: skip
     print("    printed, not judged: a fixed handful of searches, kept to compare rounds")
-    within = p50 <= P50_BUDGET_MS and p99 <= P99_BUDGET_MS and ours <= OURS_BUDGET
-    c50, c99 = percentile(generated.http, 0.5), percentile(generated.http, 0.99)
+    within = g.p50 <= P50_BUDGET_MS and g.p99 <= P99_BUDGET_MS and ours <= OURS_BUDGET
     budget_row(
         "offer_search.py",
         budget=f"generated searches, server-side: p50 ≤ {P50_BUDGET_MS} ms, p99 ≤ {P99_BUDGET_MS} ms, ours ≤ {OURS_BUDGET}× SQL",  # fmt: skip
-        figure=f"p50 {p50:.1f} ms, p99 {p99:.1f} ms (at the client {c50:.1f}, {c99:.1f} ms), ours {ours:.2f}×",  # fmt: skip
-        floor=f"SQL p50 {percentile(generated.sql, 0.5):.1f} ms, p99 {percentile(generated.sql, 0.99):.1f} ms;"
-        f" not judged: the fixed searches p50 {f50:.1f} ms, p99 {f99:.1f} ms (their SQL p50 {percentile(fixed.sql, 0.5):.1f} ms),"
-        f" a search that reads nothing p50 {n50:.1f} ms",
-        ratio=round(max(p50 / P50_BUDGET_MS, p99 / P99_BUDGET_MS, ours / OURS_BUDGET), 2),
+        figure=f"p50 {g.p50:.1f} ms, p99 {g.p99:.1f} ms (at the client {g.client50:.1f}, {g.client99:.1f} ms), ours {ours:.2f}×",  # fmt: skip
+        floor=f"SQL p50 {g.sql50:.1f} ms, p99 {g.sql99:.1f} ms;"
+        f" not judged: the fixed searches p50 {f.p50:.1f} ms, p99 {f.p99:.1f} ms (their SQL p50 {f.sql50:.1f} ms),"
+        f" a search that reads nothing p50 {n.p50:.1f} ms",
+        ratio=round(max(g.p50 / P50_BUDGET_MS, g.p99 / P99_BUDGET_MS, ours / OURS_BUDGET), 2),
         within=within,
     )
     return within
