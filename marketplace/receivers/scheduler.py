@@ -31,6 +31,16 @@ def on_instance_state_changed(
     launched_as_asked=False,
     **kwargs,
 ):
+    if to_state == InstanceState.STOPPED:
+        reason = interrupted_note(instance_id) or reason
+    # The consoles first: nothing below changes what the event says, and each of it is a
+    # transaction or a query the console's "running" would otherwise wait for.
+    publish_instance_event(
+        team_id,
+        instance_id,
+        "instance.state",
+        {"id": instance_id, "state": to_state, "from": from_state, "reason": reason},
+    )
     rental_follow_instance(instance_id=instance_id)
     if to_state == InstanceState.RUNNING and not launched_as_asked:
         # A failed version may have given way to the one before it (its GPUs, disk, volumes).
@@ -38,8 +48,6 @@ def on_instance_state_changed(
             rental_follow_version(instance_id=instance_id)
         except Exception:
             logger.exception("rental of instance %s did not follow its version", instance_id)
-    if to_state == InstanceState.STOPPED:
-        reason = interrupted_note(instance_id) or reason
     if to_state not in GPU_HOLDING_STATES and bids_waiting(machine_id):
         # GPUs came free: an interrupted rental waiting for them may win them back now.
         machine_bids_resolve(machine_id=machine_id)
@@ -53,12 +61,6 @@ def on_instance_state_changed(
             publish_team_event(
                 provider_team_id, "machine.changed", {"id": machine_id, "what": "rentals"}
             )
-    publish_instance_event(
-        team_id,
-        instance_id,
-        "instance.state",
-        {"id": instance_id, "state": to_state, "from": from_state, "reason": reason},
-    )
 
 
 @receiver(instance_progress, dispatch_uid="marketplace.instance_progress")
