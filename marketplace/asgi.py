@@ -6,6 +6,7 @@ then session authentication; consumers refuse anonymous users before accepting.
 
 from __future__ import annotations
 
+import gc
 import os
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "marketplace.settings")
@@ -35,3 +36,9 @@ application = ProtocolTypeRouter(
         ),
     }
 )
+
+# What is loaded by now (Django, the apps, their modules and models) lives as long as the
+# process: out of the collector's sight, no collection walks it again. Measured under the rent
+# bench's 8 clients: the collector's share of a web process's CPU 8.5 % → 2 %, and no full
+# collection (docs/benchmarks.md, 2026-12-07, fifth round).
+gc.freeze()
