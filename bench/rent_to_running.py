@@ -7,8 +7,8 @@ publishes the launch; a Celery worker of the recipe takes it from Redis (the rea
 launches over SSH; the bench watches the team's console socket (``/ws/events/``, signed in
 as the renter, as the console's page is) until it says the instance is running. Publishing,
 the broker hop, the worker's pick-up and the event's way back to the console are in the
-figure. (Until 2026-12-07 the bench read the instance's row every 5 ms instead: those reads
-took the 2 cores' time from the very launch they timed, and no user watches that way.)
+figure. (Until 2026-12-07 the bench read the instance's row every 5 ms instead: no user
+watches that way, and the reads ran on the 2 cores beside the launch they timed.)
 
 Two bare runs are timed in each round, by hand over the same SSH connection:
 - *plain*: `docker run IMAGE sleep 600` on Docker's default bridge (the figure of earlier
