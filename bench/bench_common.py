@@ -4,10 +4,24 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
+
+
+def _unwind_on_sigterm() -> None:
+    """A bench ended by SIGTERM (``timeout``, a CI runner, ``kill``) unwinds as on Ctrl-C: its
+    ``finally`` blocks stop the web processes, workers and Redis it started and drop its
+    database. Python's default for SIGTERM ends the process on the spot, which left them all
+    running: on 2026-12-07 eight killed runs' clusters, 40 processes, ran for two hours beside
+    every bench after them, their pools reconnecting to the scratch database."""
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+
+
+_unwind_on_sigterm()
 
 
 @contextlib.contextmanager
