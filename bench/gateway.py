@@ -1,7 +1,8 @@
 """The cluster gateway: latency it adds (forward-auth included), what it sustains, and failed
 requests during rolling updates.
 
-Real parts: Caddy 2 (the gateway), uvicorn serving Django (the forward-auth answer, as in
+Real parts: Caddy 2 (the gateway), a web process started from the recipe's unit and
+environment file (uvicorn serving Django with DEBUG off: the forward-auth answer, as in
 production), a simulated host running two busybox httpd replicas. Budgets (DESIGN.md):
 
 - 200 requests/s through a cluster URL with 1,000 keys (each request the next key, so each
@@ -52,8 +53,13 @@ ADMIN, LISTEN, WEB = free_port(), free_port(), free_port()
 os.environ["GATEWAY_ADMIN"] = f"127.0.0.1:{ADMIN}"
 os.environ["GATEWAY_URL"] = f"http://127.0.0.1:{LISTEN}"
 os.environ["GATEWAY_AUTH_UPSTREAM"] = f"127.0.0.1:{WEB}"
+os.environ["GATEWAY_LISTEN"] = ""  # the bench loads the gateway's server itself
+# What the web process must see as this process does (its pushes write the same routes).
+GATEWAY_SETTINGS = ("GATEWAY_ADMIN", "GATEWAY_URL", "GATEWAY_AUTH_UPSTREAM", "GATEWAY_LISTEN")
 
 from bench_common import budget_row, scratch_database, simulated_machine  # noqa: E402
+
+from deploy.cluster import LocalCluster  # noqa: E402
 
 # Caddy's and the web process's output of the last run (a failed request is read there).
 LOGS = Path(__file__).resolve().parents[1] / "var" / "bench"
@@ -228,6 +234,32 @@ def rolled(cluster, image: str, timeout: float = 90) -> None:
         time.sleep(0.2)
 
 
+def web_process(scratch: Path):
+    """One web process as ``gpumkt-web@.service`` runs it, with the recipe's environment file
+    (DEBUG off, JSON logs) pointed at this bench's database, Redis and gateway."""
+    recipe = LocalCluster(
+        scratch, database_url=os.environ["DATABASE_URL"], redis_url=os.environ["REDIS_URL"],
+        webs=0, workers=0,
+        overrides={"ALLOWED_HOSTS": "localhost,127.0.0.1",
+                   **{name: os.environ.get(name, "") for name in GATEWAY_SETTINGS}},
+    )  # fmt: skip
+    return recipe.start_web(WEB)
+
+
+def gateway_holds(admin, secrets: list[str], timeout: float = 30) -> None:
+    """Wait until the gateway's remembered keys (its fallback, pushed by the web process a
+    moment after it first lets a key through) hold every key, so that the reloads those
+    pushes cause happen before what is measured, not in it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        held = json.dumps(admin.server())
+        if all(secret in held for secret in secrets):
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError("the gateway does not remember every key")
+        time.sleep(0.2)
+
+
 def main() -> int:
     if shutil.which("caddy") is None:
         sys.exit("needs Caddy 2: apt-get install caddy")
@@ -237,7 +269,6 @@ def main() -> int:
         simulated_machine(gpus=4),
         tempfile.TemporaryDirectory() as tmp,
         open(LOGS / "gateway-caddy.log", "wb") as caddy_log,
-        open(LOGS / "gateway-web.log", "wb") as web_log,
     ):
         from billing.credits import credit_grant
         from marketplace.clusters.services import ClusterSpec, cluster_create, cluster_update
@@ -248,21 +279,20 @@ def main() -> int:
         team = Team.objects.create(name="bench renter")
         Membership.objects.create(team=team, user=user, role=Role.OWNER)
         credit_grant(team_id=team.pk, amount=10**10, reason="bench", idempotency_key="bench")
-        keys = Keys(tenant_keys(team, KEYS, MEMBERS))
+        secrets = tenant_keys(team, KEYS, MEMBERS)
+        keys = Keys(secrets)
 
         env = {**os.environ, "XDG_DATA_HOME": tmp, "XDG_CONFIG_HOME": tmp}
         boot = Path(tmp) / "boot.json"
         boot.write_text(json.dumps({"admin": {"listen": f"127.0.0.1:{ADMIN}"}}))
-        processes = [
-            subprocess.Popen(["caddy", "run", "--config", str(boot)], env=env,
-                             stdout=caddy_log, stderr=subprocess.STDOUT),
-            subprocess.Popen([sys.executable, "-m", "uvicorn", "marketplace.asgi:application",
-                              "--port", str(WEB), "--log-level", "warning", "--no-access-log"],
-                             env=env, stdout=web_log, stderr=subprocess.STDOUT),
-        ]  # fmt: skip
+        caddy = subprocess.Popen(
+            ["caddy", "run", "--config", str(boot)], env=env, stdout=caddy_log,
+            stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        web = None
         try:
+            web = web_process(Path(tmp) / "recipe")
             wait_for(ADMIN)
-            wait_for(WEB)
             admin = gateway.CaddyAdmin(f"127.0.0.1:{ADMIN}")
             admin.load(
                 gateway.gateway_config(
@@ -283,6 +313,7 @@ def main() -> int:
             # fallback learns it: those pushes happen here, not in what is measured).
             for _ in range(KEYS // 100):
                 paired(direct_ports, path, keys, 100, 1)
+            gateway_holds(admin, secrets)
 
             pairs = paired(direct_ports, path, keys, RATE, SECONDS)
             bad_pairs = [p for p in pairs if p[0] != 200 or p[1] != 200]
@@ -314,9 +345,11 @@ def main() -> int:
                 load.join()
             failed = [s for s in results if s != 200]
         finally:
-            for process in processes:
-                process.terminate()
-                process.wait(timeout=10)
+            caddy.terminate()
+            caddy.wait(timeout=10)
+            if web is not None:
+                web.stop(timeout=10)
+                shutil.copyfile(web.log, LOGS / "gateway-web.log")
 
     load_avg = os.getloadavg()
     print(
