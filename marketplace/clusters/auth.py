@@ -10,10 +10,11 @@ Every request through the gateway makes this sub-request, so it must be fast: th
 remembered per (cluster, credential digest) in this process for
 ``GATEWAY_AUTH_CACHE_SECONDS`` (a revoked key or removed member stops working within that
 time). Under ASGI (production, ``make run``) ``GatewayAuthFastPath`` answers in front of
-Django's request handling altogether: a remembered answer on the event loop, a first look in
-the one thread the looks share. Elsewhere (WSGI, the test client) ``GatewayAuthMiddleware``
-answers before the rest of the middleware chain (the console's active team, request logging:
-not wanted for a sub-request).
+Django's request handling altogether: a remembered answer on the event loop, a first look at
+a key on the loop too (``key_looks``, PostgreSQL), any other first look in the one thread the
+looks share. Elsewhere (WSGI, the test client) ``GatewayAuthMiddleware`` answers before the
+rest of the middleware chain (the console's active team, request logging: not wanted for a
+sub-request).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import threading
 import time
 from collections.abc import Mapping
 
+import psycopg
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
 from django.conf import settings
 from django.contrib.auth import get_user
@@ -34,8 +36,8 @@ from django.http import HttpRequest, HttpResponse
 from django.http.cookie import parse_cookie
 from django.utils.module_loading import import_string
 
-from marketplace.clusters import traffic
-from marketplace.clusters.remembered import key_passed
+from marketplace.clusters import key_looks, traffic
+from marketplace.clusters.remembered import key_passed, seen_now
 from marketplace.models import ApiKey, Cluster, Membership
 from marketplace.services.accounts import api_key_authenticate
 
@@ -54,12 +56,16 @@ def _now() -> float:
     return time.monotonic()
 
 
-def _cluster_team(cluster_id: int) -> int | None:
-    """The team of a cluster (a cluster never changes team), remembered a while."""
+_UNKNOWN = object()
+
+
+def _team_remembered(cluster_id: int):
+    """The team of a cluster as remembered (a cluster never changes team), or ``_UNKNOWN``."""
     hit = _teams.get(cluster_id)
-    if hit is not None and hit[0] > _now():
-        return hit[1]
-    team_id = Cluster.objects.filter(pk=cluster_id).values_list("team_id", flat=True).first()
+    return hit[1] if hit is not None and hit[0] > _now() else _UNKNOWN
+
+
+def _team_remember(cluster_id: int, team_id: int | None) -> int | None:
     with _lock:
         if len(_teams) > MAX_REMEMBERED:  # ids anyone may ask about: kept bounded
             _teams.clear()
@@ -67,8 +73,16 @@ def _cluster_team(cluster_id: int) -> int | None:
     return team_id
 
 
-def _key_allows(token: str, team_id: int) -> bool:
-    api_key = api_key_authenticate(token, related=False)
+def _cluster_team(cluster_id: int) -> int | None:
+    team_id = _team_remembered(cluster_id)
+    if team_id is not _UNKNOWN:
+        return team_id
+    found = Cluster.objects.filter(pk=cluster_id).values_list("team_id", flat=True).first()
+    return _team_remember(cluster_id, found)
+
+
+def _key_passes(api_key: ApiKey | None, team_id: int) -> bool:
+    """Whether an authenticated key (None: none passed) may reach the team's clusters."""
     if api_key is None or api_key.team_id != team_id:
         return False
     if not api_key.allows_audience(ApiKey.Audience.RENTER):
@@ -135,11 +149,16 @@ def check(request: HttpRequest, cluster_id: int) -> bool:
     if team_id is None:
         allowed = False
     elif credential.startswith(b"k"):
-        allowed = _key_allows(token, team_id)
-        if allowed:
-            key_passed(cluster_id, token)  # the gateway's own memory, for a web outage
+        allowed = _key_passes(api_key_authenticate(token, related=False), team_id)
+        # The gateway's own memory of the key, for a web outage.
+        if allowed and key_passed(cluster_id, token):
+            seen_now(token)
     else:
         allowed = _session_allows(request, team_id)
+    return _remember(cluster_id, credential, allowed)
+
+
+def _remember(cluster_id: int, credential: bytes, allowed: bool) -> bool:
     with _lock:
         if len(_remembered) > MAX_REMEMBERED:
             _remembered.clear()
@@ -148,6 +167,19 @@ def check(request: HttpRequest, cluster_id: int) -> bool:
             allowed,
         )
     return allowed
+
+
+async def key_look(credential: bytes, token: str, cluster_id: int) -> bool:
+    """``check`` of a key on the event loop (``key_looks``): the same answer, remembered the
+    same way. Raises ``psycopg.Error`` when the database does not answer."""
+    team_id = _team_remembered(cluster_id)
+    if team_id is _UNKNOWN:
+        team_id = _team_remember(cluster_id, await key_looks.cluster_team(cluster_id))
+    allowed = team_id is not None and _key_passes(await key_looks.api_key(token), team_id)
+    if allowed and key_passed(cluster_id, token):
+        # A Redis write, in a thread: the loop answers every request of this process.
+        asyncio.get_running_loop().run_in_executor(None, seen_now, token)
+    return _remember(cluster_id, credential, allowed)
 
 
 def due_for_a_look(found: tuple[bytes, str] | None, cluster_id: int) -> bool:
@@ -191,6 +223,20 @@ def _look_again(authorization: str, cookie: str, cluster_id: int) -> None:
         _looking.discard(memo)
 
 
+async def _key_look_again(found: tuple[bytes, str], cluster_id: int) -> None:
+    try:
+        await key_look(found[0], found[1], cluster_id)
+    except psycopg.Error:  # the remembered answer stands; the next request looks again
+        logger.warning("gateway auth: the database did not answer a look", exc_info=True)
+    finally:
+        _looking.discard(_memo(cluster_id, found[0]))
+
+
+def _on_the_loop(found: tuple[bytes, str] | None) -> bool:
+    """Whether this credential is looked at on the event loop (a key, on PostgreSQL)."""
+    return found is not None and found[0].startswith(b"k") and key_looks.available()
+
+
 REFUSED_BODY = b'{"detail": "Authentication required."}'
 REFUSED_HEADERS = {"Content-Type": "application/json", "WWW-Authenticate": 'Bearer realm="cluster"'}
 
@@ -224,19 +270,27 @@ class GatewayAuthFastPath:
                     cookie = value.decode("latin-1")
             found = credential_of(authorization, parse_cookie(cookie))
             answer = remembered_for(found, cluster_id)
+            on_the_loop = _on_the_loop(found)
             if answer is not None and due_for_a_look(found, cluster_id):
                 _looking.add(_memo(cluster_id, found[0]))
-                look = sync_to_async(_look_again)(authorization, cookie, cluster_id)
+                if on_the_loop:
+                    look = _key_look_again(found, cluster_id)
+                else:
+                    look = sync_to_async(_look_again)(authorization, cookie, cluster_id)
                 task = asyncio.ensure_future(look)
                 _background.add(task)  # kept until done (the loop holds tasks weakly)
                 task.add_done_callback(_background.discard)
             if answer is None and found is not None:
-                # A first look (the database) in the one thread these looks share, without
-                # Django's request handling: a request object, signals, the middleware chain
-                # and a thread made for the request cost more than the look itself.
+                # A first look (the database): a key's on the loop; anything else in the one
+                # thread these looks share, without Django's request handling (a request
+                # object, signals, the middleware chain and a thread made for the request
+                # cost more than the look itself).
                 try:
-                    answer = await sync_to_async(first_look)(authorization, cookie, cluster_id)
-                except DatabaseError:
+                    if on_the_loop:
+                        answer = await key_look(found[0], found[1], cluster_id)
+                    else:
+                        answer = await sync_to_async(first_look)(authorization, cookie, cluster_id)
+                except (DatabaseError, psycopg.Error):
                     logger.warning("gateway auth: the database did not answer", exc_info=True)
                     await _send(send, 503, [], b"")  # as Django's handler would answer
                     return

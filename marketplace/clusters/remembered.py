@@ -60,18 +60,19 @@ def _seen_key(digest: bytes) -> str:
     return f"{traffic.key_prefix()}:gateway:seen:{digest.hex()}"
 
 
-def key_passed(cluster_id: int, key: str) -> None:
-    """A web process let ``key`` through to this cluster: remember when, and have the gateway
-    remember the key if it does not yet."""
+def key_passed(cluster_id: int, key: str) -> bool:
+    """A web process let ``key`` through to this cluster: have the gateway remember the key if
+    it does not yet. True when it is time to note in Redis when the key was let through
+    (``seen_now``): the caller does, where it may wait for Redis (off an event loop)."""
     if not settings.GATEWAY_ADMIN or not key.startswith(f"{API_KEY_PREFIX}_"):
-        return
-    if _noted_long_ago(_digest(key)):
-        seen_now(key)
-    if (cluster_id, _digest(key)) in _pushed:
-        return
-    with _lock:
-        _pending.setdefault(cluster_id, set()).add(key)
-    _pusher_wake()
+        return False
+    digest = _digest(key)
+    due = _noted_long_ago(digest)
+    if (cluster_id, digest) not in _pushed:
+        with _lock:
+            _pending.setdefault(cluster_id, set()).add(key)
+        _pusher_wake()
+    return due
 
 
 def _noted_long_ago(digest: bytes) -> bool:

@@ -236,10 +236,11 @@ def api_keys_with_creator_role(keys: QuerySet[ApiKey]) -> QuerySet[ApiKey]:
 
 
 @functools.cache
-def _key_lookup_sql(related: bool) -> str:
+def api_key_lookup_sql(related: bool) -> str:
     """``api_keys_with_creator_role`` for one prefix, written out once: composing and compiling
     that queryset took most of an API request's authentication, every request. Without
-    ``related``, the key's own columns only (no team, no creator)."""
+    ``related``, the key's own columns only (no team, no creator). Its one parameter is the
+    prefix (``api_key_prefix``); ``api_key_from_row`` reads its row."""
     quote = connection.ops.quote_name
 
     def columns(model, alias: str) -> str:
@@ -289,15 +290,8 @@ def _converters(model, vendor: str) -> tuple:
     return tuple(found)
 
 
-def _api_key_by_prefix(prefix: str, related: bool = True) -> ApiKey | None:
-    """The key with this prefix, its team and creator loaded (with ``related``), annotated
-    with ``creator_role`` as ``api_keys_with_creator_role`` does."""
-    # Planning the lookup's joins took three times as long as running them: prepared.
-    with prepared_cursor() as cursor:
-        cursor.execute(_key_lookup_sql(related), [prefix])
-        row = cursor.fetchone()
-    if row is None:
-        return None
+def api_key_from_row(row, related: bool) -> ApiKey:
+    """The key (annotated with ``creator_role``) from a row of ``api_key_lookup_sql``."""
     keys, teams = len(ApiKey._meta.concrete_fields), len(Team._meta.concrete_fields)
     api_key = _from_row(ApiKey, row[:keys])
     api_key.creator_role = row[-1]
@@ -311,6 +305,36 @@ def _api_key_by_prefix(prefix: str, related: bool = True) -> ApiKey | None:
     return api_key
 
 
+def _api_key_by_prefix(prefix: str, related: bool = True) -> ApiKey | None:
+    """The key with this prefix, its team and creator loaded (with ``related``), annotated
+    with ``creator_role`` as ``api_keys_with_creator_role`` does."""
+    # Planning the lookup's joins took three times as long as running them: prepared.
+    with prepared_cursor() as cursor:
+        cursor.execute(api_key_lookup_sql(related), [prefix])
+        row = cursor.fetchone()
+    return None if row is None else api_key_from_row(row, related)
+
+
+def api_key_prefix(full_key: str) -> str | None:
+    """The prefix of ``gpk_<prefix>_<secret>`` (what a key is looked up by), or None when the
+    text is not shaped as a key."""
+    parts = full_key.split("_", 2)
+    if len(parts) != 3 or parts[0] != API_KEY_PREFIX:
+        return None
+    return parts[1]
+
+
+def api_key_accepts(api_key: ApiKey, full_key: str) -> bool:
+    """Whether ``full_key`` is this key's secret and the key is active."""
+    return hmac.compare_digest(api_key.key_hash, ApiKey.hash_secret(full_key)) and api_key.is_active
+
+
+def api_key_use_due(api_key: ApiKey, now: datetime) -> bool:
+    """Whether to write ``last_used_at`` now: writing it on every request would make each API
+    call a write; once a minute is enough to answer "is this key still in use?"."""
+    return api_key.last_used_at is None or now - api_key.last_used_at > timedelta(minutes=1)
+
+
 def api_key_authenticate(full_key: str, *, related: bool = True) -> ApiKey | None:
     """The key for ``gpk_<prefix>_<secret>``, if it exists, matches and is active.
 
@@ -319,20 +343,12 @@ def api_key_authenticate(full_key: str, *, related: bool = True) -> ApiKey | Non
     ``related``, its team and creator come loaded (an API request acts as them); the gateway,
     which only asks whether the key passes, reads the key alone.
     """
-    parts = full_key.split("_", 2)
-    if len(parts) != 3 or parts[0] != API_KEY_PREFIX:
-        return None
-    api_key = _api_key_by_prefix(parts[1], related)
-    if api_key is None:
-        return None
-    if not hmac.compare_digest(api_key.key_hash, ApiKey.hash_secret(full_key)):
-        return None
-    if not api_key.is_active:
+    prefix = api_key_prefix(full_key)
+    api_key = None if prefix is None else _api_key_by_prefix(prefix, related)
+    if api_key is None or not api_key_accepts(api_key, full_key):
         return None
     now = timezone.now()
-    # Writing last-used on every request would make each API call a write; once a minute is
-    # enough to answer "is this key still in use?".
-    if api_key.last_used_at is None or now - api_key.last_used_at > timedelta(minutes=1):
+    if api_key_use_due(api_key, now):
         ApiKey.objects.filter(pk=api_key.pk).update(last_used_at=now)
         api_key.last_used_at = now
     return api_key
