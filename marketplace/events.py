@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from channels.layers import get_channel_layer
+
 from core.events import send_on_commit
 
 
@@ -26,6 +28,19 @@ def instance_group(instance_id: int) -> str:
 def user_group(user_id: int) -> str:
     """Every socket of one user: told when the user loses access."""
     return f"user.{user_id}"
+
+
+def teams_listened(team_ids: list[int]) -> list[int]:
+    """Those of the teams whose console someone has open now (all of them where the layer
+    cannot tell): for an event whose data costs a query to make."""
+    layer = get_channel_layer()
+    if layer is None:  # nothing is sent without a layer
+        return []
+    look = getattr(layer, "groups_listened_now", None)
+    if look is None:
+        return list(team_ids)
+    listened = look([team_group(team_id) for team_id in team_ids])
+    return [team_id for team_id in team_ids if team_group(team_id) in listened]
 
 
 def publish_team_event(team_id: int, event_type: str, data: dict[str, Any]) -> None:

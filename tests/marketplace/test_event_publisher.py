@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import time
 
 import pytest
@@ -14,11 +15,13 @@ from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.db import transaction
 
+from core.channel_layer import RedisChannelLayer
 from marketplace.events import (
     publish_access_lost,
     publish_team_event,
     publish_team_events,
     team_group,
+    teams_listened,
     user_group,
 )
 
@@ -98,8 +101,22 @@ def test_only_groups_with_a_live_member_are_sent_to_and_theirs_arrive():
     async_to_sync(age_out)()
 
     assert async_to_sync(layer.groups_listened)([listened, expired, empty]) == {listened}
+    # The same look from a thread outside any event loop, and the teams it names.
+    assert layer.groups_listened_now([listened, expired, empty]) == {listened}
+    assert teams_listened([TEAM_ID + 12, TEAM_ID + 11, TEAM_ID + 10]) == [TEAM_ID + 10]
     publish_team_events(
         "probe", [(TEAM_ID + 12, {"n": 0}), (TEAM_ID + 11, {"n": 1}), (TEAM_ID + 10, {"n": 2})]
     )
     [message] = received(channel, 1)
     assert message["data"] == {"n": 2}
+
+
+def test_where_redis_does_not_answer_every_group_counts_as_listened():
+    """The look before an event costs a query: not knowing, the event is made (and the
+    publisher, which cannot reach Redis either, logs that it could not send it)."""
+    with socket.socket() as probe:  # a port nothing listens on once closed
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    layer = RedisChannelLayer(hosts=[f"redis://127.0.0.1:{port}/0"])
+    groups = {team_group(TEAM_ID + 20), team_group(TEAM_ID + 21)}
+    assert layer.groups_listened_now(groups) == groups
