@@ -198,8 +198,8 @@ def web_processes(redis, *, overrides: dict[str, str] | None = None) -> Iterator
         webs=2,
         workers=0,
         overrides={
+            # The log level is the recipe's (production logs every request at INFO).
             **shared_settings(),
-            "LOG_LEVEL": "WARNING",
             **(overrides or {}),
             **extra,
         },

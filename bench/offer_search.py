@@ -512,10 +512,6 @@ def main() -> None:
         help="measure the offers an earlier --reuse run seeded, and keep the database",
     )  # fmt: skip
     args = parser.parse_args()
-    from deploy.recipe import ENV_EXAMPLE, env_file_parse
-
-    # The web processes log as production does (its environment file's level).
-    log_level = env_file_parse(ENV_EXAMPLE.read_text())["LOG_LEVEL"]
     with private_redis(REDIS), scratch_database(keep=args.reuse) as existed:
         from offer_queries import Search, coverage, generate, parsed
 
@@ -534,7 +530,7 @@ def main() -> None:
         fixed = [Search(q=q, limit=64, offset=0) for q in QUERIES] * args.fixed_rounds
         keys = renter_keys(args.keys)
         raw = RawSql()
-        with web_processes(REDIS, overrides={"LOG_LEVEL": log_level}) as cluster:
+        with web_processes(REDIS) as cluster:  # logging as production does
             client = Client(cluster.web_ports, keys)
             # Both processes: connections, imports, and each one's offer index loaded.
             for search in fixed[: len(QUERIES) * 2]:

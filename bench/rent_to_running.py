@@ -73,7 +73,6 @@ def main() -> None:
                 # probed the machine with: the worker logs in with the key derived from it.
                 **shared_settings(),
                 "HOST_ALLOW_LOOPBACK": "1",  # the simulated host is real sshd on loopback
-                "LOG_LEVEL": os.environ.get("BENCH_LOG_LEVEL", "WARNING"),
                 "CONTAINER_EXTRA_LABELS": "gpumkt.bench=1",
             },
         )
