@@ -17,6 +17,7 @@ database restarted) costs the next look a new connection, not an error. It shows
 from __future__ import annotations
 
 import asyncio
+import functools
 from typing import Any
 
 import psycopg
@@ -35,7 +36,10 @@ from marketplace.services.accounts import (
 APPLICATION_NAME = "gpumkt gateway looks"
 
 
+@functools.cache
 def available() -> bool:
+    """Whether looks run here (PostgreSQL). Asked on every gateway request; a process's
+    database does not change, so asked of Django once."""
     return connection.vendor == "postgresql"
 
 
