@@ -20,6 +20,7 @@ was waiting to be accepted; see scheduler/gateway.py). Exits 1 when over a budge
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import itertools
 import json
@@ -38,7 +39,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("DEBUG", "1")
 os.environ.setdefault("DATABASE_URL", "postgres://gpumkt:gpumkt@127.0.0.1:5432/gpumkt_bench_gw")
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "marketplace.settings")
-os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6391/14")
 os.environ["CELERY_TASK_ALWAYS_EAGER"] = "1"
 os.environ["CONTAINER_EXTRA_LABELS"] = "gpumkt.bench=1"
 
@@ -59,7 +59,11 @@ GATEWAY_SETTINGS = ("GATEWAY_ADMIN", "GATEWAY_URL", "GATEWAY_AUTH_UPSTREAM", "GA
 
 from bench_common import budget_row, scratch_database, simulated_machine  # noqa: E402
 
-from deploy.cluster import LocalCluster  # noqa: E402
+from deploy.cluster import LocalCluster, Redis  # noqa: E402
+
+# A private Redis, started in main(): the bench needs no server of the test suite's.
+REDIS = Redis(Path(tempfile.mkdtemp(prefix="gpumkt-gateway-redis-")), persistent=False)
+os.environ["REDIS_URL"] = REDIS.url
 
 # Caddy's and the web process's output of the last run (a failed request is read there).
 LOGS = Path(__file__).resolve().parents[1] / "var" / "bench"
@@ -246,6 +250,14 @@ def web_process(scratch: Path):
     return recipe.start_web(WEB)
 
 
+@contextlib.contextmanager
+def stopped_at_exit(redis: Redis):
+    try:
+        yield redis
+    finally:
+        redis.stop()
+
+
 def gateway_holds(admin, secrets: list[str], timeout: float = 30) -> None:
     """Wait until the gateway's remembered keys (its fallback, pushed by the web process a
     moment after it first lets a key through) hold every key, so that the reloads those
@@ -264,7 +276,9 @@ def main() -> int:
     if shutil.which("caddy") is None:
         sys.exit("needs Caddy 2: apt-get install caddy")
     LOGS.mkdir(parents=True, exist_ok=True)
+    REDIS.start()
     with (
+        stopped_at_exit(REDIS),
         scratch_database(),
         simulated_machine(gpus=4),
         tempfile.TemporaryDirectory() as tmp,
