@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from billing.money import format_usd
 from core.db import release_database_connection
 from scheduler.models import Instance, InstanceState, LaunchMode
-from scheduler.services import JUPYTER_CONTAINER_PORT, SSH_CONTAINER_PORT
+from scheduler.services import JUPYTER_CONTAINER_PORT, LIVE_PORTS, SSH_CONTAINER_PORT
 
 
 def published_ports(
@@ -18,6 +18,8 @@ def published_ports(
     ``ports``: the (container port, host port, protocol) a rent just wrote, by container port,
     instead of reading them back."""
     host = instance.machine.address
+    if ports is None and (live := getattr(instance, LIVE_PORTS, None)) is not None:
+        ports = [(p.container_port, p.host_port, p.protocol) for p in live]
     if ports is None:
         ports = [
             (p.container_port, p.host_port, p.protocol)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import fields
 
+from django.db.models import Prefetch
 from django.http import Http404
 from drf_spectacular.utils import extend_schema, extend_schema_field
 from rest_framework import mixins, serializers, status
@@ -30,7 +31,7 @@ from marketplace.models import Cluster, Deployment, Replica
 from marketplace.models.deployments import DeploymentMode, PlacementPolicy, ReplicaState
 from marketplace.rentals.renting import MAX_RENTAL_HOURS, MIN_RENTAL_HOURS
 from scheduler import services as scheduler
-from scheduler.models import LaunchMode
+from scheduler.models import Instance, LaunchMode
 from scheduler.placement import BINPACK, CARD_POLICIES
 
 # API name → DeploymentSpec field, where they differ.
@@ -266,7 +267,10 @@ class DeploymentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamSc
         # The page parameters first: what they say is wrong whichever deployment it is.
         self.paginate_queryset(Replica.objects.none())
         deployment = self.get_object()
-        replicas = deployment.replicas.select_related("instance").order_by("created_at", "pk")
+        # Each replica's instance with the GPUs it holds, for the page in a few statements.
+        replicas = deployment.replicas.prefetch_related(
+            Prefetch("instance", scheduler.with_live_holdings(Instance.objects.all()))
+        ).order_by("created_at", "pk")
         page = self.paginate_queryset(replicas)
         data = ReplicaSerializer(page if page is not None else replicas, many=True).data
         return self.get_paginated_response(data) if page is not None else Response(data)

@@ -281,7 +281,7 @@ class InstanceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScop
     def get_queryset(self):
         # Only the list shows destroyed rentals (when asked to); one by id, or an action on
         # one, answers 404 for them as before.
-        queryset = super().get_queryset()
+        queryset = scheduler.with_live_holdings(super().get_queryset())
         if self.action == "list":
             return queryset
         return queryset.exclude(state=InstanceState.DESTROYED)

@@ -50,6 +50,7 @@ from marketplace.vast.schema import VastSchema
 from marketplace.vast.template_rent import rent_body_from_template
 from marketplace.vast.volume_mounts import rent_with_volume, with_linked_volume
 from scheduler.models import Instance, InstanceState
+from scheduler.services import with_live_holdings
 
 ANY_JSON = {"type": "object", "additionalProperties": True}
 
@@ -504,8 +505,11 @@ class InstanceList(RenterView):
     def get(self, request):
         instances = team_objects(
             self.team,
-            Instance.objects.select_related("rental", "machine").prefetch_related(
-                all_free_offers("machine__offers")
+            with_live_holdings(
+                # The machines' GPUs too: a row's CPU and RAM per unit divide by their count.
+                Instance.objects.select_related("rental", "machine").prefetch_related(
+                    all_free_offers("machine__offers"), "machine__gpus"
+                )
             ),
         ).exclude(state=InstanceState.DESTROYED)
         instances = instances.filter(

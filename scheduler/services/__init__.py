@@ -8,6 +8,7 @@ Callers import from here; the names below are the scheduler's public services.
 from __future__ import annotations
 
 from scheduler.services.allocations import (
+    LIVE_PORTS,
     CapacityTrial,
     FreeCapacity,
     allocation_release_all,
@@ -21,6 +22,7 @@ from scheduler.services.allocations import (
     live_gpu_slices,
     machine_cards,
     sliced_gpu_ids,
+    with_live_holdings,
 )
 from scheduler.services.container_spec import (
     JUPYTER_BOOTSTRAP,
@@ -87,6 +89,8 @@ __all__ = [
     "instance_destroy_request",
     "instance_expire",
     "instance_gpu_uuids",
+    "with_live_holdings",
+    "LIVE_PORTS",
     "instance_launch",
     "instance_launch_fail",
     "instance_pause",

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Exists, OuterRef, Q, QuerySet, Sum
+from django.db.models import Exists, OuterRef, Prefetch, Q, QuerySet, Sum
 from django.utils import timezone
 
 from core.pg_bulk import insert_models
@@ -427,7 +427,34 @@ def _slice_reclaim(instance: Instance) -> Gpu:
     return gpu
 
 
+# Where ``with_live_holdings`` leaves an instance's live GPU allocations, slices and ports.
+_LIVE_GPUS, _LIVE_SLICES, LIVE_PORTS = "live_gpu_rows", "live_slice_rows", "live_port_rows"
+
+
+def with_live_holdings(instances: QuerySet[Instance]) -> QuerySet[Instance]:
+    """``instances`` with what each holds now (GPUs with their uuids, slices, host ports) read
+    in three statements for the whole page, not two per instance: ``instance_gpu_uuids`` and
+    ``marketplace.selectors.published_ports`` use them when present."""
+    return instances.prefetch_related(
+        Prefetch(
+            "gpu_allocations",
+            live_gpu_allocations().select_related("gpu").order_by("gpu__index"),
+            to_attr=_LIVE_GPUS,
+        ),
+        Prefetch("gpu_slices", live_gpu_slices().select_related("gpu"), to_attr=_LIVE_SLICES),
+        Prefetch(
+            "port_allocations",
+            PortAllocation.objects.filter(released_at=None).order_by("container_port"),
+            to_attr=LIVE_PORTS,
+        ),
+    )
+
+
 def instance_gpu_uuids(instance: Instance) -> list[str]:
+    """The uuids of the GPUs (a slice's: its card's) the instance holds now, in index order."""
+    prefetched = getattr(instance, _LIVE_SLICES if instance.is_slice else _LIVE_GPUS, None)
+    if prefetched is not None:
+        return [held.gpu.uuid for held in prefetched]
     if instance.is_slice:
         return list(live_gpu_slices().filter(instance=instance).values_list("gpu__uuid", flat=True))
     return list(
