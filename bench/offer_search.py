@@ -4,11 +4,13 @@ An offer is a GPU-count bundle of a machine (1, 2, 4, 8 and its free count, issu
 million offers are some 300,000 machines; the bench prints how many.
 
 Budget (DESIGN.md): over the generated searches, p50 ≤ 5 ms, p99 ≤ 15 ms server-side, and our
-part of a search (the HTTP answer less its SQL) ≤ 2× the SQL. Server-side is what each web
-process says it took (its ``Server-Timing: app;dur=`` header, core/server_timing.py: from
-uvicorn handing it the request to the answer's head going out); the client's own time, which
-adds the HTTP round trip and this process's parsing, is printed beside it, and the our-part
-ratio is taken on it (the stricter). The searches go as a user's do: over
+part of a search (the answer less the search's own work) ≤ 2× the search's own work.
+Server-side is what each web process says it took (its ``Server-Timing: app;dur=`` header,
+core/server_timing.py: from uvicorn handing it the request to the answer's head going out);
+the client's own time, which adds the HTTP round trip and this process's parsing, is printed
+beside it. The search's own work is the ``search;dur=`` the offer view adds to the same header
+(marketplace/api/offers.py): finding the page (in the offer index, or by SQL when it is off)
+and reading the page's rows. The searches go as a user's do: over
 HTTP, on keep-alive connections, to two web processes started from the production recipe's
 unit (deploy/, uvicorn, its environment file's log level), each with one of ``--keys`` read
 API keys in turn (the production throttles stay on). Three lines are timed:
@@ -20,24 +22,25 @@ API keys in turn (the production throttles stay on). Three lines are timed:
 - *fixed*: the bench's earlier fixed searches (``QUERIES``), ``--fixed-rounds`` times over,
   kept to compare with earlier rounds: printed with their ratios, not judged. The project
   guide rules out "a fixed handful of queries" as the workload a budget is met on, and
-  DESIGN.md names the generated searches; their SQL (about 1 ms, on indexes made for these
-  shapes) is also below what the stack itself costs a search that reads nothing (the next
-  line), so no search could be within 2× of it.
+  DESIGN.md names the generated searches.
 - *stack*: a search that reads nothing (``id=0``, a page of one), timed the same way: the
   floor of any search on this stack (authentication, throttle, the index's freshness check,
   Django and HTTP), printed beside the fixed line, not judged.
 
-The floor is each search's own SQL (the statement the ORM writes for it, page included) run
-raw on a psycopg connection right beside its HTTP request (after it, or before it for every
-other search), so both see the same machine. The
-ratio is the median over searches of (HTTP − SQL) / SQL. The slowest generated searches are
-printed with their SQL time, to say which plans miss.
+The our-part ratio is the median over searches of (answer − search) / search, both
+server-side. Until 2026-12-07 it was taken against each search's own SQL run raw, which stopped
+meaning anything once the web processes answered from their in-memory offer index: the raw
+SQL of a generated search (p50 120–190 ms) is slower than the whole answer, the ratio came
+out negative and could not fail.
+
+Beside each search its SQL (the statement the ORM writes for it, page included) still runs
+raw on a psycopg connection (after it, or before it for every other search): what the same
+search costs without the index, printed, not judged, and a page of another length than its
+SQL's fails the bench. The slowest generated searches are printed with their SQL time.
 
 The web processes answer from their in-memory offer index (marketplace/offer_index.py, the
-``OFFER_INDEX`` setting, on by default), loaded at each one's first search (the warm-up);
-the SQL beside each search is then what the same search costs without it, and a page of
-another length than its SQL's fails the bench. ``BENCH_WEB_ENV=OFFER_INDEX=0`` times the
-SQL path instead.
+``OFFER_INDEX`` setting, on by default), loaded at each one's first search (the warm-up).
+``BENCH_WEB_ENV=OFFER_INDEX=0`` times the SQL path instead.
 
 The data lives in a scratch database (``gpumkt_bench_offers`` + ``BENCH_DATABASE_SUFFIX``)
 with a private Redis, dropped at the end.
@@ -311,8 +314,8 @@ class Client:
         self.keys = keys
         self.sent = 0
 
-    def search(self, search) -> tuple[float, float, dict]:
-        """(milliseconds at the client, milliseconds at the server, the answer) of one search;
+    def search(self, search) -> tuple[float, dict[str, float], dict]:
+        """(milliseconds at the client, the web process's timings, the answer) of one search;
         a search the API refuses stops the bench."""
         connection = self.connections[self.sent % len(self.connections)]
         headers = {"Authorization": f"Bearer {self.keys[self.sent % len(self.keys)]}",
@@ -340,17 +343,22 @@ class Client:
         elapsed = (time.perf_counter() - started) * 1000
         if response.status != 200:
             sys.exit(f"{search.label()}: {response.status} {answer[:300]!r}")
-        return elapsed, server_side(response), json.loads(answer)
+        return elapsed, server_timings(response), json.loads(answer)
 
 
-def server_side(response: http.client.HTTPResponse) -> float:
-    """The milliseconds the web process says it took (its ``Server-Timing: app;dur=``)."""
-    timing = response.getheader("Server-Timing") or ""
-    for metric in timing.split(","):
+def server_timings(response: http.client.HTTPResponse) -> dict[str, float]:
+    """The milliseconds the web process says it took (``Server-Timing``): ``app``, the whole
+    answer, and ``search``, the search's own work (the offer index, or SQL, and the page's
+    rows) within it."""
+    header = response.getheader("Server-Timing") or ""
+    timings = {}
+    for metric in header.split(","):
         name, _, parameters = metric.strip().partition(";")
-        if name == "app" and parameters.startswith("dur="):
-            return float(parameters[len("dur=") :])
-    sys.exit(f"the web process sent no Server-Timing app duration: {timing!r}")
+        if parameters.startswith("dur="):
+            timings[name] = float(parameters[len("dur=") :])
+    if "app" not in timings or "search" not in timings:
+        sys.exit(f"the web process sent no Server-Timing app and search durations: {header!r}")
+    return timings
 
 
 class RawSql:
@@ -402,6 +410,7 @@ class Line:
     name: str
     http: list[float] = field(default_factory=list)
     server: list[float] = field(default_factory=list)
+    search: list[float] = field(default_factory=list)  # the search's own work, server-side
     sql: list[float] = field(default_factory=list)
     searches: list = field(default_factory=list)
 
@@ -411,22 +420,24 @@ class Line:
             # other's pages already in the cache.
             if len(self.http) % 2:
                 sql, rows = raw.time(search)
-                elapsed, server, answer = client.search(search)
+                elapsed, timings, answer = client.search(search)
             else:
-                elapsed, server, answer = client.search(search)
+                elapsed, timings, answer = client.search(search)
                 sql, rows = raw.time(search)
             page = len(answer["offers"]) + (answer["next_offset"] is not None)
             if page != rows:
                 sys.exit(f"{search.label()}: the API answered {page} rows, its SQL {rows}")
             self.http.append(elapsed)
-            self.server.append(server)
+            self.server.append(timings["app"])
+            self.search.append(timings["search"])
             self.sql.append(sql)
             self.searches.append(search)
 
     def our_part(self) -> float:
-        """The median over searches of (HTTP − SQL) / SQL: our part per SQL millisecond."""
+        """The median over searches of (answer − search) / search, both server-side: what
+        the web process spends around a search per millisecond of the search itself."""
         return statistics.median(
-            (h - s) / s for h, s in zip(self.http, self.sql, strict=True) if s > 0
+            (a - s) / s for a, s in zip(self.server, self.search, strict=True) if s > 0
         )
 
 
@@ -437,12 +448,15 @@ def percentile(figures: list[float], fraction: float) -> float:
 
 @dataclass(frozen=True)
 class Figures:
-    """A line's percentiles, milliseconds: server-side, at the client, its raw SQL."""
+    """A line's percentiles, milliseconds: server-side, at the client, the search's own work
+    server-side, its raw SQL."""
 
     p50: float
     p99: float
     client50: float
     client99: float
+    search50: float
+    search99: float
     sql50: float
     sql99: float
 
@@ -451,6 +465,7 @@ class Figures:
         return cls(
             *(percentile(line.server, f) for f in (0.5, 0.99)),
             *(percentile(line.http, f) for f in (0.5, 0.99)),
+            *(percentile(line.search, f) for f in (0.5, 0.99)),
             *(percentile(line.sql, f) for f in (0.5, 0.99)),
         )
 
@@ -458,9 +473,9 @@ class Figures:
 def report(line: Line) -> Figures:
     """Print the line's figures beside its floors."""
     f = Figures.of(line)
-    print(f"  {line.name}, {len(line.http)} searches (server-side; at the client; raw SQL):")
-    print(f"    p50 {f.p50:7.2f} ms   client {f.client50:6.2f} ms   SQL {f.sql50:6.2f} ms   budget {P50_BUDGET_MS} ms   ratio {f.p50 / P50_BUDGET_MS:.2f}")  # fmt: skip
-    print(f"    p99 {f.p99:7.2f} ms   client {f.client99:6.2f} ms   SQL {f.sql99:6.2f} ms   budget {P99_BUDGET_MS} ms   ratio {f.p99 / P99_BUDGET_MS:.2f}")  # fmt: skip
+    print(f"  {line.name}, {len(line.http)} searches (server-side; at the client; the search itself, server-side; the same search as raw SQL):")  # fmt: skip
+    print(f"    p50 {f.p50:7.2f} ms   client {f.client50:6.2f} ms   search {f.search50:6.2f} ms   SQL {f.sql50:6.2f} ms   budget {P50_BUDGET_MS} ms   ratio {f.p50 / P50_BUDGET_MS:.2f}")  # fmt: skip
+    print(f"    p99 {f.p99:7.2f} ms   client {f.client99:6.2f} ms   search {f.search99:6.2f} ms   SQL {f.sql99:6.2f} ms   budget {P99_BUDGET_MS} ms   ratio {f.p99 / P99_BUDGET_MS:.2f}")  # fmt: skip
     return f
 
 
@@ -470,19 +485,20 @@ def judged(generated: Line, fixed: Line, stack: Line) -> bool:
     within."""
     g = report(generated)
     ours = generated.our_part()
-    print(f"    our part (HTTP − SQL) / SQL, median {ours:.2f}×   budget ≤ {OURS_BUDGET}×   ratio {ours / OURS_BUDGET:.2f}")  # fmt: skip
+    print(f"    our part (answer − search) / search, median {ours:.2f}×   budget ≤ {OURS_BUDGET}×   ratio {ours / OURS_BUDGET:.2f}")  # fmt: skip
     print("    judged: the budget's workload (DESIGN.md)")
     f = report(fixed)
     n = Figures.of(stack)
-    print(f"    our part (HTTP − SQL) / SQL, median {fixed.our_part():.2f}×")
+    print(f"    our part (answer − search) / search, median {fixed.our_part():.2f}×")
     print(f"    the stack's floor, a search that reads nothing ({len(stack.http)}), server-side: p50 {n.p50:.2f} ms, p99 {n.p99:.2f} ms (at the client p50 {n.client50:.2f} ms); the fixed searches beyond it: p50 {f.p50 - n.p50:.2f} ms")  # fmt: skip
     print("    printed, not judged: a fixed handful of searches, kept to compare rounds")
     within = g.p50 <= P50_BUDGET_MS and g.p99 <= P99_BUDGET_MS and ours <= OURS_BUDGET
     budget_row(
         "offer_search.py",
-        budget=f"generated searches, server-side: p50 ≤ {P50_BUDGET_MS} ms, p99 ≤ {P99_BUDGET_MS} ms, ours ≤ {OURS_BUDGET}× SQL",  # fmt: skip
+        budget=f"generated searches, server-side: p50 ≤ {P50_BUDGET_MS} ms, p99 ≤ {P99_BUDGET_MS} ms, ours ≤ {OURS_BUDGET}× the search",  # fmt: skip
         figure=f"p50 {g.p50:.1f} ms, p99 {g.p99:.1f} ms (at the client {g.client50:.1f}, {g.client99:.1f} ms), ours {ours:.2f}×",  # fmt: skip
-        floor=f"SQL p50 {g.sql50:.1f} ms, p99 {g.sql99:.1f} ms;"
+        floor=f"the search itself p50 {g.search50:.1f} ms, p99 {g.search99:.1f} ms;"
+        f" the same searches as raw SQL p50 {g.sql50:.1f} ms, p99 {g.sql99:.1f} ms;"
         f" not judged: the fixed searches p50 {f.p50:.1f} ms, p99 {f.p99:.1f} ms (their SQL p50 {f.sql50:.1f} ms),"
         f" a search that reads nothing p50 {n.p50:.1f} ms",
         ratio=round(max(g.p50 / P50_BUDGET_MS, g.p99 / P99_BUDGET_MS, ours / OURS_BUDGET), 2),

@@ -105,6 +105,27 @@ async def test_every_answer_says_how_long_the_process_took_to_answer(funded_team
     await sync_to_async(connections.close_all)()
 
 
+async def test_an_offer_search_also_says_how_long_the_search_itself_took(funded_team):
+    """The offer search adds ``search;dur=<ms>``, the search's own work (the offer index or
+    SQL, and the page's rows), which the offer bench weighs the rest of the answer against:
+    more than nothing and no more than the whole answer, on a GET and on a JSON body."""
+    key = await sync_to_async(issue_key)(funded_team)
+    for method, path, body in [
+        ("GET", "/api/v1/offers/?q=num_gpus%3E%3D1&limit=5", b""),
+        ("POST", "/api/v1/offers/", json.dumps({"num_gpus": {"gte": 1}}).encode()),
+    ]:
+        response = await call(path, key=key, method=method, body=body)
+        assert response["status"] == 200, response["body"]
+        timings = dict(
+            v.decode().split(";dur=")
+            for n, v in response["headers"]
+            if n.lower() == b"server-timing"
+        )
+        assert set(timings) == {"app", "search"}, response["headers"]
+        assert 0 < float(timings["search"]) <= float(timings["app"])
+    await sync_to_async(connections.close_all)()
+
+
 async def test_a_refused_rent_through_asgi_names_the_field(funded_team):
     key = await sync_to_async(issue_key)(funded_team)
     body = json.dumps({"machine_id": 1, "image": "busybox", "duration_hours": 1}).encode()
