@@ -248,3 +248,56 @@ def budget_row(
     }  # fmt: skip
     with open(path, "a", encoding="utf-8") as results:
         results.write(json.dumps(row, ensure_ascii=False) + "\n")
+
+
+def reference_loop_ms(rounds: int = 5) -> float:
+    """The machine's speed as one number: the fastest of ``rounds`` runs of a fixed Python
+    loop (3,000,000 additions), in milliseconds. Not a budget: the same code measured on a
+    machine whose loop takes twice as long shows figures about twice as slow, so ``make
+    bench`` prints it before and after the benches, and a round is compared with another only
+    beside it."""
+    import time
+
+    fastest = float("inf")
+    for _ in range(rounds):
+        started = time.perf_counter()
+        total = 0
+        for n in range(3_000_000):
+            total += n
+        fastest = min(fastest, (time.perf_counter() - started) * 1000)
+    return fastest
+
+
+def reference_round_trip_us(trips: int = 5000, rounds: int = 3) -> float:
+    """The machine's other speed: the fastest of ``rounds`` means of a byte sent to another
+    thread over a local socket and sent back, in microseconds. Every request, statement and
+    task crosses sockets and wakes threads; on a machine where this is slow (a microVM's
+    system calls and wake-ups) every bench that talks to PostgreSQL or Redis is slower,
+    however fast its Python loop."""
+    import socket
+    import threading
+    import time
+
+    fastest = float("inf")
+    for _ in range(rounds):
+        near, far = socket.socketpair()
+
+        def echo(far: socket.socket = far) -> None:
+            for _ in range(trips):
+                far.sendall(far.recv(1))
+
+        echoing = threading.Thread(target=echo)
+        echoing.start()
+        started = time.perf_counter()
+        for _ in range(trips):
+            near.sendall(b"x")
+            near.recv(1)
+        fastest = min(fastest, (time.perf_counter() - started) / trips * 1e6)
+        echoing.join()
+        near.close()
+        far.close()
+    return fastest
+
+
+if __name__ == "__main__":  # scripts/bench.sh: the machine's speeds, for the table's header
+    print(f"{reference_loop_ms():.0f} ms and {reference_round_trip_us():.0f} µs")

@@ -34,6 +34,9 @@ def main(folder: Path) -> None:
         " ratio = figure ÷ budget; load = the one-minute load average as each budget was"
         " judged.\nEvery earlier round: [docs/benchmarks.md](docs/benchmarks.md)."
     )
+    speed = _machine_speed(folder / "machine")
+    if speed:
+        print(speed)
     print()
     print("| bench | budget | figure | floor, measured beside it | ratio | load | standing |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
@@ -43,6 +46,21 @@ def main(folder: Path) -> None:
                 Path(script).name, code, [row for row in rows if row["bench"] == Path(script).name]
             )
         )
+
+
+def _machine_speed(path: Path) -> str:
+    """The line on the machine's speeds (``bench_common.reference_loop_ms`` and
+    ``reference_round_trip_us``, before and after the benches), or nothing when they were
+    not measured."""
+    if not path.exists():
+        return ""
+    taken = dict(line.split(" ", 1) for line in path.read_text().splitlines() if " " in line)
+    measured = ", ".join(f"{taken[when]} {when}" for when in ("before", "after") if when in taken)
+    return (
+        "The machine (`bench/bench_common.py`): a Python loop of 3,000,000 additions, and a"
+        f" byte's round trip to another thread over a local socket: {measured} the benches."
+        " Figures from a round whose machine measured otherwise are not comparable one for one."
+    )
 
 
 def _row(name: str, code: str, mine: list[dict]) -> str:

@@ -14,6 +14,8 @@ tune_kernel_for_caddy  # as make run and make test do: the gateway bench's Caddy
 mkdir -p var/bench
 : > var/bench/results.jsonl
 : > var/bench/exits
+# The machine's speed before and after (bench_common.reference_loop_ms), for the table.
+echo "before $(.venv/bin/python bench/bench_common.py)" > var/bench/machine
 failed=""
 for script in bench/[a-z]*.py; do
   case $script in bench/bench_common.py | bench/offer_queries.py | bench/bench_table.py) continue ;; esac
@@ -23,6 +25,7 @@ for script in bench/[a-z]*.py; do
   echo "$script $code" >> var/bench/exits
   [ "$code" = 0 ] || failed="$failed $script"
 done
+echo "after $(.venv/bin/python bench/bench_common.py)" >> var/bench/machine
 .venv/bin/python bench/bench_table.py var/bench > var/bench/table.md
 echo
 cat var/bench/table.md
