@@ -281,7 +281,9 @@ class InstanceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScop
     def get_queryset(self):
         # Only the list shows destroyed rentals (when asked to); one by id, or an action on
         # one, answers 404 for them as before.
-        queryset = scheduler.with_live_holdings(super().get_queryset())
+        queryset = super().get_queryset()
+        if self.action in ("list", "retrieve"):  # they show each instance's GPUs and ports
+            queryset = scheduler.with_live_holdings(queryset)
         if self.action == "list":
             return queryset
         return queryset.exclude(state=InstanceState.DESTROYED)
