@@ -31,7 +31,7 @@ from billing.ledger import (
     AccountKey,
     Posting,
     balances_notify,
-    ensure_accounts,
+    ensure_team_accounts,
     lock_accounts,
     postings_write,
     require_amount,
@@ -115,7 +115,7 @@ def hold_create(
     require_amount(amount)
     require_idempotency_key(idempotency_key)
     available_key, held_key = (team_id, AccountKind.AVAILABLE), (team_id, AccountKind.HELD)
-    ensure_accounts({(provider_team_id, AccountKind.EARNINGS)})
+    ensure_team_accounts({(provider_team_id, AccountKind.EARNINGS)})
     accounts = lock_accounts([available_key, held_key])
     existing = Hold.objects.filter(idempotency_key=idempotency_key).first()
     if existing is not None:
@@ -211,7 +211,7 @@ def holds_create_many(
         require_amount(request.amount)
         require_idempotency_key(request.idempotency_key)
     team_ids = {request.team_id for request in requests}
-    ensure_accounts({(request.provider_team_id, AccountKind.EARNINGS) for request in requests})
+    ensure_team_accounts({(request.provider_team_id, AccountKind.EARNINGS) for request in requests})
     keys = {
         (team_id, kind)
         for team_id in team_ids

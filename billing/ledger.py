@@ -81,6 +81,33 @@ def ensure_accounts(keys: set[AccountKey]) -> None:
         )
 
 
+# Team accounts this process has seen committed. An account row is never deleted (a trigger
+# refuses) and team ids are never reused, so ``ensure_team_accounts`` need not look for one
+# again: each batch of rents looked up its providers' earnings accounts, a statement and its
+# ORM every time. Only what a commit made durable is remembered (a creation rolled back is
+# looked for again), and accounts of no team are left out: the tests' flush empties the
+# tables, and the platform's accounts are the same keys afterwards.
+_teams_accounts_seen: set[AccountKey] = set()
+_SEEN_AT_MOST = 200_000
+
+
+def ensure_team_accounts(keys: set[AccountKey]) -> None:
+    """``ensure_accounts`` for teams' accounts, skipping those already seen committed."""
+    unseen = {key for key in keys if key not in _teams_accounts_seen}
+    if not unseen:
+        return
+    if any(team_id is None for team_id, _ in unseen):
+        raise ValueError("ensure_team_accounts is for teams' accounts; use ensure_accounts")
+    ensure_accounts(unseen)
+    transaction.on_commit(lambda: _seen_committed(unseen))
+
+
+def _seen_committed(keys: set[AccountKey]) -> None:
+    if len(_teams_accounts_seen) > _SEEN_AT_MOST:  # bounded: a process serving many teams
+        _teams_accounts_seen.clear()
+    _teams_accounts_seen.update(keys)
+
+
 def lock_accounts(keys: Iterable[AccountKey]) -> dict[AccountKey, Account]:
     """Lock the accounts (creating missing ones) in primary-key order and return them."""
     wanted = set(keys)
