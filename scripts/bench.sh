@@ -14,7 +14,8 @@ tune_kernel_for_caddy  # as make run and make test do: the gateway bench's Caddy
 mkdir -p var/bench
 : > var/bench/results.jsonl
 : > var/bench/exits
-# The machine's speed before and after (bench_common.reference_loop_ms), for the table.
+# The machine's speeds before and after (bench_common.reference_loop_ms and
+# reference_round_trip_us), for the table's header.
 echo "before $(.venv/bin/python bench/bench_common.py)" > var/bench/machine
 failed=""
 for script in bench/[a-z]*.py; do
