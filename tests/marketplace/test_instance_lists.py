@@ -39,20 +39,29 @@ def statements(api, path: str) -> tuple[int, dict]:
     return len(queries), answer.json()
 
 
-def test_the_instance_list_costs_the_same_statements_for_one_instance_or_five(team, owner):
+def one_then_more(team, path: str, more: list[tuple[int, list[int]]]) -> tuple[int, int, dict]:
+    """The statements ``path`` runs with one instance of the team, then after renting
+    ``more`` ((GPUs, container ports) each, on a machine of its own), and the last answer."""
     provider = TeamFactory(name="Provider")
     fund(team, 500)
     api = key_client(team)
-    rent(team, paper_machine(provider, gpus=2), 2, [8080])
-    one, _ = statements(api, "/api/v1/instances/")
-    for gpus, ports in [(1, [22]), (2, [8080, 9000]), (1, []), (3, [7000])]:
+    rent(team, paper_machine(provider, gpus=3), 2, [8080])
+    one, _ = statements(api, path)
+    for gpus, ports in more:
         rent(team, paper_machine(provider, gpus=3), gpus, ports)
+    many, listed = statements(api, path)
+    return one, many, listed
 
-    five, listed = statements(api, "/api/v1/instances/")
+
+def test_the_instance_list_costs_the_same_statements_for_one_instance_or_five(team, owner):
+    more = [(1, [22]), (2, [8080, 9000]), (1, []), (3, [7000])]
+
+    one, five, listed = one_then_more(team, "/api/v1/instances/", more)
 
     assert five == one
     rows = listed["results"] if isinstance(listed, dict) else listed
     assert len(rows) == 5
+    api = key_client(team)
     for row in rows:  # each as it shows alone, read without the list's prefetch
         alone = api.get(f"/api/v1/instances/{row['id']}/").json()
         assert row["gpus"] == alone["gpus"] and len(row["gpus"]) == row["gpu_count"]
@@ -63,15 +72,9 @@ def test_the_instance_list_costs_the_same_statements_for_one_instance_or_five(te
 
 
 def test_the_vast_instance_list_costs_the_same_statements_for_one_instance_or_four(team, owner):
-    provider = TeamFactory(name="Provider")
-    fund(team, 500)
-    api = key_client(team)
-    rent(team, paper_machine(provider, gpus=1), 1, [8080])
-    one, _ = statements(api, "/api/v0/instances/?owner=me")
-    for ports in ([22], [8080, 9000], []):
-        rent(team, paper_machine(provider, gpus=1), 1, ports)
-
-    four, listed = statements(api, "/api/v0/instances/?owner=me")
+    one, four, listed = one_then_more(
+        team, "/api/v0/instances/?owner=me", [(1, [22]), (1, [8080, 9000]), (1, [])]
+    )
 
     assert four == one
     assert len(listed["instances"]) == 4
