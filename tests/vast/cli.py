@@ -9,6 +9,7 @@ installing it twice at once.
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import subprocess
 import sys
@@ -18,6 +19,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 CLI_VERSION = "1.9.1"
 CLI_DIR = ROOT / "var" / "vastai-cli"
+FORKSERVER = Path(__file__).with_name("cli_forkserver.py")
+TIMEOUT_S = 120
 
 
 def installed_version(python: Path) -> str | None:
@@ -65,19 +68,19 @@ class Run:
 
 
 class VastCli:
-    """Runs ``vastai --url <server> --api-key <key> <command…>`` as a user would."""
+    """Runs ``vastai --url <server> --api-key <key> <command…>`` as a user would.
+
+    Each command runs in a process of its own, forked from one that has imported the CLI
+    (tests/vast/cli_forkserver.py): the same ``main()`` on the same command line, files and
+    environment as the ``vastai`` script, without a second of imports per command. Use it as a
+    context manager, or ``close()`` it, to stop that process."""
 
     def __init__(self, executable: Path, url: str, api_key: str, home: Path):
         self.executable, self.url, self.api_key, self.home = executable, url, api_key, home
+        self._server: subprocess.Popen | None = None
 
-    def __call__(
-        self, *command: str, raw: bool = False, key: str | None = None, answer: str = ""
-    ) -> Run:
-        """``answer``: what the user types at the CLI's prompt ("y"), if it asks."""
-        args = [str(self.executable), "--url", self.url, "--api-key", key or self.api_key]
-        args += ["--raw"] if raw else []
-        args += list(command)
-        env = {
+    def environment(self) -> dict[str, str]:
+        return {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
             "HOME": str(self.home),  # no saved key or config of whoever runs the tests
             "XDG_CONFIG_HOME": str(self.home / ".config"),
@@ -87,7 +90,44 @@ class VastCli:
             "COLUMNS": "400",  # one table row per line, as on a wide terminal
             "LANG": "C.UTF-8",
         }
-        done = subprocess.run(
-            args, capture_output=True, text=True, env=env, timeout=120, input=answer + "\n"
-        )
-        return Run(list(command), done.returncode, done.stdout, done.stderr)
+
+    def server(self) -> subprocess.Popen:
+        if self._server is None:
+            self._server = subprocess.Popen(
+                [str(self.executable.parent / "python"), str(FORKSERVER), str(self.executable)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                env=self.environment(),
+            )  # fmt: skip
+        return self._server
+
+    def __call__(
+        self, *command: str, raw: bool = False, key: str | None = None, answer: str = ""
+    ) -> Run:
+        """``answer``: what the user types at the CLI's prompt ("y"), if it asks."""
+        args = ["--url", self.url, "--api-key", key or self.api_key]
+        args += ["--raw"] if raw else []
+        args += list(command)
+        server = self.server()
+        request = {"args": args, "input": answer + "\n", "timeout": TIMEOUT_S}
+        server.stdin.write(json.dumps(request) + "\n")
+        server.stdin.flush()
+        line = server.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the vastai fork server stopped (status {server.wait()})")
+        done = json.loads(line)
+        if done["returncode"] is None:
+            raise subprocess.TimeoutExpired([str(self.executable), *args], TIMEOUT_S)
+        return Run(list(command), done["returncode"], done["stdout"], done["stderr"])
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.stdin.close()  # the server ends at the end of its requests
+            self._server.wait(timeout=30)
+            self._server.stdout.close()
+            self._server = None
+
+    def __enter__(self) -> VastCli:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -155,7 +155,8 @@ def key_for(team, access=ApiKey.Access.WRITE) -> str:
 
 @pytest.fixture
 def cli(live_server_url, celery_worker, funded_team, tmp_path):
-    return VastCli(ensure_cli(), live_server_url, key_for(funded_team), tmp_path)
+    with VastCli(ensure_cli(), live_server_url, key_for(funded_team), tmp_path) as cli:
+        yield cli
 
 
 def test_the_vastai_cli_drives_the_marketplace(

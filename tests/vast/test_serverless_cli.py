@@ -18,7 +18,7 @@ def test_the_vastai_cli_runs_an_endpoint_on_a_cluster(
     live_server_url, celery_worker, funded_team, provider_team, sim_host_factory, tmp_path
 ):
     machine_for(sim_host_factory(gpus=2, gpu_name=WORKER_GPU), provider_team)
-    cli = VastCli(ensure_cli(), live_server_url, key_for(funded_team), tmp_path)
     table = Table()
-    serverless(cli, table, funded_team)
+    with VastCli(ensure_cli(), live_server_url, key_for(funded_team), tmp_path) as cli:
+        serverless(cli, table, funded_team)
     assert not table.failures, "\n\n".join(table.failures)
