@@ -304,6 +304,14 @@ class PortAllocation(models.Model):
                 name="host_port_one_live_allocation",
             )
         ]
+        indexes = [
+            # The ports a machine gave back lately, which rest before reuse (hosts/ports.py).
+            models.Index(
+                fields=["machine", "released_at"],
+                condition=Q(released_at__isnull=False),
+                name="port_given_back",
+            )
+        ]
 
     def __str__(self) -> str:
         return f"{self.host_port}->{self.container_port}/{self.protocol}"

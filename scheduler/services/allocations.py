@@ -10,6 +10,7 @@ slices, and ``holding_gpus`` asks whether an instance holds either.
 from __future__ import annotations
 
 from collections import defaultdict
+from datetime import datetime
 
 from django.db import IntegrityError, connection, transaction
 from django.db.models import Exists, OuterRef, Prefetch, Q, QuerySet, Sum
@@ -17,7 +18,7 @@ from django.utils import timezone
 
 from core.pg_bulk import insert_models
 from hosts.models import Gpu, Machine
-from hosts.ports import pick_free_ports
+from hosts.ports import PORT_REST, pick_free_ports
 from scheduler.models import GpuAllocation, GpuSlice, Instance, PortAllocation
 from scheduler.placement import BINPACK, Card, pick_card
 from scheduler.services.errors import NoCapacity
@@ -126,12 +127,20 @@ class FreeCapacity:
             self._gpu_order[machine_id].append(gpu_id)
             if not is_taken and gpu_id not in sliced:
                 self.free_gpu_ids[machine_id].append(gpu_id)
+        # The live ports, and those given back less than PORT_REST ago (hosts/ports.py): one
+        # statement, over the live ports' index and the given-back ones' by time.
         self.used_ports: dict[int, set[int]] = defaultdict(set)
-        used = PortAllocation.objects.filter(machine_id__in=ids, released_at=None).values_list(
-            "machine_id", "host_port"
-        )
-        for machine_id, port in used:
-            self.used_ports[machine_id].add(port)
+        self.resting_ports: dict[int, dict[int, datetime]] = defaultdict(dict)
+        rested_since = timezone.now() - PORT_REST
+        ports = PortAllocation.objects.filter(
+            Q(released_at=None) | Q(released_at__gte=rested_since), machine_id__in=ids
+        ).values_list("machine_id", "host_port", "released_at")
+        for machine_id, port, released_at in ports:
+            if released_at is None:
+                self.used_ports[machine_id].add(port)
+                continue
+            resting = self.resting_ports[machine_id]
+            resting[port] = max(resting.get(port, released_at), released_at)
         self._trial: CapacityTrial | None = None
 
     def take(
@@ -148,8 +157,9 @@ class FreeCapacity:
         machine = self._machines[machine_id]
         used = self.used_ports[machine_id]
         host_ports = pick_free_ports(
-            machine.port_range_start, machine.port_range_end, used, len(container_ports)
-        )
+            machine.port_range_start, machine.port_range_end, used, len(container_ports),
+            self.resting_ports[machine_id],
+        )  # fmt: skip
         if len(host_ports) < len(container_ports):
             raise NoCapacity(f"Machine {machine_id} has no free host ports left.")
         gpu_ids = free[:gpu_count]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+
 import pytest
 
 from hosts.ports import pick_free_ports
@@ -152,3 +154,13 @@ def test_which_docker_hosts_can_cap_a_containers_disk(info, options, enforced):
     from hosts.probe import storage_quota_supported
 
     assert storage_quota_supported(info, options) is enforced
+
+
+def test_pick_free_ports_rests_ports_given_back():
+    now = datetime(2026, 12, 7, tzinfo=UTC)
+    resting = {20000: now, 20002: now - timedelta(minutes=5), 20009: now}  # 20009: out of range
+    # Free ports that are not resting first, lowest first; then resting ones, longest rested
+    # first; a resting port that is live again (used) is not free.
+    assert pick_free_ports(20000, 20003, {20001}, 1, resting) == [20003]
+    assert pick_free_ports(20000, 20003, {20001}, 3, resting) == [20003, 20002, 20000]
+    assert pick_free_ports(20000, 20003, {20001, 20002}, 4, resting) == [20003, 20000]
