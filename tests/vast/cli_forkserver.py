@@ -2,12 +2,12 @@
 its imports each time.
 
 Run by the CLI's own Python (``var/vastai-cli/bin/python``), never imported by the tests: it
-imports the CLI once, as ``main()`` itself does first, then for each command it reads it forks
-a child that runs ``main()`` with that command line, its stdin, stdout and stderr on files,
-exactly as the ``vastai`` script would. Importing the CLI takes about a second here, and the
-conformance run makes hundreds of commands; a forked child starts in milliseconds. Every
-command still starts from the same freshly imported state (nothing one command does is seen
-by the next), since each runs in its own child and the server runs none.
+imports the CLI's module once (most of its imports), then for each command it reads it forks a
+child that runs ``main()`` with that command line, its stdin, stdout and stderr on files,
+exactly as the ``vastai`` script would. A new interpreter spent about a second a command on
+those imports here, and the conformance run makes hundreds of commands. Every command still
+starts from the same freshly imported state (nothing one command does is seen by the next),
+since each runs in its own child and the server runs none.
 
 One request per line on stdin, one answer per line on stdout, both JSON:
 ``{"args": [...], "input": "...", "timeout": 120}`` →
