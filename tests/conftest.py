@@ -58,6 +58,37 @@ def pytest_collection_modifyitems(items) -> None:
 
 
 @pytest.fixture(scope="session")
+def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix):
+    """Where each xdist worker's test database comes from.
+
+    PostgreSQL: pytest-django's per-worker database, made as a copy of the migrated template
+    (core/migrated_template.py), so the migrations run once for the whole run, not once for
+    each worker; ``migrate`` then finds the copy up to date.
+
+    SQLite (the second money job of scripts/test.sh, as ``make run`` uses it): a test database
+    in a file, not pytest-django's shared in-memory one: shared-cache memory databases lock
+    whole tables ("database table is locked") where a file with WAL, IMMEDIATE transactions
+    and a busy timeout (marketplace/settings.py) queues writers, so the concurrency tests meet
+    what production meets. One file per xdist worker (the workers inherit one VAR_DIR from the
+    controller, so the worker's name goes in the file's)."""
+    from django.conf import settings
+    from django.db import connections
+
+    from core import migrated_template
+
+    database = settings.DATABASES["default"]
+    if connections["default"].vendor == "postgresql" and migrated_template.enabled():
+        database.setdefault("TEST", {})["TEMPLATE"] = migrated_template.template_ensure(
+            database, base=database["NAME"]
+        )
+    elif database["ENGINE"] == "django.db.backends.sqlite3":
+        var_dir = Path(os.environ["VAR_DIR"])
+        var_dir.mkdir(parents=True, exist_ok=True)
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        database.setdefault("TEST", {})["NAME"] = str(var_dir / f"test-money-{worker}.sqlite3")
+
+
+@pytest.fixture(scope="session")
 def django_db_setup(django_db_setup, django_db_blocker):
     """The test databases, with each process's connection pool closed before they are
     dropped (a pooled connection left open would keep PostgreSQL from dropping them)."""

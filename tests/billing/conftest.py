@@ -80,25 +80,3 @@ def rent(renter_team, provider_team):
     make.now = now
     make.machine = machine
     return make
-
-
-@pytest.fixture(scope="session")
-def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix):
-    """On SQLite (the second money job of scripts/test.sh, as ``make run`` uses it), a test
-    database in a file, not pytest-django's shared in-memory one: shared-cache memory databases
-    lock whole tables ("database table is locked") where a file with WAL, IMMEDIATE
-    transactions and a busy timeout (marketplace/settings.py) queues writers, so the
-    concurrency tests meet what production meets. One file per xdist worker (the workers
-    inherit one VAR_DIR from the controller, so the worker's name goes in the file's).
-    PostgreSQL keeps pytest-django's per-worker database names (the fixture this extends)."""
-    import os
-    from pathlib import Path
-
-    from django.conf import settings
-
-    database = settings.DATABASES["default"]
-    if database["ENGINE"] == "django.db.backends.sqlite3":
-        var_dir = Path(os.environ["VAR_DIR"])
-        var_dir.mkdir(parents=True, exist_ok=True)
-        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
-        database.setdefault("TEST", {})["NAME"] = str(var_dir / f"test-money-{worker}.sqlite3")
