@@ -10,9 +10,8 @@ from django.db.migrations.loader import MigrationLoader
 
 from core import migrated_template
 
-pytestmark = pytest.mark.django_db
 
-
+@pytest.mark.django_db
 def test_this_workers_database_is_a_copy_of_the_current_template_and_fully_migrated():
     if connection.vendor != "postgresql" or not migrated_template.enabled():
         pytest.skip("templates are PostgreSQL's, and MIGRATED_TEMPLATE=0 turns them off")
